@@ -1,0 +1,61 @@
+"""The `forge` command. Thin: each command module parses flags, builds objects, runs.
+
+Errors meant for the user (ForgeError) print as one line and exit with their code; anything else
+prints one line too, and the traceback only with FORGE_DEBUG=1."""
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+
+import click
+
+from forge.errors import ForgeError
+
+# One module per command (group); each exposes `register(cli)`.
+COMMAND_MODULES = (
+    "forge.cli.validate",
+    "forge.cli.schema",
+    "forge.cli.provision",
+)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(package_name="forge-llm", prog_name="forge")
+def cli() -> None:
+    """forge — engines as inputs to provisioning; plain Python functions over millions of records."""
+
+
+def _register_all() -> None:
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(cli)
+    from forge.plugins import load_plugins
+
+    load_plugins().hook.forge_register_commands(cli=cli)
+
+
+def main(argv: list[str] | None = None) -> None:
+    debug = os.environ.get("FORGE_DEBUG") == "1"
+    try:
+        _register_all()
+        rv = cli.main(args=argv, prog_name="forge", standalone_mode=False)
+        sys.exit(rv if isinstance(rv, int) else 0)
+    except click.exceptions.Abort:
+        click.echo("forge: aborted", err=True)
+        sys.exit(130)
+    except click.ClickException as e:
+        e.show()
+        sys.exit(2 if isinstance(e, click.UsageError) else e.exit_code)
+    except ForgeError as e:
+        if debug:
+            raise
+        click.echo(f"forge: {e}" if "\n" not in str(e) else str(e), err=True)
+        sys.exit(e.exit_code)
+    except KeyboardInterrupt:
+        click.echo("forge: interrupted", err=True)
+        sys.exit(130)
+    except Exception as e:  # the last line of defence: one line, not a traceback
+        if debug:
+            raise
+        click.echo(f"forge: internal error: {type(e).__name__}: {e} (set FORGE_DEBUG=1 for the traceback)", err=True)
+        sys.exit(1)

@@ -1,0 +1,36 @@
+"""KV-cache arithmetic: bytes per token, pool size, blocks and full-length slots. Pure functions."""
+from __future__ import annotations
+
+import math
+
+from forge.config.units import GIB
+
+KV_DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}
+
+
+def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, kv_dtype: str, tp_size: int = 1) -> int:
+    """K and V for every layer of one token: 2 x layers x kv_heads x head_dim x dtype bytes / TP."""
+    return 2 * num_layers * num_kv_heads * head_dim * KV_DTYPE_BYTES[kv_dtype] // max(tp_size, 1)
+
+
+def blocks_for(tokens: int, tokens_per_block: int) -> int:
+    """Blocks needed to hold `tokens` tokens (rounded up)."""
+    return math.ceil(tokens / tokens_per_block)
+
+
+def pool_tokens(*, card_memory_bytes: int, weights_bytes: int, bytes_per_token: int, tokens_per_block: int,
+                free_gpu_memory_fraction: float | None, max_tokens: int | None) -> int:
+    """Tokens the KV pool holds, rounded down to whole blocks.
+
+    max_tokens is taken as stated. A fraction applies to the memory left after the weights (as
+    TensorRT-LLM applies it to free memory after loading); activation buffers are not modelled."""
+    if max_tokens is not None:
+        tokens = max_tokens
+    else:
+        free = max(card_memory_bytes - weights_bytes, 0)
+        tokens = int(free * float(free_gpu_memory_fraction or 0.0)) // bytes_per_token
+    return (tokens // tokens_per_block) * tokens_per_block
+
+
+def gib(n: float) -> int:
+    return int(n * GIB)

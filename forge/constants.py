@@ -1,0 +1,31 @@
+"""Bounds and tunables in one place, units in the names."""
+
+# --- files -----------------------------------------------------------------------------
+MAX_CONFIG_FILE_BYTES = 1 * 1024 * 1024     # node/contract YAML larger than this is refused
+MAX_CONFIG_DEPTH = 32                        # nesting deeper than this is refused
+MAX_YAML_ALIASES = 64                        # alias expansions allowed per file (alias bombs)
+MAX_INPUT_LINE_BYTES = 16 * 1024 * 1024      # one JSONL record larger than this is an error row
+
+# --- runtime -------------------------------------------------------------------------
+ENGINE_POLL_TIMEOUT_S = 0.05                 # every wait on an engine is bounded
+ENGINE_START_TIMEOUT_S = 600.0
+ENGINE_SHUTDOWN_TIMEOUT_S = 30.0
+STALL_WINDOW_S = 30.0                        # work in flight and no token for this long = stall
+SUBMIT_RETRY_LIMIT = 8                       # engine refusals retried with backoff, then failed
+SUBMIT_BACKOFF_BASE_S = 0.01
+SUBMIT_BACKOFF_MAX_S = 1.0
+REQUEST_ATTEMPT_LIMIT = 3                    # a request requeued more often than this fails its record
+
+# --- broker / functions --------------------------------------------------------------
+BROKER_QUEUE_MAX_REQUESTS = 65536            # pending requests before producers wait
+DEFAULT_RECORD_CONCURRENCY = 1024            # function invocations in flight (bounded async pool)
+AFFINITY_LOAD_FACTOR = 1.25                  # bounded-load affinity: stick while load <= c * mean
+
+# --- ledger --------------------------------------------------------------------------
+LEDGER_COMMIT_INTERVAL_S = 0.05
+LEDGER_COMMIT_MAX_ROWS = 2048
+
+# --- network -------------------------------------------------------------------------
+DEFAULT_CONTROL_HOST = "127.0.0.1"
+DEFAULT_CONTROL_PORT = 8470
+TOKEN_ENV = "FORGE_TOKEN"

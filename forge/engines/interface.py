@@ -1,0 +1,125 @@
+"""The engine interface: everything the admission runtime needs from an in-flight batcher.
+
+An Engine is built from a contract (and the card's plan) by its backend's factory, with exactly the
+contract's settings. It runs its own generation loop (a thread, or the vendor's executor); forge talks
+to it through five calls, none of which may block longer than the timeout it is given:
+
+    submit(requests)        hand requests to the in-flight batcher (raises EngineBusy to refuse)
+    poll(timeout_s)         results and token progress since the last poll (bounded wait)
+    cancel(request_id)      stop a request; its result comes back with finish_reason "cancelled"
+    stats()                 iteration stats (active, queued, KV blocks, tokens this step)
+    shutdown(timeout_s)     stop the loop and free the card
+
+Tokenization belongs to the engine (its tokenizer is the one the broker measures with).
+"""
+from __future__ import annotations
+
+import abc
+import time
+from dataclasses import dataclass, field
+from typing import Any, Optional, Protocol, Sequence
+
+
+class EngineBusy(Exception):
+    """The engine refused new work for now (queue full); the runtime retries with bounded backoff."""
+
+
+class EngineFailed(Exception):
+    """The engine is dead (crashed loop, lost device). In-flight requests must be requeued or failed."""
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How to pick tokens. temperature 0 is greedy."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: Optional[int] = None
+    stop_at_eos: bool = True
+
+
+@dataclass(frozen=True)
+class Guide:
+    """Guided output: exactly one of choice | json_schema | regex. Backends that cannot honour it refuse."""
+
+    choice: Optional[tuple[str, ...]] = None
+    json_schema: Optional[dict] = None
+    regex: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class EngineRequest:
+    request_id: str                  # unique per attempt-independent request (idempotent across requeues)
+    prompt_ids: tuple[int, ...]      # already tokenized with this engine's tokenizer
+    max_new_tokens: int              # never above the contract's max_output_len (the broker checks)
+    sampling: Sampling = Sampling()
+    guide: Optional[Guide] = None
+    want_hidden: bool = False        # return the final hidden state (embed)
+
+
+@dataclass
+class EngineResult:
+    request_id: str
+    output_ids: list[int]
+    finish_reason: str               # "eos" | "length" | "stop" | "cancelled" | "error"
+    hidden: Optional[list[float]] = None
+    error: Optional[str] = None
+
+
+@dataclass
+class Progress:
+    """What a poll returns: finished results plus how many new tokens each running request produced."""
+
+    results: list[EngineResult] = field(default_factory=list)
+    new_tokens: int = 0              # tokens generated since the last poll (all requests)
+
+
+@dataclass
+class IterationStats:
+    """A snapshot of the in-flight batcher, as the engine sees it."""
+
+    timestamp: float = field(default_factory=time.time)
+    active: int = 0                  # sequences in flight
+    queued: int = 0                  # accepted but not yet scheduled
+    kv_blocks_used: int = 0
+    kv_blocks_free: int = 0
+    tokens_last_step: int = 0        # tokens processed by the last engine step (vs max_num_tokens)
+    steps: int = 0                   # engine steps since start
+    prefix_hit_tokens: int = 0       # prompt tokens served from the engine's block reuse, cumulative
+
+
+class Tokenizer(Protocol):
+    eos_token_id: Optional[int]
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: Sequence[int]) -> str: ...
+
+
+class Engine(abc.ABC):
+    """One engine on one card. See the module docstring for the contract of each call."""
+
+    name: str = "engine"
+    tokenizer: Tokenizer
+    supports_hidden: bool = False
+    supports_guides: frozenset[str] = frozenset()   # subset of {"choice", "json_schema", "regex"}
+
+    @abc.abstractmethod
+    def submit(self, requests: Sequence[EngineRequest]) -> None: ...
+
+    @abc.abstractmethod
+    def poll(self, timeout_s: float) -> Progress: ...
+
+    @abc.abstractmethod
+    def cancel(self, request_id: str) -> None: ...
+
+    @abc.abstractmethod
+    def stats(self) -> IterationStats: ...
+
+    @abc.abstractmethod
+    def shutdown(self, timeout_s: float) -> None: ...
+
+    def describe(self) -> dict[str, Any]:
+        """Settings the engine was started with, for logs and `forge status` (backend-specific)."""
+        return {}

@@ -1,0 +1,56 @@
+"""User-facing errors. Anything raised as a ForgeError is printed as one clear line, never a traceback."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+class ForgeError(Exception):
+    """An error meant for the user: its message is printed as-is (exit code 1 unless stated)."""
+
+    exit_code = 1
+
+
+class UsageError(ForgeError):
+    """Bad flags or arguments (exit code 2)."""
+
+    exit_code = 2
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One validation finding, rendered as `file::$.json.path: message`."""
+
+    file: str            # path as the user should read it (relative to cwd where possible)
+    path: str            # JSON path inside the file, "$" for the whole document
+    message: str
+    severity: str = "error"   # "error" | "warning"
+
+    def render(self) -> str:
+        tag = "" if self.severity == "error" else "warning: "
+        return f"{self.file}::{self.path}: {tag}{self.message}"
+
+
+def display_path(p: str | Path) -> str:
+    """A path relative to the current directory when it lies below it, else absolute."""
+    p = Path(p)
+    try:
+        return str(p.resolve().relative_to(Path.cwd().resolve()))
+    except (ValueError, OSError):
+        return str(p)
+
+
+class ConfigError(ForgeError):
+    """One or more problems in user files; the message is every problem, one per line."""
+
+    def __init__(self, problems: list[Problem]):
+        self.problems = list(problems)
+        super().__init__("\n".join(p.render() for p in self.problems))
+
+
+class EngineUnavailable(ForgeError):
+    """An engine backend cannot be used on this machine (missing library, no device)."""
+
+
+class RequestRejected(ForgeError):
+    """A request that no engine on the node can take as asked (geometry, closed node)."""
