@@ -37,6 +37,8 @@ class EngineStats:
     progress_only_steps: int = 0
     healthy: bool = True
     tokens_per_s: float = 0.0    # recent delivered (input+output) tokens/s, the broker's balancing signal
+    engine_steps: int = 0        # cumulative engine steps (IterationStats.steps): mean tokens/step vs budget
+    prefix_hit_tokens: int = 0   # cumulative prompt tokens the engine served from block reuse (IterationStats)
 
 
 @dataclass

@@ -1,0 +1,38 @@
+"""`forge report RUN`: render a run report's plots (PNG) beside it or into --out."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from forge.errors import UsageError, display_path
+
+
+def find_report(run: str) -> Path:
+    """RUN is a report JSON, an output file whose `<output>.report.json` sits beside it, or a run directory."""
+    from forge.report import report_paths
+
+    given = Path(run)
+    if given.is_file() and given.name.endswith(".report.json"):
+        return given
+    candidate = report_paths(given)[0]
+    if candidate.is_file():
+        return candidate
+    raise UsageError(f"{display_path(given)}: no run report found (looked for {display_path(candidate)}; "
+                     "forge run and forge deploy write <output>.report.json beside their output)")
+
+
+def register(cli: click.Group) -> None:
+    @cli.command("report")
+    @click.argument("run", type=click.Path(dir_okay=True, file_okay=True))
+    @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
+                  help="Folder for the PNG files (default: beside the report).")
+    def report(run: str, out_dir: str | None) -> None:
+        """Plot a run report: tokens/s per card, in flight and queue depth, budget and KV use.
+
+        RUN is the report JSON, the run's output file (its report sits beside it), or a run folder."""
+        from forge.report.plots import render_plots
+
+        path = find_report(run)
+        for png in render_plots(path, out_dir):
+            click.echo(display_path(png))

@@ -1,0 +1,81 @@
+"""The Markdown face of a run report: what a person reads first, beside the output."""
+from __future__ import annotations
+
+from typing import Any
+
+SUMMARY_FIRST = ("command", "function", "node", "input", "output", "contract", "wall_s", "exit")
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "–"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, float):
+        return f"{v:,.3f}" if abs(v) < 100 else f"{v:,.0f}"
+    if isinstance(v, int):
+        return f"{v:,}"
+    return str(v).replace("|", "\\|")
+
+
+def _pct(v: float | None) -> str:
+    return "–" if v is None else f"{100 * v:.1f}%"
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return lines + [""]
+
+
+def render_markdown(report: dict[str, Any], json_name: str) -> str:
+    summary, totals = report["summary"], report["totals"]
+    out = ["# forge run report", "", f"Written {report['created_at']}; the data is in `{json_name}`.", ""]
+    # Nested values (per-card lists, ...) are the command's own copy of what the sections below show.
+    scalars = {k: v for k, v in summary.items() if not isinstance(v, (dict, list, tuple))}
+    keys = [k for k in SUMMARY_FIRST if k in scalars] + sorted(k for k in scalars if k not in SUMMARY_FIRST)
+    out += _table(["field", "value"], [[k, _fmt(summary[k])] for k in keys]) if keys else []
+
+    out += ["## Totals", ""]
+    out += _table(["records", "done", "failed", "retried", "skipped", "tokens in", "tokens out",
+                   "wall (s)", "tokens/s", "output tokens/s", "stalls", "progress-only steps"],
+                  [[_fmt(totals[k]) for k in ("records_total", "done", "failed", "retried", "skipped",
+                                                "input_tokens", "output_tokens", "wall_s", "tokens_per_s",
+                                                "output_tokens_per_s", "stalls", "progress_only_steps")]])
+
+    if report["cards"]:
+        out += ["## Cards", "",
+                "Share is the card's part of all tokens delivered; budget use is the mean tokens per engine "
+                "step over the contract's `max_num_tokens`.", ""]
+        rows = []
+        for c in report["cards"]:
+            req = c["requests"]
+            rows.append([f"{c['node']}/{c['card']}", c["tier"], _fmt(c["token_budget"]), _fmt(c["slots"]),
+                         _fmt(c["input_tokens"]), _fmt(c["output_tokens"]), _pct(c["token_share"]),
+                         _fmt(c["mean_tokens_per_s"]), _fmt(c["peak_tokens_per_s"]), _pct(c["mean_budget_use"]),
+                         f"{req['ok']:,} / {req['failed']:,} / {req['requeued']:,}",
+                         _fmt(c["admission_refusals"]), _fmt(c["stalls"]), _fmt(c["progress_only_steps"]),
+                         _fmt(c["healthy"])])
+        out += _table(["card", "tier", "budget", "slots", "tokens in", "tokens out", "share", "mean tok/s",
+                       "peak tok/s", "budget use", "requests ok / failed / requeued", "refusals", "stalls",
+                       "progress-only", "healthy"], rows)
+
+    if report["broker"]:
+        b = report["broker"]
+        out += ["## Broker", ""]
+        out += _table(["padding", "prefix reuse", "dispatched", "affinity hits", "affinity spills", "no fit"],
+                      [[_pct(b["padding_ratio"]), _pct(b["prefix_reuse_ratio"]), _fmt(b["dispatched"]),
+                        _fmt(b["affinity_hits"]), _fmt(b["affinity_spills"]), _fmt(b["no_fit"])]])
+    if report["ledger"]:
+        led = report["ledger"]
+        mean_ms = None if led["mean_commit_s"] is None else 1000 * led["mean_commit_s"]
+        out += ["## Ledger", ""]
+        out += _table(["commits", "rows", "mean commit (ms)", "last commit (ms)"],
+                      [[_fmt(led["commits"]), _fmt(led["rows_committed"]), _fmt(mean_ms),
+                        _fmt(1000 * led["last_commit_s"])]])
+    if report["sampler"]["errors"]:
+        out += [f"Stats sampling failed {report['sampler']['errors']} time(s); last: "
+                f"`{report['sampler']['last_error']}`.", ""]
+    out += ["## Plots", "", f"`forge report {json_name}` renders tokens/s per card, in-flight and queue depth, "
+            "and budget and KV use over time as PNG files beside this report.", ""]
+    return "\n".join(out)

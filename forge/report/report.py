@@ -1,0 +1,130 @@
+"""The run report: `<output>.report.json` (the data, format in docs/metrics.md) and `.report.md`.
+
+`forge run` / `forge deploy` call `write_report` once the work is done (after a final
+`sampler.sample()`); `forge report` turns the JSON into plots (forge/report/plots.py)."""
+from __future__ import annotations
+
+import json
+import os
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from forge.report.markdown import render_markdown
+from forge.report.sampler import Sampler
+
+REPORT_FORMAT = "forge-run-report"
+REPORT_VERSION = 1
+DIR_REPORT_NAME = "forge"          # a run directory gets forge.report.json / forge.report.md
+
+
+def report_paths(target: str | os.PathLike) -> tuple[Path, Path]:
+    """Where the report of an output file (or a run directory) lives: (json, markdown)."""
+    target = Path(target)
+    base = target / DIR_REPORT_NAME if target.is_dir() else target
+    return Path(f"{base}.report.json"), Path(f"{base}.report.md")
+
+
+def rate_series(t_s: list[float], cumulative: list[float | None]) -> list[float | None]:
+    """Per-second rate between consecutive kept points; None where unknown or the counter reset."""
+    out: list[float | None] = [None]
+    for i in range(1, len(t_s)):
+        a, b, dt = cumulative[i - 1], cumulative[i], t_s[i] - t_s[i - 1]
+        out.append((b - a) / dt if a is not None and b is not None and dt > 0 and b >= a else None)
+    return out[: len(t_s)]
+
+
+def _ratio(num: float, den: float) -> float | None:
+    return num / den if den else None
+
+
+def _cards(sampler: Sampler, series: dict[str, Any], wall_s: float | None) -> list[dict[str, Any]]:
+    cards = []
+    total = sum(s.input_tokens + s.output_tokens for s in sampler.last_engines.values())
+    for entry in series["cards"]:
+        s = sampler.last_engines[f"{entry['node']}/{entry['card']}"]
+        col = entry["series"]
+        delivered = [None if a is None or b is None else a + b for a, b in zip(col["input_tokens"], col["output_tokens"])]
+        rates = [r for r in rate_series(series["t_s"], delivered) if r is not None]
+        tokens = s.input_tokens + s.output_tokens
+        per_step = _ratio(s.input_tokens - s.prefix_hit_tokens + s.output_tokens, s.engine_steps)
+        cards.append({
+            "node": s.node, "card": s.card, "tier": s.tier, "token_budget": s.token_budget, "slots": s.slots,
+            "kv_blocks_total": s.kv_blocks_total, "healthy": s.healthy,
+            "input_tokens": s.input_tokens, "output_tokens": s.output_tokens,
+            "token_share": _ratio(tokens, total),
+            "mean_tokens_per_s": _ratio(tokens, wall_s or 0.0),
+            "peak_tokens_per_s": max(rates) if rates else None,
+            "engine_steps": s.engine_steps,
+            "mean_tokens_per_step": per_step,
+            "mean_budget_use": per_step / s.token_budget if per_step is not None and s.token_budget else None,
+            "prefix_hit_ratio": _ratio(s.prefix_hit_tokens, s.input_tokens),
+            "requests": {"ok": s.requests_ok, "failed": s.requests_failed,
+                         "cancelled": s.requests_cancelled, "requeued": s.requests_requeued},
+            "admission_refusals": s.admission_refusals, "retries": s.retries,
+            "stalls": s.stalls, "progress_only_steps": s.progress_only_steps,
+        })
+    return cards
+
+
+def build_report(summary: dict[str, Any], sampler: Sampler) -> dict[str, Any]:
+    """The report as a JSON-ready dict (see docs/metrics.md, "Run report")."""
+    run = sampler.last_run
+    started_at = run.started_at if run is not None else (sampler.times[0] if sampler.times else None)
+    series = sampler.series(started_at)
+    wall_s = summary.get("wall_s")
+    if wall_s is None and sampler.times and started_at is not None:
+        wall_s = sampler.times[-1] - started_at
+    if run is not None:
+        tokens_in, tokens_out = run.input_tokens, run.output_tokens
+    else:
+        tokens_in = sum(s.input_tokens for s in sampler.last_engines.values())
+        tokens_out = sum(s.output_tokens for s in sampler.last_engines.values())
+    b, led = sampler.last_broker, sampler.last_ledger
+    return {
+        "format": REPORT_FORMAT,
+        "version": REPORT_VERSION,
+        "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "started_at_unix_s": started_at,
+        "summary": summary,
+        "totals": {
+            "records_total": run.total if run else None, "done": run.done if run else None,
+            "failed": run.failed if run else None, "skipped": run.skipped if run else None,
+            "retried": run.retried if run else None,
+            "input_tokens": tokens_in, "output_tokens": tokens_out, "wall_s": wall_s,
+            "tokens_per_s": _ratio(tokens_in + tokens_out, wall_s or 0.0),
+            "output_tokens_per_s": _ratio(tokens_out, wall_s or 0.0),
+            "stalls": sum(s.stalls for s in sampler.last_engines.values()),
+            "progress_only_steps": sum(s.progress_only_steps for s in sampler.last_engines.values()),
+        },
+        "cards": _cards(sampler, series, wall_s),
+        "broker": None if b is None else {
+            "padding_ratio": b.padding_ratio, "prefix_reuse_ratio": b.prefix_reuse_ratio,
+            "dispatched": b.dispatched, "affinity_hits": b.affinity_hits, "affinity_spills": b.affinity_spills,
+            "no_fit": b.no_fit},
+        "ledger": None if led is None else {
+            "commits": led.commits, "rows_committed": led.rows_committed,
+            "mean_commit_s": _ratio(led.total_commit_s, led.commits), "last_commit_s": led.last_commit_s},
+        "sampler": {"errors": sampler.errors, "last_error": sampler.last_error},
+        "series": series,
+    }
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def write_report(target: str | os.PathLike, summary: dict[str, Any], sampler: Sampler, *,
+                 final_sample: bool = True) -> tuple[Path, Path]:
+    """Write the JSON and Markdown reports beside `target` (an output file or a run directory).
+    By default it first takes the sampler's final point, so the series end where the run did."""
+    if final_sample:
+        sampler.sample(force=True)
+    report = build_report(summary, sampler)
+    json_path, md_path = report_paths(target)
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    _atomic_write(json_path, json.dumps(report, indent=1, default=str) + "\n")
+    _atomic_write(md_path, render_markdown(report, json_path.name))
+    return json_path, md_path
