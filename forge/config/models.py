@@ -4,7 +4,6 @@ validating. Every model forbids unknown keys. Fields of `limits` and `kv_cache` 
 forge refuses a contract that leaves the token budget or the cache sizing to an engine's default."""
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Annotated, Any, Literal, Optional, Union
 

@@ -55,3 +55,13 @@ def plan_card(card: Card, contract: Contract) -> CardPlan:
     return CardPlan(card=card, contract=contract, weights_bytes=weights, bytes_per_token=bpt,
                     kv_pool_tokens=tokens, kv_pool_bytes=tokens * bpt, num_blocks=blocks,
                     blocks_per_full_seq=per_seq, full_length_slots=blocks // per_seq, card_memory_bytes=card_mem)
+
+
+def plan_node(node, contracts: dict[str, Contract]) -> list[CardPlan]:
+    """One CardPlan per card, in the node's card order; every card's contract must be given."""
+    from forge.errors import ForgeError
+
+    missing = sorted({card.engine for card in node.cards if card.engine not in contracts})
+    if missing:
+        raise ForgeError(f"node {node.node}: no contract named {', '.join(missing)}")
+    return [plan_card(card, contracts[card.engine]) for card in node.cards]

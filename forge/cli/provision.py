@@ -1,0 +1,72 @@
+"""`forge provision NODE.yaml`: validate, then bring the node up (or, with --dry-run, print the plan)."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import click
+
+from forge.errors import ForgeError
+
+
+def plan_table(loaded):
+    """A rich Table of the per-card plan: what each card's engine will hold."""
+    from rich.table import Table
+
+    from forge.config.units import fmt_bytes
+
+    node = loaded.node
+    table = Table(title=f"node {node.node}: {len(node.cards)} card(s), host {node.host.memory_gib:g} GiB / "
+                        f"{node.host.cpu_cores} cores", title_justify="left")
+    for col in ("card", "model", "engine", "backend", "weights", "KV pool", "blocks",
+                "full-length slots", "token budget", "slots"):
+        table.add_column(col, justify="right" if col not in ("card", "model", "engine", "backend") else "left")
+    for p in loaded.plans:
+        kv = p.contract.kv_cache
+        table.add_row(p.card_id, p.card.model, p.contract.contract, p.contract.backend, fmt_bytes(p.weights_bytes),
+                      fmt_bytes(p.kv_pool_bytes), f"{p.num_blocks:,} x {kv.tokens_per_block}",
+                      f"{p.full_length_slots:,}", f"{p.token_budget:,}", f"{p.slots:,}")
+    return table
+
+
+def register(cli: click.Group) -> None:
+    @cli.command("provision")
+    @click.argument("node_path", metavar="NODE.yaml", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+    @click.option("--dry-run", is_flag=True, help="validate and print the per-card plan; load no engine")
+    @click.option("--strict", is_flag=True, help="treat validation warnings as errors")
+    @click.option("--host", default=None, help="control endpoint address; default: the node's control.host "
+                  "(127.0.0.1). Off loopback a bearer token is required")
+    @click.option("--port", type=click.IntRange(0, 65535), default=None,
+                  help="control endpoint port; default: the node's control.port")
+    @click.option("--metrics-port", type=click.IntRange(0, 65535), default=None,
+                  help="Prometheus /metrics port; default: the node's metrics.port")
+    @click.option("--token-env", default=None, help="environment variable holding the bearer token; default: "
+                  "the node's control.token_env")
+    @click.option("--cluster", default=None, help="a Ray cluster address to join (see docs/cluster.md)")
+    @click.option("--ready-file", type=click.Path(dir_okay=False), default=None,
+                  help="write the control URL to this file once the node serves (for scripts)")
+    def provision_cmd(node_path: Path, dry_run: bool, strict: bool, host: Optional[str], port: Optional[int],
+                      metrics_port: Optional[int], token_env: Optional[str], cluster: Optional[str],
+                      ready_file: Optional[str]) -> int:
+        """Validate NODE.yaml, probe the machine, load one engine per card and serve the node."""
+        from forge.config.load import load_node
+
+        loaded = load_node(node_path, strict=strict)
+        for w in loaded.warnings:
+            click.echo(w.render(), err=True)
+        if dry_run:
+            from rich.console import Console
+
+            console = Console()
+            if not console.is_terminal:
+                console = Console(width=200)      # a pipe gets whole rows, not an 80-column squeeze
+            console.print(plan_table(loaded))
+            return 0
+        try:
+            from forge.runtime.node import provision_and_serve
+        except ImportError as e:
+            raise ForgeError(f"provisioning runtime not available: {e}") from e
+        options = {"host": host, "port": port, "metrics_port": metrics_port, "token_env": token_env,
+                   "cluster": cluster, "ready_file": ready_file}
+        rv = provision_and_serve(loaded, **{k: v for k, v in options.items() if v is not None})
+        return rv if isinstance(rv, int) else 0

@@ -1,0 +1,28 @@
+"""`forge validate PATH...`: refuse bad node descriptions and engine contracts before any GPU is touched."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+
+def register(cli: click.Group) -> None:
+    @cli.command("validate")
+    @click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
+    @click.option("--strict", is_flag=True, help="treat warnings (e.g. fewer full-length slots than "
+                  "max_batch_size) as errors")
+    def validate_cmd(paths: tuple[Path, ...], strict: bool) -> int:
+        """Check node descriptions and engine contracts (files or folders, told apart by their top key).
+
+        Prints one line per problem, `file::$.json.path: message`. Exit 0 when everything is valid
+        (warnings may print), 1 when anything is invalid, 2 for usage errors."""
+        from forge.config.load import load_paths
+
+        loaded = load_paths(list(paths), strict=strict)
+        for p in loaded.problems:
+            click.echo(p.render())
+        n_err, n_warn = len(loaded.errors), len(loaded.warnings)
+        verdict = "valid" if loaded.ok else "INVALID"
+        click.echo(f"forge: {loaded.files_checked} file(s), {len(loaded.nodes)} node(s), "
+                   f"{len(loaded.contracts)} contract(s): {verdict} ({n_err} error(s), {n_warn} warning(s))", err=True)
+        return 0 if loaded.ok else 1

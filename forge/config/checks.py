@@ -1,0 +1,175 @@
+"""Rules the schema cannot express: inside one contract, a contract against its artifact, a node
+against its contracts (memory, slots, architecture). Each rule is a small function returning Problems."""
+from __future__ import annotations
+
+from collections import Counter
+from typing import Iterable, Optional
+
+from forge.config import checkpoint_dir, trtllm_dir
+from forge.config.messages import did_you_mean
+from forge.config.models import Contract, Node
+from forge.config.plan import CardPlan
+from forge.config.units import GIB, fmt_bytes
+from forge.errors import Problem
+
+FP8_MIN_CC = (8, 9)        # FP8 tensor cores: Ada (8.9), Hopper (9.0) and later
+
+
+def _cc(text: Optional[str]) -> Optional[tuple[int, int]]:
+    if text is None:
+        return None
+    major, minor = text.split(".")
+    return int(major), int(minor)
+
+
+# ----------------------------------------------------------------------------- one contract
+def budget_holds_a_prompt(c: Contract, file: str) -> list[Problem]:
+    lim = c.limits
+    out = []
+    if lim.max_num_tokens < lim.max_input_len:
+        out.append(Problem(file, "$.limits.max_num_tokens",
+                           f"max_num_tokens {lim.max_num_tokens} is below max_input_len {lim.max_input_len}: a "
+                           "full-length prompt could never be scheduled in one step"))
+    if lim.max_num_tokens < lim.max_batch_size:
+        out.append(Problem(file, "$.limits.max_num_tokens",
+                           f"max_num_tokens {lim.max_num_tokens} is below max_batch_size {lim.max_batch_size}: at "
+                           "most max_num_tokens sequences can decode in one step", "warning"))
+    return out
+
+
+def precision_fits_target(c: Contract, file: str) -> list[Problem]:
+    cc = _cc(c.target.compute_capability)
+    out = []
+    if cc is not None and cc < FP8_MIN_CC:
+        for part in ("weights", "kv_cache"):
+            if getattr(c.precision, part) == "fp8":
+                out.append(Problem(file, f"$.precision.{part}",
+                                   f"fp8 needs compute capability 8.9 or higher; the target is "
+                                   f"{c.target.compute_capability}"))
+    return out
+
+
+def backend_fits_artifact(c: Contract, file: str) -> list[Problem]:
+    out = []
+    if c.backend == "trtllm" and c.target.kind != "gpu":
+        out.append(Problem(file, "$.target.kind", "TensorRT-LLM runs only on NVIDIA GPUs; the target must be gpu"))
+    if c.artifact.engine_dir is not None and c.artifact.tokenizer is None:
+        out.append(Problem(file, "$.artifact.tokenizer",
+                           "a TensorRT-LLM engine directory holds no tokenizer; name the tokenizer directory"))
+    if c.artifact.engine_dir is not None and c.backend != "trtllm":
+        out.append(Problem(file, "$.artifact.engine_dir",
+                           f"an engine directory is a TensorRT-LLM artifact; backend {c.backend} loads a checkpoint"))
+    return out
+
+
+def host_cache_is_used(c: Contract, file: str) -> list[Problem]:
+    if c.kv_cache.host_cache_bytes > 0 and not c.kv_cache.block_reuse:
+        return [Problem(file, "$.kv_cache.host_cache_size", "a host cache only holds reusable blocks; with "
+                        "block_reuse false it is allocated and never used", "warning")]
+    return []
+
+
+def artifact_matches(c: Contract, file: str) -> list[Problem]:
+    out = []
+    if c.artifact.engine_dir is not None:
+        out += trtllm_dir.check_engine_dir(c, file)
+    if c.artifact.checkpoint is not None:
+        out += checkpoint_dir.check_checkpoint(c, file)
+    return out + checkpoint_dir.check_tokenizer(c, file)
+
+
+def check_contract(c: Contract, file: str) -> list[Problem]:
+    out: list[Problem] = []
+    for rule in (budget_holds_a_prompt, precision_fits_target, backend_fits_artifact, host_cache_is_used,
+                 artifact_matches):
+        out += rule(c, file)
+    return out
+
+
+# ----------------------------------------------------------------------------- one node
+def card_indices_unique(n: Node, file: str) -> list[Problem]:
+    counts = Counter(card.index for card in n.cards)
+    return [Problem(file, f"$.cards[{i}].index", f"card index {card.index} is declared {counts[card.index]} times")
+            for i, card in enumerate(n.cards) if counts[card.index] > 1]
+
+
+def ports_distinct(n: Node, file: str) -> list[Problem]:
+    if n.metrics.port != 0 and n.metrics.port == n.control.port:
+        return [Problem(file, "$.metrics.port", f"port {n.metrics.port} is also the control port")]
+    return []
+
+
+def cards_reference_contracts(n: Node, file: str, contracts: dict[str, Contract],
+                              broken: Iterable[str] = ()) -> list[Problem]:
+    """Cards naming a contract that does not exist. Contracts that failed to load are reported on their own."""
+    broken = set(broken)
+    return [Problem(file, f"$.cards[{i}].engine", f"no contract named {card.engine!r}"
+                    f"{did_you_mean(card.engine, contracts)}")
+            for i, card in enumerate(n.cards) if card.engine not in contracts and card.engine not in broken]
+
+
+def cards_match_targets(n: Node, file: str, contracts: dict[str, Contract]) -> list[Problem]:
+    out = []
+    for i, card in enumerate(n.cards):
+        c = contracts.get(card.engine)
+        if c is None:
+            continue
+        if c.target.kind != card.kind:
+            out.append(Problem(file, f"$.cards[{i}].kind", f"contract {c.contract} targets a {c.target.kind} card; "
+                               f"this card is {card.kind}"))
+        elif card.kind == "gpu" and c.target.compute_capability != card.compute_capability:
+            out.append(Problem(file, f"$.cards[{i}].compute_capability",
+                               f"contract {c.contract} was built for compute capability "
+                               f"{c.target.compute_capability}; this card is {card.compute_capability}"))
+    return out
+
+
+def _runs_on(c: Contract, card) -> bool:
+    return c.target.kind == card.kind and (card.kind != "gpu" or c.target.compute_capability == card.compute_capability)
+
+
+def cards_hold_engines(n: Node, file: str, plans: list[CardPlan]) -> list[Problem]:
+    """Memory fit and full-length slots; cards whose contract cannot run on them at all are left out."""
+    out = []
+    index = {id(card): i for i, card in enumerate(n.cards)}
+    for p in plans:
+        if not _runs_on(p.contract, p.card):
+            continue
+        i = index[id(p.card)]
+        lim, kv = p.contract.limits, p.contract.kv_cache
+        if not p.fits_memory:
+            out.append(Problem(file, f"$.cards[{i}].memory_gib",
+                               f"weights {fmt_bytes(p.weights_bytes)} + KV pool {fmt_bytes(p.kv_pool_bytes)} of "
+                               f"{p.contract.contract} exceed the card's {fmt_bytes(p.card_memory_bytes)}"))
+        seq = lim.max_input_len + lim.max_output_len
+        if p.full_length_slots < 1:
+            out.append(Problem(file, f"$.cards[{i}].engine",
+                               f"the KV pool of {p.contract.contract} on this card holds {p.num_blocks} blocks "
+                               f"of {kv.tokens_per_block} tokens; one full-length sequence ({seq} tokens) needs "
+                               f"{p.blocks_per_full_seq}"))
+        elif p.full_length_slots < lim.max_batch_size:
+            out.append(Problem(file, f"$.cards[{i}].engine",
+                               f"the KV pool of {p.contract.contract} on this card holds {p.full_length_slots} "
+                               f"full-length sequences ({p.num_blocks} blocks, {p.blocks_per_full_seq} per "
+                               f"sequence), below max_batch_size {lim.max_batch_size}", "warning"))
+    return out
+
+
+def host_cache_fits_host(n: Node, file: str, contracts: dict[str, Contract]) -> list[Problem]:
+    total = sum(contracts[c.engine].kv_cache.host_cache_bytes for c in n.cards if c.engine in contracts)
+    limit = int(n.host.memory_gib * GIB)
+    if total > limit:
+        return [Problem(file, "$.host.memory_gib", f"the cards' host KV caches add up to {fmt_bytes(total)}, more "
+                        f"than the host's {fmt_bytes(limit)}")]
+    return []
+
+
+def check_node(n: Node, file: str, contracts: dict[str, Contract], plans: list[CardPlan],
+               broken: Iterable[str] = ()) -> list[Problem]:
+    out = card_indices_unique(n, file) + ports_distinct(n, file)
+    out += cards_reference_contracts(n, file, contracts, broken)
+    out += cards_match_targets(n, file, contracts)
+    out += cards_hold_engines(n, file, plans)
+    out += host_cache_fits_host(n, file, contracts)
+    return out
+

@@ -1,0 +1,60 @@
+"""What plugins add to validation: backend names, contract sections, extra rules.
+
+Read lazily (only when a file is validated), so importing forge.config never loads plugins."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Iterable
+
+from pydantic import BaseModel
+
+from forge.errors import ForgeError
+
+# Top-level contract keys owned by forge itself; a plugin section may not reuse them.
+RESERVED_CONTRACT_KEYS = frozenset(
+    {"contract", "backend", "model", "artifact", "precision", "limits", "kv_cache", "target", "sections"})
+
+
+@dataclass(frozen=True)
+class Registry:
+    backends: frozenset[str] = frozenset()
+    sections: dict[str, type[BaseModel]] = field(default_factory=dict)
+    rules: tuple[Callable, ...] = ()
+
+    def section_key(self) -> tuple:
+        """A hashable identity of the sections (for caching validators)."""
+        return tuple(sorted((k, id(m)) for k, m in self.sections.items()))
+
+
+def build(backends: Iterable[tuple], sections: Iterable[tuple], rules: Iterable[tuple]) -> Registry:
+    """A Registry from the tuples the register-style hooks produced; refuses clashing registrations."""
+    names: set[str] = set()
+    secs: dict[str, type[BaseModel]] = {}
+
+    def add_section(key: str, model) -> None:
+        if key in RESERVED_CONTRACT_KEYS:
+            raise ForgeError(f"plugin error: contract section {key!r} clashes with a built-in contract key")
+        if not (isinstance(model, type) and issubclass(model, BaseModel)):
+            raise ForgeError(f"plugin error: contract section {key!r} must be a pydantic model class")
+        if key in secs and secs[key] is not model:
+            raise ForgeError(f"plugin error: contract section {key!r} is registered twice")
+        secs[key] = model
+
+    for args in backends:
+        name = args[0]
+        if name in names:
+            raise ForgeError(f"plugin error: backend {name!r} is registered twice")
+        names.add(name)
+        if len(args) > 2 and args[2] is not None:
+            add_section(name, args[2])
+    for key, model in sections:
+        add_section(key, model)
+    return Registry(backends=frozenset(names), sections=secs, rules=tuple(args[0] for args in rules))
+
+
+def from_plugins() -> Registry:
+    """The registry as the installed plugins define it."""
+    from forge.plugins import collect
+
+    return build(collect("forge_register_backends"), collect("forge_register_contract_sections"),
+                 collect("forge_validation_rules"))

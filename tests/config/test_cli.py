@@ -1,0 +1,90 @@
+"""`forge validate`, `forge schema`, `forge provision --dry-run` as a user runs them (subprocesses)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.config.conftest import REPO, node, trt_contract
+
+CASES = REPO / "tests" / "cases"
+
+
+def forge(*args, cwd=REPO, env=None):
+    full_env = {**os.environ, "FORGE_LOAD_PLUGINS": "", **(env or {})}
+    full_env.pop("FORGE_DEBUG", None)
+    proc = subprocess.run([sys.executable, "-m", "forge", *map(str, args)], cwd=cwd, env=full_env,
+                          capture_output=True, text=True, timeout=60)
+    assert "Traceback" not in proc.stdout + proc.stderr
+    return proc
+
+
+def test_examples_are_valid():
+    proc = forge("validate", "node_descriptions/", "engine_contracts/")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout == ""
+    assert "3 node(s), 4 contract(s): valid (0 error(s), 0 warning(s))" in proc.stderr
+
+
+def test_invalid_files_exit_1_with_one_line_per_problem():
+    case = CASES / "invalid" / "memory-and-slots"
+    proc = forge("validate", ".", cwd=case)
+    assert proc.returncode == 1
+    lines = proc.stdout.splitlines()
+    assert len(lines) == 4 and all(line.startswith("node.yaml::$.cards[") for line in lines)
+
+
+def test_warnings_print_but_pass_unless_strict():
+    case = CASES / "valid" / "slots-warning"
+    proc = forge("validate", ".", cwd=case)
+    assert proc.returncode == 0
+    assert proc.stdout.startswith("node.yaml::$.cards[0].engine: warning: the KV pool of t1k")
+    strict = forge("validate", "--strict", ".", cwd=case)
+    assert strict.returncode == 1 and "warning:" not in strict.stdout
+
+
+@pytest.mark.parametrize("args", [("validate",), ("validate", "no/such/path.yaml"), ("validate", "--bogus", "."),
+                                  ("schema", "--out", "x", "--check", "docs/schemas")])
+def test_usage_errors_exit_2(args, tmp_path):
+    assert forge(*args, cwd=tmp_path if args[0] == "validate" else REPO).returncode == 2
+
+
+def test_hostile_file_is_one_line(tmp_path):
+    (tmp_path / "bomb.yaml").write_text("a: &a [x]\n" + "".join(f"b{i}: *a\n" for i in range(100)))
+    proc = forge("validate", "bomb.yaml", cwd=tmp_path)
+    assert proc.returncode == 1
+    assert proc.stdout.splitlines() == ["bomb.yaml::$: more than 64 YAML aliases (line 66, column 6)"]
+
+
+def test_provision_dry_run_prints_the_plan_per_card():
+    proc = forge("provision", "node_descriptions/fabric-a.yaml", "--dry-run")
+    assert proc.returncode == 0, proc.stderr
+    for text in ("gpu0", "gpu1", "llama7b-fp8-1k-half", "trtllm", "7.20 GiB", "21.08 GiB", "10,792 x 32", "299",
+                 "3,829 x 32", "106", "8,192", "4,096", "full-length slots", "token budget"):
+        assert text in proc.stdout, text
+
+
+def test_provision_refuses_an_invalid_node(tmp_path):
+    import yaml
+
+    (tmp_path / "t1k.yaml").write_text(yaml.safe_dump(trt_contract(**{"limits.max_num_tokens": None})))
+    (tmp_path / "node.yaml").write_text(yaml.safe_dump(node()))
+    proc = forge("provision", "node.yaml", "--dry-run", cwd=tmp_path)
+    assert proc.returncode == 1
+    assert "t1k.yaml::$.limits.max_num_tokens: missing required key" in proc.stderr
+
+
+def test_schema_prints_writes_and_checks(tmp_path):
+    printed = forge("schema")
+    assert printed.returncode == 0 and set(json.loads(printed.stdout)) == {"node", "contract"}
+    wrote = forge("schema", "--out", tmp_path / "s")
+    assert wrote.returncode == 0
+    for name in ("node.schema.json", "contract.schema.json"):
+        assert (tmp_path / "s" / name).read_text() == (REPO / "docs" / "schemas" / name).read_text()
+    assert forge("schema", "--check", "docs/schemas").returncode == 0
+    (tmp_path / "s" / "node.schema.json").write_text("{}\n")
+    stale = forge("schema", "--check", tmp_path / "s")
+    assert stale.returncode == 1 and "node.schema.json: differs from the models" in stale.stdout

@@ -1,0 +1,72 @@
+"""The shipped examples validate, and their plans hold the numbers the docs state."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from forge.config.load import load_node, load_paths
+from tests.config.conftest import REPO
+
+
+def test_all_examples_validate_without_warnings():
+    loaded = load_paths([REPO / "node_descriptions", REPO / "engine_contracts"])
+    assert loaded.problems == [], "\n".join(p.render() for p in loaded.problems)
+    assert sorted(loaded.nodes) == ["fabric-a", "fabric-long", "local"]
+    assert sorted(loaded.contracts) == ["llama7b-fp8-1k", "llama7b-fp8-1k-half", "llama7b-fp8-long", "tiny-llama-cpu"]
+
+
+@pytest.mark.parametrize("name, rows", [
+    ("fabric-a", [("gpu0", "llama7b-fp8-1k", 10792, 299, 8192, 256),
+                  ("gpu1", "llama7b-fp8-1k-half", 3829, 106, 4096, 96)]),
+    ("fabric-long", [("gpu0", "llama7b-fp8-long", 2698, 87, 8192, 64),
+                     ("gpu1", "llama7b-fp8-1k-half", 3829, 106, 4096, 96)]),
+    ("local", [("cpu0", "tiny-llama-cpu", 512, 32, 512, 32)]),
+])
+def test_example_plans(name, rows):
+    loaded = load_node(REPO / "node_descriptions" / f"{name}.yaml")
+    assert loaded.warnings == []
+    got = [(p.card_id, p.contract.contract, p.num_blocks, p.full_length_slots, p.token_budget, p.slots)
+           for p in loaded.plans]
+    assert got == rows
+    for p in loaded.plans:
+        assert p.fits_memory and p.full_length_slots >= p.slots       # every slot can hold a full sequence
+
+
+def test_embedded_default_has_the_fixed_geometry():
+    loaded = load_node(REPO / "node_descriptions" / "local.yaml")
+    c = loaded.contracts["tiny-llama-cpu"]
+    assert (c.backend, c.precision.weights, c.precision.kv_cache) == ("transformers", "fp32", "fp32")
+    assert c.limits.model_dump() == {"max_batch_size": 32, "max_num_tokens": 512, "max_input_len": 384,
+                                     "max_output_len": 128}
+    assert (c.kv_cache.tokens_per_block, c.kv_cache.max_tokens, c.kv_cache.host_cache_bytes,
+            c.kv_cache.block_reuse) == (32, 16384, 0, True)
+    assert c.resolve(c.artifact.checkpoint) == (REPO / "forge" / "embedded" / "tiny-llama").resolve()
+    card = loaded.node.cards[0]
+    assert (card.index, card.kind, card.model, card.memory_gib, card.engine) == (0, "cpu", "cpu", 2, "tiny-llama-cpu")
+    assert (loaded.node.host.memory_gib, loaded.node.host.cpu_cores, loaded.node.metrics.port) == (16, 2, 0)
+
+
+@pytest.mark.parametrize("engine", ["llama7b-fp8-1k", "llama7b-fp8-1k-half", "llama7b-fp8-long"])
+def test_fixture_engine_dirs_have_the_real_layout(engine):
+    d = REPO / "engines" / engine
+    cfg = json.loads((d / "config.json").read_text())
+    assert list(cfg) == ["version", "pretrained_config", "build_config"]
+    assert {"mapping", "quantization"} <= set(cfg["pretrained_config"])
+    assert "plugin_config" in cfg["build_config"]
+    assert sorted(p.name for p in d.iterdir()) == ["config.json", "rank0.engine"]
+    assert (d / "rank0.engine").read_text().startswith("PLACEHOLDER")     # stated, not pretended
+
+
+def test_validation_needs_no_engine_library():
+    import os
+    import subprocess
+    import sys
+
+    code = ("import sys; from forge.config.load import load_paths; "
+            "ok = load_paths(['node_descriptions', 'engine_contracts']).ok; "
+            "heavy = [m for m in ('torch', 'transformers', 'tensorrt_llm') if m in sys.modules]; "
+            "print(ok, heavy)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "FORGE_LOAD_PLUGINS": ""})
+    assert out.stdout.strip() == "True []", out.stderr
