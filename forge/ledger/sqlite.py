@@ -1,0 +1,262 @@
+"""The run ledger: one SQLite file (WAL) holding what each record's state is and, until its
+output line is durable, the output row itself — so a crashed run writes it without regenerating.
+
+Durability: WAL with synchronous=NORMAL. A commit survives a killed process (kill -9, Ctrl-C,
+a crash): it is in the WAL through the OS. Only a power loss / OS crash can roll back the last
+commits, and the resume protocol stays correct then too (see docs/ledger.md): an output line is
+fsync'ed before its record is marked 'written', so the ledger never claims more than the output
+holds, and a lost 'done' only costs regenerating that record. The run identity (meta) is written
+with synchronous=FULL so a ledger never loses the fact that it exists."""
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from forge.errors import ForgeError, display_path
+from forge.records.bitmap import IndexBitmap
+from forge.stats import LedgerStats
+
+SCHEMA_VERSION = 1
+_SQLITE_MAGIC = b"SQLite format 3\x00"
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS records (
+    idx      INTEGER PRIMARY KEY,                 -- 0-based input record index
+    state    TEXT NOT NULL CHECK (state IN ('pending', 'done', 'failed', 'written')),
+    attempts INTEGER NOT NULL DEFAULT 0,          -- function invocations started, across restarts
+    is_error INTEGER NOT NULL DEFAULT 0,          -- the output row is an error row
+    row      TEXT                                 -- the output line, kept only until it is written
+);
+"""
+_ATTEMPT = ("INSERT INTO records (idx, state, attempts) VALUES (?, 'pending', 1) "
+            "ON CONFLICT (idx) DO UPDATE SET attempts = attempts + 1")
+_SETTLE = ("INSERT INTO records (idx, state, is_error, row) VALUES (?, ?, ?, ?) "
+           "ON CONFLICT (idx) DO UPDATE SET state = excluded.state, is_error = excluded.is_error, "
+           "row = excluded.row WHERE records.state != 'written'")
+_WRITTEN = ("INSERT INTO records (idx, state, is_error) VALUES (?, 'written', ?) "
+            "ON CONFLICT (idx) DO UPDATE SET state = 'written', is_error = excluded.is_error, row = NULL")
+
+
+class LedgerMismatch(ForgeError):
+    """The ledger belongs to another run (function or input changed)."""
+
+
+@dataclass(frozen=True)
+class LedgerCounts:
+    pending: int = 0          # invoked, no result committed yet (in flight when the run stopped)
+    done: int = 0             # result committed, output line not yet written
+    failed: int = 0           # error row committed, not yet written
+    written: int = 0          # in the output, durably
+    written_errors: int = 0   # of those, error rows
+    attempts: int = 0         # function invocations started, summed
+    retried: int = 0          # records invoked more than once (across restarts)
+
+
+class Ledger:
+    """One run's ledger. Exclusively locked (flock) while open; safe to call from two threads."""
+
+    def __init__(self, path: str | os.PathLike, *, run_key: dict[str, object], restart: bool = False,
+                 info: dict[str, object] | None = None) -> None:
+        """`run_key` must match on resume (else LedgerMismatch); `info` (node, paths...) is only
+        recorded, and `starts` counts how often the run was started."""
+        self.path = Path(path)
+        self.stats = LedgerStats()
+        self._shown = display_path(self.path)
+        self._mutex = threading.Lock()
+        self._lock_fd = self._take_file_lock()
+        try:
+            self._db = self._connect()
+            self.fresh = self._check_identity(dict(run_key), restart)
+            self.starts = int(self.get_meta("starts") or 0) + 1
+            self.set_meta("starts", str(self.starts))
+            self.set_meta("info", json.dumps(info or {}, sort_keys=True, default=str))
+        except BaseException:
+            if hasattr(self, "_db"):
+                self._db.close()
+            os.close(self._lock_fd)
+            raise
+
+    # --- opening -----------------------------------------------------------------------------
+    def _take_file_lock(self) -> int:
+        if not self.path.parent.is_dir():
+            raise ForgeError(f"{self._shown}: the ledger's folder does not exist")
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise ForgeError(f"{self._shown}: cannot open the ledger: {e.strerror}") from None
+        try:
+            # flock, not fcntl: SQLite's own POSIX locks on the same file are unaffected by it.
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            raise ForgeError(f"{self._shown}: another forge run is using this ledger") from None
+        head = os.pread(fd, len(_SQLITE_MAGIC), 0)
+        if head and head != _SQLITE_MAGIC:
+            os.close(fd)
+            raise ForgeError(f"{self._shown}: not a forge ledger (not an SQLite file); "
+                             "point --ledger elsewhere")
+        return fd
+
+    def _connect(self) -> sqlite3.Connection:
+        try:
+            db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=5.0)
+            mode = db.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+            if mode.lower() != "wal":
+                raise ForgeError(f"{self._shown}: the ledger's file system does not support SQLite WAL")
+            db.execute("PRAGMA synchronous=FULL")       # until the identity is stored
+            db.executescript(_SCHEMA)
+            return db
+        except sqlite3.DatabaseError as e:
+            raise ForgeError(f"{self._shown}: not a usable forge ledger: {e}") from None
+
+    def _check_identity(self, run_key: dict[str, object], restart: bool) -> bool:
+        stored = dict(self._db.execute("SELECT key, value FROM meta").fetchall())
+        fresh = not stored
+        if stored and restart:
+            self.reset(run_key)
+            fresh = True
+        elif stored:
+            if stored.get("schema_version") != str(SCHEMA_VERSION):
+                raise LedgerMismatch(f"{self._shown}: ledger schema {stored.get('schema_version')} is not "
+                                     f"{SCHEMA_VERSION}; pass --restart to start over")
+            old = json.loads(stored.get("run_key", "{}"))
+            diffs = [f"{k} was {_short(old.get(k))}, now {_short(run_key.get(k))}"
+                     for k in sorted(set(old) | set(run_key)) if old.get(k) != run_key.get(k)]
+            if diffs:
+                raise LedgerMismatch(f"{self._shown}: this ledger belongs to another run ({'; '.join(diffs)}); "
+                                     "pass --restart to discard it, or --ledger PATH to keep it")
+        else:
+            self._write_meta(run_key)
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        return fresh and not self._has_records()
+
+    def _write_meta(self, run_key: dict[str, object]) -> None:
+        rows = [("schema_version", str(SCHEMA_VERSION)), ("created", f"{time.time():.3f}"),
+                ("run_key", json.dumps(run_key, sort_keys=True))]
+        with self._txn():
+            self._db.executemany("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", rows)
+
+    def _has_records(self) -> bool:
+        return self._db.execute("SELECT 1 FROM records LIMIT 1").fetchone() is not None
+
+    # --- writing -----------------------------------------------------------------------------
+    def reset(self, run_key: dict[str, object]) -> None:
+        """Forget every record and take on a new identity (--restart)."""
+        with self._mutex:
+            self._db.execute("PRAGMA synchronous=FULL")
+            with self._txn():
+                self._db.execute("DELETE FROM records")
+                self._db.execute("DELETE FROM meta")
+            self._write_meta(run_key)
+            self._db.execute("PRAGMA synchronous=NORMAL")
+
+    def apply(self, *, attempts: Iterable[int] = (), settled: Iterable[tuple[int, str, bool]] = (),
+              written: Iterable[tuple[int, bool]] = ()) -> None:
+        """One transaction: count attempts, store settled rows (idx, row, is_error) as done/failed,
+        mark rows written (idx, is_error) and drop their stored row."""
+        attempts = [(i,) for i in attempts]
+        settled = [(i, "failed" if err else "done", int(err), row) for i, row, err in settled]
+        written = [(i, int(err)) for i, err in written]
+        with self._mutex:
+            start = time.perf_counter()
+            with self._txn():
+                if attempts:
+                    self._db.executemany(_ATTEMPT, attempts)
+                if settled:
+                    self._db.executemany(_SETTLE, settled)
+                if written:
+                    self._db.executemany(_WRITTEN, written)
+            elapsed = time.perf_counter() - start
+        self.stats.commits += 1
+        self.stats.rows_committed += len(attempts) + len(settled) + len(written)
+        self.stats.last_commit_s = elapsed
+        self.stats.total_commit_s += elapsed
+
+    def set_meta(self, key: str, value: str) -> None:
+        with self._mutex, self._txn():
+            self._db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (key, value))
+
+    def get_meta(self, key: str) -> str | None:
+        with self._mutex:
+            row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return row[0] if row else None
+
+    # --- reading -----------------------------------------------------------------------------
+    def unwritten_rows(self, chunk: int = 2048) -> Iterator[list[tuple[int, str, bool]]]:
+        """Settled rows not yet in the output, in index order and in chunks (keyset pages, so the
+        caller may mark them written between chunks)."""
+        last = -1
+        while True:
+            with self._mutex:
+                page = self._db.execute(
+                    "SELECT idx, row, is_error FROM records WHERE state IN ('done', 'failed') AND idx > ? "
+                    "ORDER BY idx LIMIT ?", (last, chunk)).fetchall()
+            if not page:
+                return
+            last = page[-1][0]
+            yield [(i, row, bool(err)) for i, row, err in page]
+
+    def indices(self, *states: str) -> IndexBitmap:
+        """Indices in the given states, streamed into a bitmap (never a list of 10M ints)."""
+        marks = ",".join("?" * len(states))
+        found = IndexBitmap()
+        with self._mutex:
+            for (i,) in self._db.execute(f"SELECT idx FROM records WHERE state IN ({marks})", states):
+                found.add(i)
+        return found
+
+    def counts(self) -> LedgerCounts:
+        with self._mutex:
+            by_state = dict(self._db.execute("SELECT state, COUNT(*) FROM records GROUP BY state").fetchall())
+            errs, attempts, retried = self._db.execute(
+                "SELECT COALESCE(SUM(state = 'written' AND is_error), 0), COALESCE(SUM(attempts), 0), "
+                "COALESCE(SUM(attempts > 1), 0) FROM records").fetchone()
+        return LedgerCounts(pending=by_state.get("pending", 0), done=by_state.get("done", 0),
+                            failed=by_state.get("failed", 0), written=by_state.get("written", 0),
+                            written_errors=errs, attempts=attempts, retried=retried)
+
+    def close(self) -> None:
+        if self._lock_fd < 0:
+            return
+        with self._mutex:
+            self._db.close()          # checkpoints the WAL into the main file
+        os.close(self._lock_fd)       # only now: releases the flock after SQLite is done
+        self._lock_fd = -1
+
+    # --- helpers -----------------------------------------------------------------------------
+    def _txn(self):
+        return _Transaction(self._db, self._shown)
+
+
+class _Transaction:
+    """BEGIN IMMEDIATE ... COMMIT, rolled back on error; SQLite errors become one clear line."""
+
+    def __init__(self, db: sqlite3.Connection, shown: str) -> None:
+        self._db, self._shown = db, shown
+
+    def __enter__(self) -> None:
+        self._db.execute("BEGIN IMMEDIATE")
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            try:
+                self._db.execute("COMMIT")
+                return
+            except sqlite3.Error as e:
+                exc = e
+        if self._db.in_transaction:
+            self._db.execute("ROLLBACK")
+        if isinstance(exc, sqlite3.Error):
+            raise ForgeError(f"{self._shown}: ledger write failed: {exc}") from None
+
+
+def _short(value: object) -> str:
+    text = json.dumps(value) if not isinstance(value, str) else value
+    return text if len(text) <= 24 else text[:12] + "…" + text[-8:]

@@ -1,0 +1,142 @@
+"""The JSONL output: row encoding, a locked append-only writer, and reconciliation on resume.
+
+Every row is one line, `{"index": i, "result": ...}` or `{"index": i, "error": {"type", "message"}}`.
+Lines are appended with one write per batch and made durable with fsync; a line without its
+newline (or trailing garbage) can only be an unsynced tail from a crash and is cut off on resume."""
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from forge.errors import ForgeError, display_path
+from forge.records.bitmap import IndexBitmap
+
+MAX_ERROR_MESSAGE_CHARS = 8192      # an exception that quotes a whole prompt is cut here
+_CHUNK_BYTES = 1 << 20
+_ROW_HEAD = re.compile(rb'\{"index": (\d+), "(result|error)": ')
+
+
+def encode_error(index: int, type_: str, message: str) -> str:
+    """An error row. ASCII-escaped, so any message (even with lone surrogates) encodes."""
+    if len(message) > MAX_ERROR_MESSAGE_CHARS:
+        message = message[:MAX_ERROR_MESSAGE_CHARS] + " ... (truncated)"
+    body = json.dumps({"type": str(type_), "message": str(message)})
+    return f'{{"index": {int(index)}, "error": {body}}}'
+
+
+def encode_result(index: int, result: object) -> tuple[str, bool]:
+    """(row line without newline, is_error). A result that is not strict JSON (objects, NaN,
+    lone surrogates, cycles) becomes a SerializationError row instead of crashing the run."""
+    try:
+        body = json.dumps(result, ensure_ascii=False, allow_nan=False)
+        body.encode("utf-8")  # lone surrogates pass dumps but cannot be written as UTF-8
+    except (TypeError, ValueError, RecursionError, UnicodeEncodeError) as e:
+        return encode_error(index, "SerializationError", f"result is not JSON-serializable: {e}"), True
+    return f'{{"index": {int(index)}, "result": {body}}}', False
+
+
+@dataclass
+class Reconciliation:
+    """What an existing output file holds, after its torn tail (if any) was cut off."""
+
+    present: IndexBitmap = field(default_factory=IndexBitmap)
+    errors: IndexBitmap = field(default_factory=IndexBitmap)     # of those, error rows
+    rows: int = 0
+    truncated_bytes: int = 0
+    duplicates: int = 0
+    first_duplicates: list[int] = field(default_factory=list)   # at most 10, for the message
+
+
+class OutputWriter:
+    """Append-only JSONL output, exclusively locked (flock) so two runs never share one file."""
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = Path(path)
+        self._shown = display_path(self.path)
+        try:
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise ForgeError(f"{self._shown}: cannot open the output for writing: {e.strerror}") from None
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(self._fd)
+            raise ForgeError(f"{self._shown}: another forge run is writing this output") from None
+
+    def append(self, lines: list[str]) -> int:
+        """Append rows (no newline in them) with one write; not durable until sync(). Returns bytes."""
+        data = "".join(line + "\n" for line in lines).encode("utf-8")
+        view, written = memoryview(data), 0
+        while written < len(data):
+            written += os.write(self._fd, view[written:])
+        return written
+
+    def sync(self) -> None:
+        os.fsync(self._fd)
+
+    def truncate(self, size: int = 0) -> None:
+        os.ftruncate(self._fd, size)
+        os.fsync(self._fd)
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)  # closing releases the flock
+            self._fd = -1
+
+    def reconcile(self) -> Reconciliation:
+        """Scan the output: indices present, error rows, duplicates; cut off a torn tail."""
+        rec = Reconciliation()
+        good_end, bad_start = 0, None
+        with open(self.path, "rb") as f:
+            offset = 0
+            while head := f.readline(_CHUNK_BYTES):   # a whole line, unless it is over 1 MiB
+                start, offset = offset, offset + len(head)
+                complete = head.endswith(b"\n")
+                while not complete and (chunk := f.readline(_CHUNK_BYTES)):
+                    offset += len(chunk)
+                    complete = chunk.endswith(b"\n")
+                parsed = _parse_row(head, f, start, offset) if complete else None
+                if parsed is None:
+                    bad_start = start if bad_start is None else bad_start
+                    continue
+                if bad_start is not None:  # garbage followed by good rows is not a torn tail
+                    raise ForgeError(f"{self._shown}: byte {bad_start}: not a forge output row; the output "
+                                     "was changed outside forge (pass --restart to start over)")
+                index, is_error = parsed
+                good_end = offset
+                if not rec.present.add(index):
+                    rec.duplicates += 1
+                    if len(rec.first_duplicates) < 10:
+                        rec.first_duplicates.append(index)
+                    continue
+                rec.rows += 1
+                if is_error:
+                    rec.errors.add(index)
+        size = self.path.stat().st_size
+        if size > good_end:
+            rec.truncated_bytes = size - good_end
+            self.truncate(good_end)
+        return rec
+
+
+def _parse_row(head: bytes, f, start: int, end: int) -> tuple[int, bool] | None:
+    """(index, is_error) of one complete line, or None when it is not a forge row."""
+    m = _ROW_HEAD.match(head)
+    if m:  # our own encoding: the index is the first key, so the body need not be parsed
+        return int(m.group(1)), m.group(2) == b"error"
+    here = f.tell()
+    f.seek(start)
+    raw = f.read(end - start)
+    f.seek(here)
+    try:
+        row = json.loads(raw)
+    except (ValueError, RecursionError):
+        return None
+    if (not isinstance(row, dict) or not type(row.get("index")) is int or row["index"] < 0
+            or len(row) != 2 or not ({"result", "error"} & row.keys())):
+        return None
+    return row["index"], "error" in row
