@@ -1,0 +1,297 @@
+"""TransformersEngine: forge's Engine interface over transformers' ContinuousBatchingManager.
+
+The manager runs its generation loop in its own thread. Every request is added with streaming=True, so each
+engine step delivers one output per running request: poll turns those into token progress and, when a request
+ends, into its result. Each attempt gets its own manager id (`<request_id>#<n>`): a request cancelled and
+resubmitted under the same id never meets its earlier self inside the manager (which drains new requests before
+cancellations). The manager gives no result for a cancelled request, so cancel answers it here at once.
+"""
+from __future__ import annotations
+
+import gc
+import itertools
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Optional, Sequence
+
+from forge.config.plan import CardPlan
+from forge.engines.hf import requests as reqs
+from forge.engines.hf.hidden import HiddenWorker
+from forge.engines.hf.sizing import capacity_of
+from forge.engines.interface import (Engine, EngineBusy, EngineFailed, EngineRequest, EngineResult, IterationStats,
+                                     Progress)
+
+log = logging.getLogger("forge.engines.transformers")
+
+_SLICE_S = 0.01          # poll waits in slices this long, so hidden-state results wake it as well
+_DRAIN_LIMIT = 65536     # outputs taken by one poll at most: bounded work per call
+
+
+@dataclass
+class _Pending:
+    request: EngineRequest
+    internal_id: str
+    tokens: list[int] = field(default_factory=list)   # generated so far (from the streamed outputs)
+    generating: bool = False                           # handed to the manager and not finished
+    hidden: Optional[list[float]] = None
+    error: Optional[str] = None
+    cancelled: bool = False
+
+    def complete(self) -> bool:
+        if self.error is not None:
+            return True
+        return not self.generating and (not self.request.want_hidden or self.hidden is not None)
+
+
+class TransformersEngine(Engine):
+    name = "transformers"
+    supports_hidden = True
+    supports_guides: frozenset[str] = frozenset()     # guided output is a later issue
+
+    def __init__(self, plan: CardPlan, section, model, tokenizer, manager, *, device: str, eos, info: dict[str, Any]):
+        self.plan, self.section, self.model, self.tokenizer = plan, section, model, tokenizer
+        self._manager = manager
+        self._device = device
+        lim = plan.contract.limits
+        self._limits = dict(max_input_len=lim.max_input_len, max_output_len=lim.max_output_len,
+                            vocab_size=plan.contract.model.vocab_size, sampling_mode=section.sampling)
+        eos_ids = eos if isinstance(eos, (list, tuple)) else [eos]
+        self._eos_set = {int(e) for e in eos_ids if e is not None and int(e) >= 0}
+        self._eos_arg = sorted(self._eos_set) if len(self._eos_set) > 1 else (next(iter(self._eos_set), -1))
+        self._capacity = capacity_of(plan, section)
+        self._lock = threading.Lock()
+        self._pending: dict[str, _Pending] = {}
+        self._by_internal: dict[str, str] = {}
+        self._ready: deque[EngineResult] = deque()
+        self._attempts = itertools.count()
+        self._failure: Optional[str] = None
+        self._closed = False
+        self._prefix_hits = 0
+        self._info = dict(info, capacity=self._capacity, hidden_pooling=section.hidden_pooling)
+        self._hidden = HiddenWorker(model, device, section.hidden_pooling, maxsize=self._capacity)
+        self._count_prefix_hits(manager.batch_processor.cache)
+
+    # ------------------------------------------------------------------ the five calls
+    def submit(self, requests: Sequence[EngineRequest]) -> None:
+        """All or nothing: either every request is taken (refused ones come back as error results) or EngineBusy."""
+        self._raise_if_dead()
+        batch = list(requests)
+        with self._lock:
+            ids = [r.request_id for r in batch]
+            if len(set(ids)) != len(ids) or any(i in self._pending for i in ids):
+                raise ValueError(f"request ids already in flight on this engine: {sorted(set(ids) & set(self._pending)) or ids}")
+            if len(self._pending) + len(batch) > self._capacity:
+                raise EngineBusy(f"engine holds {len(self._pending)} requests; capacity {self._capacity}")
+            queue = self._manager.input_queue
+            if queue.maxsize and queue.qsize() + len(batch) > queue.maxsize:
+                raise EngineBusy("the manager's input queue is full")
+            for req in batch:
+                self._accept(req)
+
+    def poll(self, timeout_s: float) -> Progress:
+        deadline = time.monotonic() + max(float(timeout_s), 0.0)
+        new_tokens = 0
+        while True:
+            self._raise_if_closed_or_failed()
+            outputs = self._take_outputs(min(_SLICE_S, max(deadline - time.monotonic(), 0.0)))
+            hidden = self._hidden.drain(_DRAIN_LIMIT)
+            dead = self._loop_dead()
+            with self._lock:
+                for out in outputs:
+                    new_tokens += self._on_output(out, dead is not None)
+                for key, vec, err in hidden:
+                    self._on_hidden(key, vec, err)
+                results = list(self._ready)
+                self._ready.clear()
+            if dead is not None:
+                self._failure = dead      # finished results still go out; the next call raises
+                if not results:
+                    raise EngineFailed(dead)
+            if results or time.monotonic() >= deadline:
+                return Progress(results=results, new_tokens=new_tokens)
+
+    def cancel(self, request_id: str) -> None:
+        with self._lock:
+            entry = self._pending.pop(request_id, None)
+            if entry is None:
+                return                    # finished (its result is out or queued) or unknown: nothing to stop
+            self._by_internal.pop(entry.internal_id, None)
+            entry.cancelled = True
+            if entry.generating:
+                self._manager.cancel_request(entry.internal_id)
+            self._ready.append(EngineResult(request_id, list(entry.tokens), "cancelled"))
+
+    def stats(self) -> IterationStats:
+        m = self._manager
+        st = IterationStats(steps=int(getattr(m, "current_batch", 0) or 0), prefix_hit_tokens=self._prefix_hits,
+                            queued=self._hidden.pending())
+        bp = m.batch_processor
+        if bp is None:
+            return st
+        try:   # read-only snapshot of the loop thread's state; len() of its dicts is atomic
+            st.active = len(bp.scheduler.active_requests)
+            st.queued += len(bp.scheduler.waiting_requests) + m.input_queue.qsize()
+            st.kv_blocks_free, st.kv_blocks_used = self._kv_blocks(bp.cache)
+            st.tokens_last_step = int(getattr(bp.inputs_and_outputs, "num_q_tokens", 0) or 0)
+        except (RuntimeError, AttributeError):   # the loop changed a structure while we read it: partial snapshot
+            pass
+        return st
+
+    def shutdown(self, timeout_s: float) -> None:
+        """Hard stop: the loop ends after its current step; requests still held get no result (the runtime
+        requeues what it had in flight). Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        deadline = time.monotonic() + max(float(timeout_s), 0.0)
+        try:
+            self._manager.stop(block=True, timeout=max(deadline - time.monotonic(), 0.01), hard_stop=True)
+        except Exception as exc:   # a failing stop must not keep the card: log it and carry on freeing
+            log.warning("transformers manager stop failed: %s", exc)
+        self._hidden.stop(max(deadline - time.monotonic(), 0.01))
+        if self._manager.is_running():
+            log.warning("transformers generation loop still running after %.1fs shutdown timeout", timeout_s)
+        else:
+            self._manager.destroy()
+        with self._lock:
+            self._pending.clear()
+            self._by_internal.clear()
+        self.model = None
+        gc.collect()
+        if self._device.startswith("cuda"):
+            import torch
+
+            torch.cuda.empty_cache()
+
+    def describe(self) -> dict[str, Any]:
+        return dict(self._info)
+
+    # ------------------------------------------------------------------ internals
+    def _accept(self, req: EngineRequest) -> None:
+        why = reqs.refusal(req, **self._limits)
+        if why is not None:
+            self._ready.append(EngineResult(req.request_id, [], "error", error=why))
+            return
+        entry = _Pending(req, f"{req.request_id}#{next(self._attempts)}")
+        self._pending[req.request_id] = entry
+        self._by_internal[entry.internal_id] = req.request_id
+        if req.want_hidden:
+            self._hidden.submit(entry.internal_id, req.prompt_ids, lambda e=entry: e.cancelled)
+        if req.max_new_tokens > 0:
+            kwargs = reqs.processor_kwargs(req.sampling, sampling_mode=self.section.sampling,
+                                           vocab_size=self._limits["vocab_size"])
+            got = self._manager.add_request(list(req.prompt_ids), request_id=entry.internal_id,
+                                            max_new_tokens=req.max_new_tokens, streaming=True,
+                                            eos_token_id=self._eos_arg if req.sampling.stop_at_eos else -1, **kwargs)
+            if got is None:   # the manager refuses work only when its loop is stopping or dead
+                self._failure = self._loop_dead() or "transformers generation loop is not accepting requests"
+                raise EngineFailed(self._failure)
+            entry.generating = True
+        self._finish_if_complete(entry)
+
+    def _take_outputs(self, wait_s: float) -> list:
+        started = time.monotonic()
+        first = self._manager.get_result(timeout=wait_s)
+        if first is None:
+            # get_result returns at once when the loop is gone; keep the wait bounded but not a busy spin
+            rest = wait_s - (time.monotonic() - started)
+            if rest > 0:
+                time.sleep(rest)
+            return []
+        outs = [first]
+        while len(outs) < _DRAIN_LIMIT:
+            nxt = self._manager.get_result(timeout=0)
+            if nxt is None:
+                break
+            outs.append(nxt)
+        return outs
+
+    def _on_output(self, out, loop_dead: bool) -> int:
+        ext = self._by_internal.get(out.request_id)
+        if ext is None:
+            return 0                      # cancelled (already answered) or from before a cancel
+        entry = self._pending[ext]
+        tokens = out.generated_tokens
+        new = max(len(tokens) - len(entry.tokens), 0)
+        entry.tokens = list(tokens)
+        if out.is_finished():
+            if out.error is not None:
+                if loop_dead:
+                    return new            # a victim of the dead loop: EngineFailed tells the runtime to requeue it
+                entry.error = f"transformers: {out.error}"
+            entry.generating = False
+            self._finish_if_complete(entry)
+        return new
+
+    def _on_hidden(self, key: str, vec: Optional[list[float]], err: Optional[str]) -> None:
+        ext = self._by_internal.get(key)
+        if ext is None:
+            return
+        entry = self._pending[ext]
+        if err is not None:
+            entry.error = f"hidden state: {err}"
+        else:
+            entry.hidden = vec
+        self._finish_if_complete(entry)
+
+    def _finish_if_complete(self, entry: _Pending) -> None:
+        if not entry.complete():
+            return
+        rid = entry.request.request_id
+        self._pending.pop(rid, None)
+        self._by_internal.pop(entry.internal_id, None)
+        if entry.error is not None:
+            if entry.generating:
+                self._manager.cancel_request(entry.internal_id)
+            self._ready.append(EngineResult(rid, list(entry.tokens), "error", error=entry.error))
+            return
+        tokens, reason = list(entry.tokens), "length"
+        if entry.request.sampling.stop_at_eos and tokens and tokens[-1] in self._eos_set:
+            tokens, reason = tokens[:-1], "eos"   # output_ids carry text tokens only; the reason says it ended
+        self._ready.append(EngineResult(rid, tokens, reason, hidden=entry.hidden))
+
+    def _loop_dead(self) -> Optional[str]:
+        if self._closed:
+            return None
+        status = self._manager.background_thread_status
+        err = status.fatal_error
+        if err is not None:
+            return f"transformers generation loop died: {type(err).__name__}: {err}"
+        if status.local_status >= status.HARD_STOP or not self._manager.is_running():
+            return "transformers generation loop stopped"
+        return None
+
+    def _raise_if_closed_or_failed(self) -> None:
+        if self._closed:
+            raise EngineFailed("engine is shut down")
+        if self._failure is not None:
+            raise EngineFailed(self._failure)
+
+    def _raise_if_dead(self) -> None:
+        self._raise_if_closed_or_failed()
+        dead = self._loop_dead()
+        if dead is not None:
+            self._failure = dead
+            raise EngineFailed(dead)
+
+    def _kv_blocks(self, cache) -> tuple[int, int]:
+        """(free, used) whole-model blocks; blocks kept only for prefix reuse are evictable, so they count free."""
+        total = int(cache.num_blocks)
+        cached = sum(len(a.ledger.cached_blocks) for a in cache.cache_allocators.values())
+        free = min(total, round(cache.compute_free_capacity() * total) + cached)
+        return free, total - free
+
+    def _count_prefix_hits(self, cache) -> None:
+        """Count prompt tokens served from shared blocks: wrap the cache's prefix lookup (the manager exposes no
+        counter). The scheduler calls it once per request that starts prefilling."""
+        lookup = cache.search_prefix_match
+
+        def counted(request_id, prompt_ids):
+            n = lookup(request_id, prompt_ids)
+            self._prefix_hits += n
+            return n
+
+        cache.search_prefix_match = counted

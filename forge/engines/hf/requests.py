@@ -1,0 +1,75 @@
+"""Per-request checks and sampling for the transformers engine. Pure functions (no torch).
+
+transformers' continuous batching picks tokens with one engine-wide rule: `do_sample` and the logits processors
+are fixed when the manager is built. With `per_request_processors` the temperature, top-k and top-p processors
+read each request's own values, but only if the engine-wide generation config created them; and there is one
+random generator per engine, so a per-request seed cannot be honoured. Hence:
+
+- sampling "per_request": do_sample on, the three processors created with placeholder defaults, and every
+  request passes all three values (greedy requests as top_k=1), so the placeholders are never used by a request;
+- sampling "greedy": no processors, argmax; requests asking for temperature > 0 are refused;
+- a sampled request (temperature > 0) with a seed is refused in both modes.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from forge.engines.interface import EngineRequest, Sampling
+
+# Placeholders that make transformers create the per-request processors (1.0 / 0 / >=1.0 would not).
+_PLACEHOLDER_TEMPERATURE = 0.5
+_PLACEHOLDER_TOP_P = 0.99
+
+
+def is_greedy(s: Sampling) -> bool:
+    return s.temperature == 0 or s.top_k == 1
+
+
+def refusal(req: EngineRequest, *, max_input_len: int, max_output_len: int, vocab_size: int,
+            sampling_mode: str) -> Optional[str]:
+    """Why this engine cannot take the request as asked, or None. Refused requests come back as error results."""
+    n = len(req.prompt_ids)
+    if n == 0:
+        return "empty prompt"
+    if n > max_input_len:
+        return f"prompt has {n} tokens; the contract's max_input_len is {max_input_len}"
+    if not 0 <= req.max_new_tokens <= max_output_len:
+        return f"max_new_tokens {req.max_new_tokens} is outside 0..{max_output_len} (the contract's max_output_len)"
+    bad = next((t for t in req.prompt_ids if not (isinstance(t, int) and 0 <= t < vocab_size)), None)
+    if bad is not None:
+        return f"prompt token {bad!r} is outside the vocabulary (0..{vocab_size - 1})"
+    if req.guide is not None:
+        return "guided output is not supported by the transformers backend"
+    s = req.sampling
+    if s.temperature < 0 or not 0 < s.top_p <= 1 or s.top_k < 0:
+        return f"invalid sampling {s}: temperature >= 0, 0 < top_p <= 1 and top_k >= 0 are required"
+    if is_greedy(s):
+        return None
+    if sampling_mode == "greedy":
+        return (f"temperature {s.temperature} asked, but this engine decodes greedily (transformers.sampling: greedy); "
+                "use temperature 0 or a contract with sampling: per_request")
+    if s.seed is not None:
+        return ("a per-request seed cannot be honoured: transformers' continuous batching has one random generator "
+                "per engine (transformers.seed); leave seed unset or use temperature 0")
+    return None
+
+
+def processor_kwargs(s: Sampling, *, sampling_mode: str, vocab_size: int) -> dict[str, Any]:
+    """The per-request values handed to the manager's add_request(**kwargs); empty in greedy mode."""
+    if sampling_mode == "greedy":
+        return {}
+    if is_greedy(s):
+        return {"temperature": 1.0, "top_k": 1, "top_p": 1.0}
+    return {"temperature": float(s.temperature), "top_k": int(s.top_k) if s.top_k > 0 else vocab_size,
+            "top_p": float(s.top_p)}
+
+
+def generation_config_kwargs(*, sampling_mode: str, vocab_size: int, eos_token_id, pad_token_id,
+                             bos_token_id, max_output_len: int) -> dict[str, Any]:
+    """The engine-wide GenerationConfig: the decoding rule, and EOS as the model defines it."""
+    common = dict(eos_token_id=eos_token_id, pad_token_id=pad_token_id, bos_token_id=bos_token_id,
+                  max_new_tokens=max_output_len, num_return_sequences=1)
+    if sampling_mode == "greedy":
+        return dict(common, do_sample=False)
+    return dict(common, do_sample=True, temperature=_PLACEHOLDER_TEMPERATURE, top_k=vocab_size,
+                top_p=_PLACEHOLDER_TOP_P)

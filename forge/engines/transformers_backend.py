@@ -1,0 +1,70 @@
+"""The `transformers` engine backend: Hugging Face transformers' continuous batching (in-flight batching over a
+paged KV cache), on CPU or on one GPU.
+
+This module is a pluggy plugin and must import without torch/transformers: the heavy imports happen inside the
+factory (forge/engines/hf/). It registers the backend and its contract section, `transformers:`.
+"""
+from __future__ import annotations
+
+from typing import Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from forge.hookspecs import hookimpl
+
+BACKEND = "transformers"
+
+
+class TransformersSection(BaseModel):
+    """Backend options of a contract (`transformers:`). The contract's limits and kv_cache size the engine; these
+    only choose how it runs. Every default is stated here and reported by the engine's describe()."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    dtype: Optional[Literal["float32", "bfloat16", "float16"]] = Field(
+        None, description="weights and activations dtype; default: the contract's precision.weights. transformers "
+        "keeps the KV cache in this dtype too, so precision.kv_cache must name the same one")
+    attn_implementation: Literal["sdpa", "eager", "flash_attention_2", "flash_attention_3"] = Field(
+        "sdpa", description="attention kernels; used as given (transformers' auto-switch to flash is turned off). "
+        "flash_* need the flash-attn package and a GPU, and enable the decode fast path")
+    scheduler: Literal["fifo", "prefill_first"] = Field(
+        "fifo", description="fifo schedules decoding sequences before new prefills, so sequences in flight finish and "
+        "free their KV blocks first (steady throughput, bounded latency for admitted work); prefill_first favours "
+        "starting new prompts")
+    safety_margin: float = Field(
+        0.15, ge=0.0, lt=1.0, description="below this fraction of free KV blocks no new prefill is scheduled, so "
+        "running sequences are not evicted; 0.15 is transformers' fifo value, stated here rather than inherited")
+    sampling: Literal["per_request", "greedy"] = Field(
+        "per_request", description="per_request: each request's temperature/top_p/top_k is honoured (temperature 0 "
+        "runs as top_k=1); greedy: the engine only decodes greedily and refuses requests asking for temperature > 0 "
+        "(slightly cheaper: no logits processing)")
+    seed: int = Field(0, ge=0, description="the engine-wide sampling seed (transformers has one generator per engine; "
+                      "per-request seeds of sampled requests are refused)")
+    max_waiting: Optional[int] = Field(
+        None, gt=0, description="requests accepted beyond limits.max_batch_size before submit raises EngineBusy; "
+        "default: limits.max_batch_size (the engine holds at most twice its slots)")
+    use_cuda_graph: bool = Field(False, description="CUDA graphs for the forward passes (GPU only; pays off with "
+                                 "flash attention, where no attention mask is needed)")
+    async_batching: bool = Field(False, description="double-buffered batches that hide CPU overhead (GPU only; "
+                                 "doubles the IO buffers' memory)")
+    compile_level: int = Field(0, ge=0, le=3, description="torch.compile level for the forward passes: 0 off, 1-3 "
+                               "are transformers' default_compile_level presets (longer warm-up)")
+    hidden_pooling: Literal["mean", "last"] = Field(
+        "mean", description="how want_hidden requests pool the final (normed) hidden states of the prompt: mean over "
+        "all prompt tokens, or the last token's")
+
+
+def _factory(contract, plan):
+    from forge.engines.hf.factory import build_engine
+
+    return build_engine(contract, plan)
+
+
+@hookimpl
+def forge_register_backends(register):
+    register(BACKEND, _factory, TransformersSection)
+
+
+@hookimpl
+def forge_register_contract_sections(register):
+    register(BACKEND, TransformersSection)
