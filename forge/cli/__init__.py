@@ -17,6 +17,9 @@ COMMAND_MODULES = (
     "forge.cli.validate",
     "forge.cli.schema",
     "forge.cli.provision",
+    "forge.cli.run",
+    "forge.cli.status",
+    "forge.cli.report",
 )
 
 

@@ -1,0 +1,81 @@
+"""`forge run` (embedded: provision in-process, then run) and `forge deploy` (against a provisioned node)."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import click
+
+from forge.errors import UsageError
+
+
+def _common(f):
+    opts = [
+        click.option("--input", "input_path", required=True, type=click.Path(dir_okay=False, path_type=Path),
+                     help="records: JSONL (one object per line) or Parquet"),
+        click.option("--output", "output_path", required=True, type=click.Path(dir_okay=False, path_type=Path),
+                     help="results: JSONL, or Parquet when the name ends in .parquet"),
+        click.option("--ledger", "ledger_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+                     help="task ledger (SQLite); default: beside the output, OUTPUT.ledger.sqlite"),
+        click.option("--restart", is_flag=True, help="discard an existing output and ledger and start over"),
+        click.option("--concurrency", type=click.IntRange(1, 100_000), default=None,
+                     help="records in flight (bounded async pool); default: the function's, else 1024"),
+        click.option("--metrics-port", type=click.IntRange(0, 65535), default=None,
+                     help="serve Prometheus /metrics on 127.0.0.1:PORT during the run (0 = any free port)"),
+        click.option("--progress", type=click.Choice(["auto", "bar", "lines", "off"]), default="auto",
+                     help="a live bar on a terminal, periodic lines otherwise"),
+        click.option("--report/--no-report", default=True, help="write OUTPUT.report.{json,md} at the end"),
+    ]
+    for o in reversed(opts):
+        f = o(f)
+    return f
+
+
+def _ledger_default(output_path: Path, ledger_path: Path | None) -> Path:
+    return ledger_path or output_path.with_name(output_path.name + ".ledger.sqlite")
+
+
+def register(cli: click.Group) -> None:
+    @cli.command("run")
+    @click.argument("target", metavar="FILE.py[:NAME]")
+    @click.option("--node", "node_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+                  help="node description to provision in-process; default: the embedded CPU node")
+    @click.option("--grouping/--no-grouping", default=True, help="broker prefix/length grouping (off = FIFO)")
+    @click.option("--strict", is_flag=True, help="treat validation warnings as errors")
+    @_common
+    def run_cmd(target, node_path, grouping, strict, input_path, output_path, ledger_path, restart,
+                concurrency, metrics_port, progress, report):
+        """Run a function over records on a node provisioned in this process."""
+        from forge.config.load import load_node
+        from forge.embedded import default_node_path
+        from forge.functions.job import JobOptions, run_embedded
+
+        loaded = load_node(node_path or default_node_path(), strict=strict)
+        for w in loaded.warnings:
+            click.echo(w.render(), err=True)
+        opts = JobOptions(target=target, input_path=input_path, output_path=output_path,
+                          ledger_path=_ledger_default(output_path, ledger_path), restart=restart,
+                          concurrency=concurrency, metrics_port=metrics_port, progress=progress, report=report)
+        return run_embedded(loaded, opts, grouping=grouping)
+
+    @cli.command("deploy")
+    @click.argument("target", metavar="FILE.py[:NAME]")
+    @click.option("--node", "node", default=None,
+                  help="a provisioned node's name on this machine or its URL; default: the only one running")
+    @click.option("--token-env", default="FORGE_TOKEN", show_default=True,
+                  help="environment variable holding the node's bearer token, if it needs one")
+    @click.option("--cluster", default=None, help="a Ray cluster address (see docs/cluster.md)")
+    @_common
+    def deploy_cmd(target, node, token_env, cluster, input_path, output_path, ledger_path, restart,
+                   concurrency, metrics_port, progress, report):
+        """Run a function over records against a node provisioned with `forge provision`."""
+        from forge.functions.job import JobOptions, run_remote
+        from forge.runtime.registry import resolve
+
+        if cluster:
+            raise UsageError("--cluster: running on a Ray cluster is not available in this build")
+        info = resolve(node)
+        opts = JobOptions(target=target, input_path=input_path, output_path=output_path,
+                          ledger_path=_ledger_default(output_path, ledger_path), restart=restart,
+                          concurrency=concurrency, metrics_port=metrics_port, progress=progress, report=report)
+        return run_remote(info["control_url"], os.environ.get(token_env), opts)

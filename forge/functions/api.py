@@ -1,0 +1,91 @@
+"""What a function author sees: `@forge.function`, the `llm` handle, and `Generation`.
+
+    @forge.function(max_output_tokens=128)
+    async def summarize(record: dict, llm: forge.LLM) -> dict:
+        out = await llm.generate(f"Summarize:\\n{record['text']}", max_tokens=128)
+        return {"summary": out.text}
+
+A function may await llm.generate any number of times, in sequence or concurrently
+(asyncio.gather). Nothing is truncated: a prompt that fits no engine on the node raises
+RequestRejected, which fails that record with the reason."""
+from __future__ import annotations
+
+import abc
+import inspect
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable, Optional, Sequence
+
+_SPEC_ATTR = "__forge_function__"
+
+
+@dataclass(frozen=True)
+class Generation:
+    text: str
+    output_tokens: int
+    input_tokens: int
+    finish_reason: str                # "eos" | "length" | "stop"
+    card: str = ""                    # the card whose engine produced it, e.g. "cpu0"
+    token_ids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class FunctionSpec:
+    fn: Callable[..., Awaitable[Any]]
+    name: str
+    max_output_tokens: Optional[int] = None   # the most any one generate() of this function asks for
+    concurrency: Optional[int] = None         # records in flight for this function (default: constants)
+    extra: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class GenerateParams:
+    """One generate call as the node receives it (from a function's llm handle or over HTTP)."""
+
+    max_tokens: int
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: Optional[int] = None
+    choice: Optional[tuple[str, ...]] = None
+    json_schema: Optional[dict] = None
+    embed: bool = False
+    priority: int = 0
+    deadline_s: Optional[float] = None
+
+
+def function(fn: Optional[Callable] = None, *, max_output_tokens: Optional[int] = None, name: Optional[str] = None,
+             concurrency: Optional[int] = None):
+    """Mark an `async def f(record, llm)` as a forge function. Usable bare or with arguments."""
+
+    def wrap(f: Callable) -> Callable:
+        if not inspect.iscoroutinefunction(f):
+            raise TypeError(f"@forge.function needs an 'async def' function, got {f.__qualname__}")
+        params = [p for p in inspect.signature(f).parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        if len(params) < 2:
+            raise TypeError(f"{f.__qualname__} must take (record, llm)")
+        if max_output_tokens is not None and max_output_tokens <= 0:
+            raise ValueError("max_output_tokens must be positive")
+        setattr(f, _SPEC_ATTR, FunctionSpec(fn=f, name=name or f.__name__, max_output_tokens=max_output_tokens,
+                                            concurrency=concurrency))
+        return f
+
+    return wrap(fn) if fn is not None else wrap
+
+
+def spec_of(obj: Any) -> Optional[FunctionSpec]:
+    return getattr(obj, _SPEC_ATTR, None)
+
+
+class LLM(abc.ABC):
+    """The handle a function gets. Its requests go through the node's broker and admission control."""
+
+    @abc.abstractmethod
+    async def generate(self, prompt: str | Sequence[int], *, max_tokens: int, temperature: float = 0.0,
+                       top_p: float = 1.0, top_k: int = 0, seed: Optional[int] = None,
+                       choice: Optional[Sequence[str]] = None, json_schema: Optional[dict] = None) -> Generation:
+        """Generate up to max_tokens tokens. choice / json_schema constrain the output (guided decoding)."""
+
+    @abc.abstractmethod
+    async def embed(self, text: str | Sequence[int]) -> list[float]:
+        """The final hidden state for `text` (where the backend exposes it)."""

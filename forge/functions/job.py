@@ -1,0 +1,135 @@
+"""A whole job, from CLI options to exit code: load the function, open the ledger, bring up (or reach)
+the node, run the records, write the summary and the report."""
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+from forge import constants
+from forge.config.load import LoadedNode
+from forge.functions.loader import load_function
+from forge.functions.progress import Progress
+from forge.functions.runner import RunOutcome, run_records
+from forge.stats import RunStats
+
+
+@dataclass
+class JobOptions:
+    target: str
+    input_path: Path
+    output_path: Path
+    ledger_path: Path
+    restart: bool = False
+    concurrency: Optional[int] = None
+    metrics_port: Optional[int] = None
+    progress: str = "auto"
+    report: bool = True
+
+
+def run_embedded(loaded: LoadedNode, opts: JobOptions, *, grouping: bool = True) -> int:
+    from forge.runtime.node import NodeRuntime
+
+    spec, digest = load_function(opts.target)
+
+    async def main() -> int:
+        node = NodeRuntime(loaded, grouping=grouping)
+        await node.start()
+        try:
+            return await _run(spec, digest, node, opts, node_label=node.name,
+                              engine_stats=node.engine_stats, broker_stats=node.broker_stats)
+        finally:
+            await node.stop()
+
+    return asyncio.run(main())
+
+
+def run_remote(url: str, token: Optional[str], opts: JobOptions) -> int:
+    from forge.functions.remote import RemoteNode
+
+    spec, digest = load_function(opts.target)
+
+    async def main() -> int:
+        node = RemoteNode(url, token=token)
+        await node.start()
+        try:
+            return await _run(spec, digest, node, opts, node_label=node.name, engine_stats=None, broker_stats=None)
+        finally:
+            await node.close()
+
+    return asyncio.run(main())
+
+
+async def _run(spec, digest: str, node: Any, opts: JobOptions, *, node_label: str, engine_stats, broker_stats) -> int:
+    from forge.functions.store import open_store
+
+    stats = RunStats()
+    store = open_store(opts, function_name=spec.name, function_file=spec.fn.__code__.co_filename, node=node_label,
+                       stats=stats)
+    metrics = None
+    try:
+        if opts.metrics_port is not None:
+            from forge.metrics import ForgeMetrics
+
+            metrics = ForgeMetrics()
+            _, port = metrics.serve("127.0.0.1", opts.metrics_port)
+            print(f"forge: metrics on http://127.0.0.1:{port}/metrics", file=sys.stderr, flush=True)
+        from forge.report import Sampler
+
+        sampler = Sampler(engines=engine_stats or (lambda: []), broker=broker_stats, run=lambda: stats,
+                          ledger=store.ledger_stats, metrics=metrics, node=node_label, function=spec.name)
+        concurrency = opts.concurrency or spec.concurrency or constants.DEFAULT_RECORD_CONCURRENCY
+        with Progress(opts.progress, stats, label=spec.name) as progress:
+            def tick() -> None:
+                stats.writer_queue = store.queue_depth()
+                progress.update()
+                sampler.sample()
+
+            async with store:
+                outcome: RunOutcome = await run_records(spec=spec, node=node, records=store.records(), sink=store,
+                                                        stats=stats, concurrency=concurrency, on_tick=tick)
+        summary = _summary(spec.name, node_label, opts, outcome, engine_stats, broker_stats)
+        _print_summary(summary)
+        if opts.report:
+            from forge.report import write_report
+
+            paths = write_report(opts.output_path, summary, sampler)
+            print(f"forge: report {', '.join(str(p) for p in paths)}", file=sys.stderr)
+        if outcome.interrupted:
+            print(f"forge: stopped by {outcome.interrupted}; run the same command again to resume", file=sys.stderr)
+            return 130 if outcome.interrupted == "SIGINT" else 143
+        return 0
+    finally:
+        if metrics is not None:
+            metrics.close()
+
+
+def _summary(name: str, node: str, opts: JobOptions, outcome: RunOutcome, engine_stats, broker_stats) -> dict:
+    s = outcome.stats
+    wall = max(outcome.wall_s, 1e-9)
+    engines = engine_stats() if engine_stats else []
+    b = broker_stats() if broker_stats else None
+    retried = sum(e.requests_requeued for e in engines)
+    return {
+        "function": name, "node": node, "input": str(opts.input_path), "output": str(opts.output_path),
+        "records_total": s.total, "records_done": s.done, "records_failed": s.failed,
+        "records_resumed": s.skipped, "retried": retried,
+        "input_tokens": s.input_tokens, "output_tokens": s.output_tokens,
+        "tokens_per_s": (s.input_tokens + s.output_tokens) / wall, "output_tokens_per_s": s.output_tokens / wall,
+        "wall_s": wall, "interrupted": outcome.interrupted,
+        "cards": [{"card": e.card, "tier": e.tier, "input_tokens": e.input_tokens, "output_tokens": e.output_tokens,
+                   "requests": e.requests_ok, "stalls": e.stalls, "progress_only_steps": e.progress_only_steps}
+                  for e in engines],
+        "padding_ratio": b.padding_ratio if b else None,
+        "prefix_reuse_ratio": b.prefix_reuse_ratio if b else None,
+        "finished_at": time.time(),
+    }
+
+
+def _print_summary(s: dict) -> None:
+    print(f"forge: {s['function']} on {s['node']}: {s['records_done']} done, {s['records_failed']} failed, "
+          f"{s['records_resumed']} resumed, {s['retried']} retried | tokens in {s['input_tokens']:,} "
+          f"out {s['output_tokens']:,} | {s['tokens_per_s']:,.0f} tok/s | {s['wall_s']:.1f} s", file=sys.stderr)

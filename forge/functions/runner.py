@@ -1,0 +1,162 @@
+"""The job loop: records -> bounded pool of function invocations -> results -> ledger -> output.
+
+Producer decoupling: one reader task feeds a bounded queue; `concurrency` worker tasks each run one
+record's function at a time (its generate calls go to the node's broker, which batches across all
+workers); finished rows go to the sink (ledger first, then the output file). Every queue is bounded,
+so a slow engine back-pressures the reader and memory stays flat however large the input."""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import signal
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+from forge.errors import ForgeError
+from forge.functions.api import FunctionSpec, GenerateParams, Generation
+from forge.functions.llm import NodeLLM
+from forge.stats import RunStats
+
+READ_CHUNK = 256            # records parsed per slice of reader work
+DRAIN_GRACE_S = 30.0        # on SIGINT/SIGTERM: let in-flight records finish this long, then stop
+
+
+@dataclass
+class RunOutcome:
+    stats: RunStats
+    interrupted: Optional[str] = None     # the signal name, when stopped by one
+    wall_s: float = 0.0
+
+
+class CountingNode:
+    """Wraps the node backend to count tokens for the run's summary and progress."""
+
+    def __init__(self, node: Any, stats: RunStats):
+        self._node, self._stats = node, stats
+
+    async def generate(self, prompt, params: GenerateParams) -> Generation:
+        gen = await self._node.generate(prompt, params)
+        self._stats.input_tokens += gen.input_tokens
+        self._stats.output_tokens += gen.output_tokens
+        return gen
+
+    async def embed(self, prompt) -> list[float]:
+        return await self._node.embed(prompt)
+
+
+def error_row(index: int, exc: BaseException) -> dict:
+    message = str(exc) or type(exc).__name__
+    if not isinstance(exc, ForgeError):
+        # Name where in the user's code it raised: the last frame, without the whole traceback.
+        frames = traceback.extract_tb(exc.__traceback__)
+        if frames:
+            f = frames[-1]
+            message = f"{message} (at {f.filename}:{f.lineno} in {f.name})"
+    return {"index": index, "error": {"type": type(exc).__name__, "message": message[:4000]}}
+
+
+async def run_records(*, spec: FunctionSpec, node: Any, records, sink, stats: RunStats, concurrency: int,
+                      on_tick: Callable[[], None] = lambda: None, tick_s: float = 0.25,
+                      install_signals: bool = True) -> RunOutcome:
+    """records: iterable of (index, dict | InputError). sink: started/result/error coroutines (bounded)."""
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue = asyncio.Queue(maxsize=max(2 * concurrency, 16))
+    llm = NodeLLM(CountingNode(node, stats), spec)
+    stop = asyncio.Event()
+    outcome = RunOutcome(stats=stats)
+    t0 = time.monotonic()
+
+    def on_signal(name: str) -> None:
+        if outcome.interrupted is None:
+            outcome.interrupted = name
+            stop.set()
+
+    if install_signals:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                loop.add_signal_handler(sig, on_signal, sig.name)
+            except (NotImplementedError, RuntimeError, ValueError):
+                pass
+
+    async def reader() -> None:
+        it = iter(records)
+        while not stop.is_set():
+            # Reading and parsing is blocking work: do it off the loop, a bounded slice at a time.
+            chunk = await asyncio.to_thread(lambda: list(itertools.islice(it, READ_CHUNK)))
+            if not chunk:
+                break
+            for item in chunk:
+                await queue.put(item)
+            stats.producer_queue = queue.qsize()
+
+    async def worker() -> None:
+        while True:
+            item = await queue.get()
+            if item is None:
+                return
+            index, record = item
+            stats.in_flight += 1
+            try:
+                if not isinstance(record, dict):          # an input line that could not be read
+                    stats.failed += 1
+                    await sink.error(index, record.type, record.message)
+                    continue
+                await sink.started(index)
+                try:
+                    result = await spec.fn(record, llm)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as e:  # the record fails, the run goes on
+                    row = error_row(index, e)["error"]
+                    stats.failed += 1
+                    await sink.error(index, row["type"], row["message"])
+                else:
+                    stats.done += 1
+                    await sink.result(index, result)
+            finally:
+                stats.in_flight -= 1
+
+    async def ticker() -> None:
+        while True:
+            on_tick()
+            await asyncio.sleep(tick_s)
+
+    tick = asyncio.create_task(ticker())
+    workers = [asyncio.create_task(worker()) for _ in range(concurrency)]
+    read = asyncio.create_task(reader())
+    stop_wait = asyncio.create_task(stop.wait())
+    try:
+        await asyncio.wait({read, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
+        if read.done():
+            read.result()  # surface reader errors
+        if stop.is_set():
+            read.cancel()
+            await asyncio.gather(read, return_exceptions=True)
+            # drop queued (unstarted) records: they stay pending in the ledger
+            while not queue.empty():
+                queue.get_nowait()
+        for _ in workers:
+            await queue.put(None)
+        grace = DRAIN_GRACE_S if stop.is_set() else None
+        done, pending = await asyncio.wait(workers, timeout=grace)
+        for w in pending:
+            w.cancel()
+        await asyncio.gather(*workers, return_exceptions=True)
+        for w in done:
+            if not w.cancelled() and w.exception() is not None:
+                raise w.exception()
+    finally:
+        for t in (tick, read, stop_wait):
+            t.cancel()
+        await asyncio.gather(tick, read, stop_wait, return_exceptions=True)
+        if install_signals:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                try:
+                    loop.remove_signal_handler(sig)
+                except (NotImplementedError, RuntimeError, ValueError):
+                    pass
+        on_tick()
+    outcome.wall_s = time.monotonic() - t0
+    return outcome

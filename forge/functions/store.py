@@ -1,0 +1,61 @@
+"""A job's records, ledger and output as the runner sees them (the ledger's Run, adapted)."""
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from forge.errors import display_path
+from forge.ledger import make_run_key, open_run
+from forge.records import open_records
+from forge.stats import LedgerStats, RunStats
+
+
+class JobStore:
+    def __init__(self, opts, *, function_name: str, function_file: str, node: str, stats: RunStats):
+        self.source = open_records(opts.input_path)
+        opts.output_path.parent.mkdir(parents=True, exist_ok=True)
+        opts.ledger_path.parent.mkdir(parents=True, exist_ok=True)
+        total = self.source.count()
+        key = make_run_key(function_file=function_file, function_name=function_name, source=self.source)
+        self.run = open_run(opts.output_path, run_key=key, total=total, ledger_path=opts.ledger_path,
+                            restart=opts.restart, info={"node": node, "input": str(opts.input_path)})
+        rep = self.run.report
+        stats.total = total
+        stats.skipped = len(self.run.settled)
+        self.stats = stats
+        if rep.resumed:
+            print(f"forge: resuming {display_path(opts.output_path)}: {stats.skipped} of {total} records already "
+                  f"settled ({rep.recovered} written now from the ledger, {rep.truncated_bytes} torn bytes cut)",
+                  file=sys.stderr)
+
+    def records(self):
+        return self.source.records(skip=self.run.is_settled)
+
+    async def started(self, index: int) -> None:
+        await self.run.aput_attempt(index)
+
+    async def result(self, index: int, value: Any) -> None:
+        await self.run.aput_result(index, value)
+
+    async def error(self, index: int, type_: str, message: str) -> None:
+        await self.run.aput_error(index, type_, message)
+
+    def queue_depth(self) -> int:
+        c = self.run.committer
+        return c.queued if c is not None else 0
+
+    def ledger_stats(self) -> LedgerStats:
+        return self.run.stats
+
+    def counts(self):
+        return self.run.counts()
+
+    async def __aenter__(self) -> "JobStore":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        self.run.close()
+
+
+def open_store(opts, *, function_name: str, function_file: str, node: str, stats: RunStats) -> JobStore:
+    return JobStore(opts, function_name=function_name, function_file=function_file, node=node, stats=stats)

@@ -1,0 +1,231 @@
+"""A provisioned node in this process: one engine per card, each behind its admission runtime, all
+fed by one broker. `forge run` embeds it; `forge provision` serves it over HTTP (server.py)."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from typing import Any, Optional, Sequence
+
+from forge import constants
+from forge.broker import Broker, BrokerCore, BrokerRequest, EngineGeometry, NoEngineFits
+from forge.config.load import LoadedNode
+from forge.config.plan import CardPlan
+from forge.engines.interface import Engine, EngineResult, Guide, Sampling
+from forge.errors import ForgeError, RequestRejected
+from forge.functions.api import GenerateParams, Generation
+from forge.runtime.admission import AdmissionRuntime
+from forge.runtime.options import RequestOptions
+from forge.stats import BrokerStats, EngineStats
+
+log = logging.getLogger("forge.node")
+
+
+def backend_factories() -> dict[str, Any]:
+    from forge.plugins import collect
+
+    return {args[0]: args[1] for args in collect("forge_register_backends")}
+
+
+def tokenizer_key(plan: CardPlan) -> str:
+    """Engines whose tokenizer comes from the same place share one tokenization of each prompt."""
+    art = plan.contract.artifact
+    return str(plan.contract.resolve(art.tokenizer or art.checkpoint or art.engine_dir))
+
+
+def geometry_of(plan: CardPlan) -> EngineGeometry:
+    lim = plan.contract.limits
+    return EngineGeometry(engine_id=plan.card_id, tokenizer_key=tokenizer_key(plan),
+                          max_batch_size=lim.max_batch_size, max_num_tokens=lim.max_num_tokens,
+                          max_input_len=lim.max_input_len, max_output_len=lim.max_output_len,
+                          tokens_per_block=plan.contract.kv_cache.tokens_per_block,
+                          kv_blocks_total=plan.num_blocks)
+
+
+class NodeRuntime:
+    def __init__(self, loaded: LoadedNode, *, grouping: bool = True,
+                 stall_window_s: float = constants.STALL_WINDOW_S):
+        self.loaded = loaded
+        self.name = loaded.node.node
+        self.plans = list(loaded.plans)
+        self.grouping = grouping
+        self.stall_window_s = stall_window_s
+        self.engines: dict[str, Engine] = {}
+        self.runtimes: dict[str, AdmissionRuntime] = {}
+        self.tokenizers: dict[str, Any] = {}          # tokenizer_key -> tokenizer
+        self.broker: Optional[Broker] = None
+        self._futures: dict[str, tuple[asyncio.Future, int]] = {}   # request_id -> (future, prompt length)
+        self._tasks: list[asyncio.Task] = []
+        self._loop: Optional[asyncio.AbstractEventLoop] = None
+        self.started_at = 0.0
+        self.closed = False
+
+    # ------------------------------------------------------------------ lifecycle
+    async def start(self) -> None:
+        """Load every card's engine (in parallel threads) with exactly its contract, then start admission."""
+        self._loop = asyncio.get_running_loop()
+        factories = backend_factories()
+        for p in self.plans:
+            if p.contract.backend not in factories:
+                raise ForgeError(f"card {p.card_id}: backend {p.contract.backend!r} is not installed "
+                                 f"(known: {', '.join(sorted(factories))})")
+        t0 = time.monotonic()
+
+        async def load(p: CardPlan) -> Engine:
+            factory = factories[p.contract.backend]
+            return await asyncio.wait_for(asyncio.to_thread(factory, p.contract, p),
+                                          constants.ENGINE_START_TIMEOUT_S)
+
+        engines = await asyncio.gather(*(load(p) for p in self.plans), return_exceptions=True)
+        failed = [(p, e) for p, e in zip(self.plans, engines) if isinstance(e, BaseException)]
+        if failed:
+            for e in engines:
+                if isinstance(e, Engine):
+                    e.shutdown(constants.ENGINE_SHUTDOWN_TIMEOUT_S)
+            p, e = failed[0]
+            if isinstance(e, ForgeError):
+                raise e
+            raise ForgeError(f"card {p.card_id} ({p.contract.contract}): engine failed to start: "
+                             f"{type(e).__name__}: {e}") from e
+        geoms = [geometry_of(p) for p in self.plans]
+        self.broker = Broker(BrokerCore(geoms, grouping=self.grouping, node=self.name))
+        for p, eng, g in zip(self.plans, engines, geoms):
+            self.engines[p.card_id] = eng
+            self.tokenizers.setdefault(g.tokenizer_key, eng.tokenizer)
+            rt = AdmissionRuntime(engine=eng, plan=p, broker=self.broker, node=self.name,
+                                  deliver=self._deliverer(p.card_id), stall_window_s=self.stall_window_s,
+                                  tokenizer_key=g.tokenizer_key)
+            self.runtimes[p.card_id] = rt
+            self._tasks.append(asyncio.create_task(rt.run(), name=f"admission-{p.card_id}"))
+        self.started_at = time.time()
+        log.info("node %s: %d engine(s) up in %.1f s", self.name, len(self.engines), time.monotonic() - t0)
+
+    async def drain(self, timeout_s: float) -> bool:
+        """Stop accepting, let in-flight work finish (bounded). True when nothing was left behind."""
+        self.closed = True
+        if self.broker is not None:
+            self.broker.close()
+        oks = await asyncio.gather(*(rt.drain(timeout_s) for rt in self.runtimes.values()))
+        return all(oks)
+
+    async def stop(self) -> None:
+        self.closed = True
+        if self.broker is not None:
+            self.broker.close()
+        await asyncio.gather(*(rt.stop() for rt in self.runtimes.values()), return_exceptions=True)
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for fut, _ in self._futures.values():
+            if not fut.done():
+                fut.set_exception(ForgeError(f"node {self.name} stopped before the request finished"))
+        self._futures.clear()
+
+    # ------------------------------------------------------------------ requests
+    def healthy_cards(self) -> list[str]:
+        return [cid for cid, rt in self.runtimes.items() if rt.stats().healthy]
+
+    def encode(self, prompt: str | Sequence[int]) -> dict[str, tuple[int, ...]]:
+        if isinstance(prompt, str):
+            return {k: tuple(t.encode(prompt)) for k, t in self.tokenizers.items()}
+        ids = tuple(int(i) for i in prompt)
+        return {k: ids for k in self.tokenizers}
+
+    async def generate(self, prompt: str | Sequence[int], params: GenerateParams) -> Generation:
+        return (await self.submit(prompt, params))[0]
+
+    async def embed(self, prompt: str | Sequence[int]) -> list[float]:
+        gen, result = await self.submit(prompt, GenerateParams(max_tokens=1, embed=True))
+        if result.hidden is None:
+            raise ForgeError(f"card {gen.card}: its backend returns no hidden state")
+        return list(result.hidden)
+
+    async def submit(self, prompt: str | Sequence[int], params: GenerateParams) -> tuple[Generation, EngineResult]:
+        """Tokenize, hand to the broker (waits while it is full), and wait for the engine's result."""
+        if self.closed or self.broker is None:
+            raise RequestRejected(f"node {self.name} is not accepting requests")
+        if params.max_tokens <= 0:
+            raise RequestRejected(f"max_tokens must be positive, got {params.max_tokens}")
+        prompts = self.encode(prompt)
+        rid = uuid.uuid4().hex
+        guide = None
+        if params.choice is not None or params.json_schema is not None:
+            guide = Guide(choice=tuple(params.choice) if params.choice is not None else None,
+                          json_schema=params.json_schema)
+        opts = RequestOptions(sampling=Sampling(temperature=params.temperature, top_p=params.top_p,
+                                                top_k=params.top_k, seed=params.seed),
+                              guide=guide, want_hidden=params.embed, deadline_s=params.deadline_s)
+        req = BrokerRequest(request_id=rid, prompts=prompts, max_new_tokens=params.max_tokens, payload=opts,
+                            priority=params.priority)
+        fut: asyncio.Future = asyncio.get_running_loop().create_future()
+        n_in = len(next(iter(prompts.values()))) if prompts else 0
+        self._futures[rid] = (fut, n_in)
+        try:
+            await self.broker.put(req)
+        except NoEngineFits as e:
+            self._futures.pop(rid, None)
+            raise RequestRejected(str(e)) from None
+        except BaseException:
+            self._futures.pop(rid, None)
+            raise
+        try:
+            card, result = await fut
+        finally:
+            self._futures.pop(rid, None)
+        if result.finish_reason == "error" or result.error:
+            raise ForgeError(f"card {card}: {result.error or 'engine error'}")
+        key = self.runtimes[card].geometry.tokenizer_key
+        text = "" if params.embed else self.tokenizers[key].decode(result.output_ids)
+        gen = Generation(text=text, output_tokens=len(result.output_ids), input_tokens=len(req.prompt_for(key)),
+                         finish_reason=result.finish_reason, card=card, token_ids=tuple(result.output_ids))
+        return gen, result
+
+    def _deliverer(self, card: str):
+        def deliver(req: BrokerRequest, result: EngineResult) -> None:
+            entry = self._futures.get(req.request_id)
+            if entry is None:
+                return  # caller gave up (cancelled); nothing to hand back
+            fut = entry[0]
+
+            def settle() -> None:
+                if not fut.done():
+                    fut.set_result((card, result))
+
+            loop = self._loop
+            try:
+                running = asyncio.get_running_loop()
+            except RuntimeError:
+                running = None
+            if running is loop:
+                settle()
+            elif loop is not None:
+                loop.call_soon_threadsafe(settle)
+        return deliver
+
+    # ------------------------------------------------------------------ observation
+    def engine_stats(self) -> list[EngineStats]:
+        return [rt.stats() for rt in self.runtimes.values()]
+
+    def broker_stats(self) -> BrokerStats:
+        return self.broker.stats() if self.broker else BrokerStats(node=self.name)
+
+    def describe(self) -> dict:
+        cards = []
+        for p in self.plans:
+            st = self.runtimes[p.card_id].stats() if p.card_id in self.runtimes else None
+            cards.append({"card": p.card_id, "model": p.card.model, "tier": p.contract.contract,
+                          "backend": p.contract.backend, "healthy": bool(st and st.healthy),
+                          "limits": p.contract.limits.model_dump(), "kv_blocks": p.num_blocks,
+                          "full_length_slots": p.full_length_slots,
+                          "in_flight": st.in_flight if st else 0,
+                          "tokens_per_s": round(st.tokens_per_s, 1) if st else 0.0})
+        return {"node": self.name, "started_at": self.started_at, "cards": cards,
+                "pending": self.broker.pending() if self.broker else 0, "closed": self.closed}
+
+
+def provision_and_serve(loaded: LoadedNode, **options) -> int:
+    """`forge provision` without --dry-run (see forge/runtime/serve.py)."""
+    from forge.runtime.serve import provision_and_serve as serve
+
+    return serve(loaded, **options)

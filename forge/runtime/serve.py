@@ -1,0 +1,121 @@
+"""`forge provision NODE.yaml`: check the hardware, load the engines, serve the node until stopped.
+
+SIGINT/SIGTERM drain: the node stops accepting (503), in-flight requests finish (bounded by
+DRAIN_TIMEOUT_S), engines shut down, the registry entry is removed, and the process exits 0."""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import sys
+import time
+from typing import Optional
+
+from forge.config.load import LoadedNode
+from forge.errors import ForgeError
+from forge.runtime import registry
+from forge.runtime.node import NodeRuntime
+from forge.runtime.server import build_app, require_token
+
+log = logging.getLogger("forge.provision")
+DRAIN_TIMEOUT_S = 60.0
+STATS_INTERVAL_S = 0.5
+
+
+def check_hardware(loaded: LoadedNode) -> None:
+    """Refuse a node whose real cards differ from its description."""
+    from forge.hardware.probe import check_node_against_hardware, probe_all
+
+    problems = check_node_against_hardware(loaded.node, probe_all())
+    if problems:
+        raise ForgeError("\n".join(problems))
+
+
+def provision_and_serve(loaded: LoadedNode, *, host: Optional[str] = None, port: Optional[int] = None,
+                        metrics_port: Optional[int] = None, token_env: Optional[str] = None,
+                        ready_file: Optional[str] = None, **_ignored) -> int:
+    node = loaded.node
+    host = host or node.control.host
+    port = node.control.port if port is None else port
+    metrics_port = node.metrics.port if metrics_port is None else metrics_port
+    token_env = token_env or node.control.token_env
+    token = os.environ.get(token_env) or None
+    require_token(host, token, token_env)
+    check_hardware(loaded)
+    return asyncio.run(_serve(loaded, host, port, metrics_port, token, ready_file))
+
+
+class _Server:
+    """uvicorn's server without its own signal handling: forge drains the node first."""
+
+    def __init__(self, app, host: str, port: int):
+        import uvicorn
+
+        class Quiet(uvicorn.Server):
+            @contextlib.contextmanager
+            def capture_signals(self):
+                yield
+
+        self.server = Quiet(uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off",
+                                           access_log=False))
+
+    @property
+    def port(self) -> int:
+        for s in self.server.servers:
+            for sock in s.sockets:
+                return sock.getsockname()[1]
+        return 0
+
+
+async def _serve(loaded: LoadedNode, host: str, port: int, metrics_port: int, token: Optional[str],
+                 ready_file: Optional[str]) -> int:
+    from forge.metrics import ForgeMetrics
+
+    t0 = time.monotonic()
+    runtime = NodeRuntime(loaded)
+    await runtime.start()
+    metrics = ForgeMetrics()
+    _, mport = metrics.serve(loaded.node.metrics.host, metrics_port)
+    web = _Server(build_app(runtime, token=token), host, port)
+    serve_task = asyncio.create_task(web.server.serve())
+    while not web.server.started:
+        if serve_task.done():
+            await runtime.stop()
+            raise ForgeError(f"control endpoint could not bind {host}:{port}: {serve_task.exception()}")
+        await asyncio.sleep(0.02)
+    control_url = f"http://{host}:{web.port}"
+    metrics_url = f"http://{loaded.node.metrics.host}:{mport}/metrics"
+    registry.register(runtime.name, {"control_url": control_url, "metrics_url": metrics_url,
+                                     "source": str(loaded.node.source), "started_at": time.time(),
+                                     "cards": [c["card"] + ":" + c["tier"] for c in runtime.describe()["cards"]]})
+    print(f"forge: node {runtime.name} up in {time.monotonic() - t0:.1f} s — control {control_url}, "
+          f"metrics {metrics_url}, {len(runtime.engines)} card(s)", flush=True)
+    if ready_file:
+        with open(ready_file, "w") as f:
+            f.write(control_url + "\n")
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        while not stop.is_set() and not serve_task.done():
+            for s in runtime.engine_stats():
+                metrics.observe_engine(s)
+            metrics.observe_broker(runtime.broker_stats())
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(stop.wait(), STATS_INTERVAL_S)
+    finally:
+        print(f"forge: node {runtime.name} draining…", file=sys.stderr, flush=True)
+        clean = await runtime.drain(DRAIN_TIMEOUT_S)
+        web.server.should_exit = True
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(serve_task, 10)
+        await runtime.stop()
+        registry.unregister(runtime.name)
+        metrics.close()
+        print(f"forge: node {runtime.name} stopped ({'clean' if clean else 'in-flight work cut short'})",
+              file=sys.stderr, flush=True)
+    return 0 if clean else 1
