@@ -44,7 +44,7 @@ def test_embedded_default_has_the_fixed_geometry():
     assert c.resolve(c.artifact.checkpoint) == (REPO / "forge" / "embedded" / "tiny-llama").resolve()
     card = loaded.node.cards[0]
     assert (card.index, card.kind, card.model, card.memory_gib, card.engine) == (0, "cpu", "cpu", 2, "tiny-llama-cpu")
-    assert (loaded.node.host.memory_gib, loaded.node.host.cpu_cores, loaded.node.metrics.port) == (16, 2, 0)
+    assert (loaded.node.host.memory_gib, loaded.node.host.cpu_cores, loaded.node.metrics.port) == (4, 2, 0)
 
 
 @pytest.mark.parametrize("engine", ["llama7b-fp8-1k", "llama7b-fp8-1k-half", "llama7b-fp8-long"])

@@ -1,0 +1,181 @@
+"""The engine's driver thread: the only thread that calls into an Engine.
+
+The event loop never calls the engine (a slow or hung engine call would freeze every card). It puts
+commands on a bounded inbox; this thread submits, cancels and polls with a timeout, and hands events
+back through a bounded outbox, waking the loop with call_soon_threadsafe. Events (kind, value):
+
+    ("submitted", keys)          the engine accepted the requests with these keys
+    ("busy", keys)               the engine refused them (EngineBusy); the loop decides about retries
+    ("progress", Progress)       results and new tokens since the last poll
+    ("stats", IterationStats)    a periodic snapshot of the engine
+    ("failed", message)          the engine raised EngineFailed or anything unexpected; the thread ends
+
+`busy_in_engine_since` is when the thread entered its current engine call (None between calls), so the loop
+can tell an engine call that broke its timeout from an engine that is merely slow (see trouble())."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from typing import Callable, Optional, Sequence
+
+from forge import constants
+from forge.engines.interface import Engine, EngineBusy, EngineFailed, EngineRequest
+
+log = logging.getLogger("forge.runtime.driver")
+
+STATS_INTERVAL_S = 0.1          # engine.stats() sampling period
+OUTBOX_PUT_SLICE_S = 0.05       # a full outbox is retried in slices, checking for stop between
+
+
+class EngineDriver:
+    def __init__(self, engine: Engine, *, name: str, poll_timeout_s: float, inbox_size: int, outbox_size: int,
+                 shutdown_timeout_s: float = constants.ENGINE_SHUTDOWN_TIMEOUT_S):
+        self.engine = engine
+        self.poll_timeout_s = poll_timeout_s
+        self.shutdown_timeout_s = shutdown_timeout_s
+        self._inbox: queue.Queue = queue.Queue(maxsize=inbox_size)
+        self._outbox: queue.Queue = queue.Queue(maxsize=outbox_size)
+        self._stop = threading.Event()
+        self._wake_lock = threading.Lock()
+        self._wake_pending = False
+        self._loop: Optional[asyncio.AbstractEventLoop] = None
+        self._on_events: Optional[Callable[[list[tuple]], None]] = None
+        self._active = 0                    # requests the engine holds, as far as this thread knows
+        self.busy_in_engine_since: Optional[float] = None   # set while inside an engine call
+        self._thread = threading.Thread(target=self._main, name=f"forge-engine-{name}", daemon=True)
+
+    # ------------------------------------------------------------------ loop side
+    def start(self, loop: asyncio.AbstractEventLoop, on_events: Callable[[list[tuple]], None]) -> None:
+        self._loop, self._on_events = loop, on_events
+        self._thread.start()
+
+    def submit(self, requests: Sequence[EngineRequest]) -> bool:
+        """Queue a submit; False when the inbox is full (the caller treats it as a refusal)."""
+        return self._offer(("submit", list(requests)))
+
+    def cancel(self, key: str) -> bool:
+        return self._offer(("cancel", key))
+
+    def stop(self) -> None:
+        """Ask the thread to leave its loop and shut the engine down (it does so within one poll)."""
+        self._stop.set()
+
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def join(self, timeout_s: float) -> bool:
+        self._thread.join(timeout_s)
+        return not self._thread.is_alive()
+
+    def trouble(self, now: float, limit_s: float) -> Optional[str]:
+        """Why the engine must be given up on, seen from the loop: the thread died, or one engine call has run
+        longer than `limit_s` (the interface promises every call returns within its timeout)."""
+        if not self._thread.is_alive():
+            self.flush()                # its last word ("failed", why) reaches the loop first
+            return "engine driver thread died"
+        inside = self.busy_in_engine_since
+        if inside is not None and now - inside > limit_s:
+            return (f"an engine call has not returned for {now - inside:.1f} s "
+                    "(every call must return within its timeout)")
+        return None
+
+    def _offer(self, cmd: tuple) -> bool:
+        try:
+            self._inbox.put_nowait(cmd)
+            return True
+        except queue.Full:
+            return False
+
+    def flush(self) -> None:
+        """Hand every queued event to the loop now (used when the thread is gone)."""
+        self._drain_outbox()
+
+    def _drain_outbox(self) -> None:
+        with self._wake_lock:
+            self._wake_pending = False
+        events = []
+        while True:
+            try:
+                events.append(self._outbox.get_nowait())
+            except queue.Empty:
+                break
+        if events and self._on_events is not None:
+            self._on_events(events)
+
+    # ------------------------------------------------------------------ thread side
+    def _emit(self, kind: str, value) -> bool:
+        while True:
+            try:
+                self._outbox.put((kind, value), timeout=OUTBOX_PUT_SLICE_S)
+                break
+            except queue.Full:      # the loop is behind: wait for it (bounded slices), unless told to stop
+                if self._stop.is_set():
+                    return False
+        with self._wake_lock:
+            if self._wake_pending:
+                return True
+            self._wake_pending = True
+        try:
+            self._loop.call_soon_threadsafe(self._drain_outbox)
+        except RuntimeError:        # the loop is closed: nobody is listening any more
+            self._stop.set()
+            return False
+        return True
+
+    def _call(self, fn, *args):
+        self.busy_in_engine_since = time.monotonic()
+        try:
+            return fn(*args)
+        finally:
+            self.busy_in_engine_since = None
+
+    def _handle(self, cmd: tuple) -> None:
+        kind, value = cmd
+        if kind == "submit":
+            try:
+                self._call(self.engine.submit, value)
+            except EngineBusy:
+                self._emit("busy", [r.request_id for r in value])
+                return
+            self._active += len(value)
+            self._emit("submitted", [r.request_id for r in value])
+        elif kind == "cancel":
+            self._call(self.engine.cancel, value)
+
+    def _main(self) -> None:
+        last_stats = 0.0
+        try:
+            while not self._stop.is_set():
+                try:
+                    while True:
+                        self._handle(self._inbox.get_nowait())
+                except queue.Empty:
+                    pass
+                if self._active <= 0:
+                    # Nothing in the engine: wait for a command instead of polling an idle engine.
+                    try:
+                        self._handle(self._inbox.get(timeout=self.poll_timeout_s))
+                    except queue.Empty:
+                        pass
+                else:
+                    progress = self._call(self.engine.poll, self.poll_timeout_s)
+                    if progress.results or progress.new_tokens:
+                        self._active -= len(progress.results)
+                        self._emit("progress", progress)
+                now = time.monotonic()
+                if now - last_stats >= STATS_INTERVAL_S:
+                    last_stats = now
+                    self._emit("stats", self._call(self.engine.stats))
+        except EngineFailed as e:
+            self._emit("failed", f"engine failed: {e}")
+        except BaseException as e:  # noqa: BLE001 - any escape from an engine call is a dead engine
+            log.exception("engine driver %s crashed", self._thread.name)
+            self._emit("failed", f"engine driver crashed: {type(e).__name__}: {e}")
+        finally:
+            try:
+                self.engine.shutdown(self.shutdown_timeout_s)
+            except Exception as e:  # noqa: BLE001 - shutting down a broken engine may fail too
+                log.warning("engine %s shutdown raised %s: %s", self._thread.name, type(e).__name__, e)

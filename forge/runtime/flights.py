@@ -1,0 +1,93 @@
+"""The in-flight table of one admission runtime: the requests it owns, the ones the engine still holds after
+they were given back, and the slot and KV-block reservation both add up to. Pure bookkeeping, no I/O."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from forge.broker import BrokerRequest
+
+
+@dataclass(eq=False)
+class Flight:
+    """A request this runtime owns: taken from the broker, not yet delivered or given back."""
+
+    req: BrokerRequest
+    key: str                  # its id inside the engine: request id + attempt, so a requeued copy never
+    blocks: int               # collides with an older copy the engine has not let go of yet
+    input_tokens: int
+    seq: int                  # admission order; the highest is the youngest
+    deadline: Optional[float]
+    state: str = "sending"    # sending (the driver has it) -> running (the engine has it) | waiting (backoff)
+    refusals: int = 0
+
+
+class FlightTable:
+    """Slots and blocks are held by live flights and by orphans (keys given back or failed whose engine
+    copy has not come back yet): the engine still spends its slot and KV blocks on them."""
+
+    def __init__(self, slots: int, kv_blocks: int):
+        self.slots, self.kv_blocks = slots, kv_blocks
+        self.live: dict[str, Flight] = {}
+        self.orphans: dict[str, int] = {}       # key -> blocks
+        self.reserved = 0
+        self._seq = 0
+
+    def __len__(self) -> int:
+        return len(self.live)
+
+    def in_flight(self) -> int:
+        return len(self.live) + len(self.orphans)
+
+    def free_slots(self) -> int:
+        return self.slots - self.in_flight()
+
+    def free_kv_blocks(self) -> int:
+        return self.kv_blocks - self.reserved
+
+    def fits(self, blocks: int) -> bool:
+        return self.free_slots() >= 1 and blocks <= self.free_kv_blocks()
+
+    def add(self, req: BrokerRequest, *, key: str, blocks: int, input_tokens: int,
+            deadline: Optional[float]) -> Optional[Flight]:
+        """Reserve for a new flight; None when it does not fit or its key is still in use."""
+        if not self.fits(blocks) or key in self.live or key in self.orphans:
+            return None
+        self._seq += 1
+        f = Flight(req=req, key=key, blocks=blocks, input_tokens=input_tokens, seq=self._seq, deadline=deadline)
+        self.live[key] = f
+        self.reserved += blocks
+        return f
+
+    def owns(self, f: Flight) -> bool:
+        return self.live.get(f.key) is f
+
+    def returned(self, key: str) -> Optional[Flight]:
+        """The engine gave `key` back (a result): free its reservation; its flight if we still own it."""
+        f = self.live.pop(key, None)
+        self.reserved -= f.blocks if f is not None else self.orphans.pop(key, 0)
+        return f
+
+    def release(self, f: Flight, *, engine_holds: bool) -> None:
+        """We stop owning `f`. If the engine may still hold it, its slot and blocks stay reserved."""
+        del self.live[f.key]
+        if engine_holds:
+            self.orphans[f.key] = f.blocks
+        else:
+            self.reserved -= f.blocks
+
+    def forget_engine(self) -> None:
+        """The engine is gone: nothing it held is held any more."""
+        for blocks in self.orphans.values():
+            self.reserved -= blocks
+        self.orphans.clear()
+
+    def running(self) -> list[Flight]:
+        return [f for f in self.live.values() if f.state == "running"]
+
+    def youngest_running(self) -> Optional[Flight]:
+        return max(self.running(), key=lambda f: f.seq, default=None)
+
+    def expired(self, now: float) -> list[Flight]:
+        """Flights past their deadline whose place is known (not on their way to the engine)."""
+        return [f for f in self.live.values() if f.deadline is not None and now >= f.deadline and f.state != "sending"]

@@ -1,0 +1,73 @@
+"""What an admission runtime reads from its engine's progress over time: whether it has stalled (StallWatch)
+and how fast it delivers (DeliveryRate). Pure state machines over a clock the caller passes in."""
+from __future__ import annotations
+
+from typing import Optional
+
+
+class StallWatch:
+    """Work owed by the engine and no token for `window_s` = a stall.
+
+    First window without progress: "pause" (the progress-only step: admission stops). A second window
+    still without progress: "take_back" the youngest request, then one more every `takeback_interval_s`
+    while nothing moves. Nothing left to take back and still silent: "wedged". Any progress clears it."""
+
+    def __init__(self, window_s: float, takeback_interval_s: float, now: float):
+        self.window_s, self.takeback_interval_s = window_s, takeback_interval_s
+        self.state: Optional[str] = None        # None | "stalled" | "wedged"
+        self._last_progress = now
+        self._next_takeback = 0.0
+
+    def progress(self, now: float) -> Optional[str]:
+        """Tokens or results arrived. Returns the state that just ended (None if there was none)."""
+        self._last_progress = now
+        ended, self.state = self.state, None
+        return ended
+
+    def check(self, now: float, *, owed: bool, can_take_back: bool) -> Optional[str]:
+        """The action due now: None | "pause" | "take_back" | "wedged"."""
+        if not owed:
+            self._last_progress = now            # the engine owes nothing: silence is not a stall
+            return None
+        if now - self._last_progress < self.window_s or self.state == "wedged":
+            return None
+        if self.state is None:
+            self.state, self._next_takeback = "stalled", now + self.window_s
+            return "pause"
+        if now < self._next_takeback:
+            return None
+        if can_take_back:
+            self._next_takeback = now + self.takeback_interval_s
+            return "take_back"
+        self.state = "wedged"
+        return "wedged"
+
+    def silent_for(self, now: float) -> float:
+        return now - self._last_progress
+
+
+class DeliveryRate:
+    """Delivered tokens per second: a time-weighted EWMA over the intervals between deliveries, counting
+    only time with work in flight (an idle engine is not a slow one)."""
+
+    def __init__(self, half_life_s: float):
+        self.half_life_s = half_life_s
+        self.tokens_per_s = 0.0
+        self._last = 0.0
+        self._busy_since: Optional[float] = None
+
+    def busy(self, now: float) -> None:
+        if self._busy_since is None:
+            self._busy_since = now
+
+    def idle(self) -> None:
+        self._busy_since = None
+
+    def delivered(self, tokens: int, now: float) -> float:
+        """Record a delivery; returns the interval it covers (what the broker's balancer is told)."""
+        elapsed = max(now - max(self._last, self._busy_since if self._busy_since is not None else now), 1e-6)
+        self._last = now
+        # The first sample is taken as is: an EWMA starting at 0 would read low for many half-lives.
+        weight = 1.0 - 0.5 ** (elapsed / self.half_life_s) if self.tokens_per_s else 1.0
+        self.tokens_per_s += weight * (tokens / elapsed - self.tokens_per_s)
+        return elapsed

@@ -1,0 +1,90 @@
+"""`forge run` end to end: the real CLI in a subprocess, the real tiny engine, a real ledger."""
+import json
+
+import pytest
+
+from tests.e2e.helpers import REPO, forge, read_output, write_records
+
+pytestmark = pytest.mark.engine
+
+
+def test_main_command_runs_summarize_on_the_embedded_node(tmp_path):
+    out = tmp_path / "out" / "summarize.jsonl"
+    r = forge("run", "functions/summarize.py", "--input", "functions/data/summarize.jsonl", "--output", out)
+    assert r.returncode == 0, r.stderr
+    rows = read_output(out)
+    n_in = len((REPO / "functions/data/summarize.jsonl").read_text().splitlines())
+    assert sorted(row["index"] for row in rows) == list(range(n_in))
+    for row in rows:
+        assert set(row["result"]) == {"id", "summary", "tokens"}
+        assert row["result"]["id"] == f"r{row['index']:03d}"
+        assert 0 < row["result"]["tokens"] <= 48
+    assert "48 done, 0 failed" in r.stderr
+    report = json.loads(out.with_name(out.name + ".report.json").read_text())
+    assert report["summary"]["records_done"] == n_in
+    assert "Traceback" not in r.stderr
+
+
+def test_two_dependent_generates_and_embeddings(tmp_path):
+    out = tmp_path / "refine.jsonl"
+    r = forge("run", "functions/refine.py", "--input", "functions/data/refine.jsonl", "--output", out)
+    assert r.returncode == 0, r.stderr
+    rows = read_output(out)
+    assert len(rows) == 16 and all("title" in row["result"] for row in rows)
+    out = tmp_path / "embed.jsonl"
+    r = forge("run", "functions/embed.py", "--input", "functions/data/embed.jsonl", "--output", out)
+    assert r.returncode == 0, r.stderr
+    rows = read_output(out)
+    assert len(rows) == 16
+    for row in rows:
+        vec = row["result"]["embedding"]
+        assert row["result"]["dim"] == len(vec) == 256
+        assert abs(sum(v * v for v in vec) - 1.0) < 1e-3
+
+
+def test_bad_records_become_error_rows_and_the_run_goes_on(tmp_path):
+    inp = write_records(tmp_path / "in.jsonl", [
+        {"id": "ok", "text": "Alice was beginning"},
+        "{not json",
+        {"id": "raises", "text": "x", "boom": True},
+        {"id": "too-long", "text": "word " * 2000},          # fits no engine: refused, never truncated
+        {"id": "too-many", "text": "hi", "max_tokens": 99},  # above the function's max_output_tokens
+        [1, 2, 3],
+        "",
+        {"id": "ok2", "text": "the Queen said"},
+    ])
+    out = tmp_path / "out.jsonl"
+    r = forge("run", "tests/e2e/fixtures/short.py", "--input", inp, "--output", out)
+    assert r.returncode == 0, r.stderr
+    rows = {row["index"]: row for row in read_output(out)}
+    assert sorted(rows) == list(range(8))
+    assert "result" in rows[0] and "result" in rows[7]
+    errors = {i: rows[i]["error"] for i in (1, 2, 3, 4, 5, 6)}
+    assert "ValueError" == errors[2]["type"] and "asked to fail" in errors[2]["message"]
+    assert errors[3]["type"] == "RequestRejected" and "max_input_len" in errors[3]["message"]
+    assert errors[4]["type"] == "RequestRejected" and "max_output_tokens" in errors[4]["message"]
+    assert "2 done, 6 failed" in r.stderr
+
+
+def test_rerun_of_a_finished_job_redoes_nothing(tmp_path):
+    inp = write_records(tmp_path / "in.jsonl", [{"id": i, "text": f"line {i}"} for i in range(12)])
+    out = tmp_path / "out.jsonl"
+    assert forge("run", "tests/e2e/fixtures/short.py", "--input", inp, "--output", out).returncode == 0
+    before = out.read_text()
+    r = forge("run", "tests/e2e/fixtures/short.py", "--input", inp, "--output", out)
+    assert r.returncode == 0, r.stderr
+    assert out.read_text() == before
+    assert "0 done" in r.stderr and "12 resumed" in r.stderr
+
+
+def test_two_cards_of_different_speed_share_one_queue_in_proportion(tmp_path):
+    """instant engines at 3,000 and 1,000 tokens/s on one node: the fast card should take ~3/4."""
+    inp = write_records(tmp_path / "in.jsonl",
+                        [{"id": i, "text": f"record {i} " * 8, "max_tokens": 16} for i in range(600)])
+    out = tmp_path / "out.jsonl"
+    r = forge("run", "tests/e2e/fixtures/short.py", "--node", "tests/e2e/fixtures/two-speed/node.yaml",
+              "--input", inp, "--output", out, "--concurrency", "64")
+    assert r.returncode == 0, r.stderr
+    cards = [row["result"]["card"] for row in read_output(out)]
+    fast = cards.count("cpu0") / len(cards)
+    assert 0.62 <= fast <= 0.88, f"fast card took {fast:.2f} of the work (expected ~0.75)"

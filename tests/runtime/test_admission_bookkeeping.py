@@ -1,0 +1,99 @@
+"""The pure parts of admission: the in-flight table, the stall state machine, the delivery rate, options."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from forge.broker import BrokerRequest
+from forge.engines.interface import Sampling
+from forge.runtime.flights import FlightTable
+from forge.runtime.options import RequestOptions, options_of
+from forge.runtime.progress import DeliveryRate, StallWatch
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def breq(i: int) -> BrokerRequest:
+    return BrokerRequest(request_id=f"r{i}", prompts={"k": (1, 2, 3)}, max_new_tokens=4)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["add", "release", "orphan", "returned", "forget"]),
+                          st.integers(0, 30), st.integers(1, 5)), max_size=80))
+def test_flight_table_reservation_always_adds_up_and_stays_bounded(ops):
+    t = FlightTable(slots=6, kv_blocks=12)
+    for op, i, blocks in ops:
+        keys = sorted(t.live)
+        if op == "add":
+            t.add(breq(i), key=f"r{i}#0", blocks=blocks, input_tokens=3, deadline=None)
+        elif op in ("release", "orphan") and keys:
+            t.release(t.live[keys[i % len(keys)]], engine_holds=op == "orphan")
+        elif op == "returned":
+            pool = keys + sorted(t.orphans)
+            if pool:
+                t.returned(pool[i % len(pool)])
+        elif op == "forget":
+            t.forget_engine()
+        assert t.reserved == sum(f.blocks for f in t.live.values()) + sum(t.orphans.values())
+        assert t.in_flight() <= 6 and t.reserved <= 12
+
+
+def test_flight_table_refuses_a_key_the_engine_still_holds():
+    t = FlightTable(slots=4, kv_blocks=8)
+    f = t.add(breq(0), key="r0#0", blocks=1, input_tokens=3, deadline=None)
+    t.release(f, engine_holds=True)
+    assert t.add(breq(0), key="r0#0", blocks=1, input_tokens=3, deadline=None) is None
+    assert t.add(breq(0), key="r0#1", blocks=1, input_tokens=3, deadline=None) is not None
+    assert t.returned("r0#0") is None and t.reserved == 1 and t.in_flight() == 1
+
+
+def test_youngest_running_is_the_last_admitted():
+    t = FlightTable(slots=4, kv_blocks=8)
+    flights = [t.add(breq(i), key=f"r{i}#0", blocks=1, input_tokens=3, deadline=None) for i in range(3)]
+    assert t.youngest_running() is None                   # none is in the engine yet
+    for f in flights:
+        f.state = "running"
+    assert t.youngest_running() is flights[2]
+
+
+def test_stall_watch_pause_then_take_back_then_wedged_then_recovery():
+    w = StallWatch(window_s=1.0, takeback_interval_s=0.25, now=0.0)
+    assert w.check(0.9, owed=True, can_take_back=True) is None
+    assert w.check(1.0, owed=True, can_take_back=True) == "pause"
+    assert w.check(1.5, owed=True, can_take_back=True) is None          # the second window is the pause
+    assert w.check(2.0, owed=True, can_take_back=True) == "take_back"
+    assert w.check(2.1, owed=True, can_take_back=True) is None
+    assert w.check(2.25, owed=True, can_take_back=True) == "take_back"
+    assert w.check(2.5, owed=True, can_take_back=False) == "wedged"
+    assert w.check(9.0, owed=True, can_take_back=False) is None
+    assert w.progress(9.5) == "wedged" and w.state is None
+    assert w.check(10.0, owed=True, can_take_back=True) is None
+
+
+def test_stall_watch_ignores_silence_when_nothing_is_owed():
+    w = StallWatch(window_s=1.0, takeback_interval_s=0.1, now=0.0)
+    assert w.check(5.0, owed=False, can_take_back=False) is None
+    assert w.check(5.9, owed=True, can_take_back=True) is None           # the clock restarted at 5.0
+    assert w.check(6.0, owed=True, can_take_back=True) == "pause"
+
+
+def test_delivery_rate_counts_busy_time_only():
+    r = DeliveryRate(half_life_s=1.0)
+    r.busy(10.0)
+    assert r.delivered(100, 11.0) == pytest.approx(1.0) and r.tokens_per_s == pytest.approx(100)
+    r.idle()
+    r.busy(50.0)                                  # 39 s idle in between: not counted
+    assert r.delivered(300, 51.0) == pytest.approx(1.0)
+    assert 100 < r.tokens_per_s < 300
+
+
+def test_options_are_read_from_any_payload():
+    assert options_of(None) == RequestOptions()
+    opts = RequestOptions(sampling=Sampling(temperature=0.5), want_hidden=True, deadline_s=3.0)
+    assert options_of(opts) is opts
+    duck = SimpleNamespace(sampling=Sampling(top_k=5), guide=None, want_hidden=False, deadline_s=1.5, future=object())
+    got = options_of(duck)
+    assert got.sampling.top_k == 5 and got.deadline_s == 1.5

@@ -1,0 +1,184 @@
+"""The instant backend (no model) and the faults wrapper, called directly through the Engine interface."""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from _rt_harness import TINY, contract, faulty, instant, plan
+from forge.config.load import load_paths
+from forge.config.plan import plan_card
+from forge.config.models import Card
+from forge.engines.instant import ByteTokenizer, InstantEngine, JsonTokenizer, synthetic_output
+from forge.engines.interface import EngineBusy, EngineFailed, EngineRequest, Guide
+from forge.errors import ForgeError
+from forge.plugins import collect
+
+pytestmark = pytest.mark.timeout(20)
+
+
+def req(i: int, n_in: int = 10, n_out: int = 8, **kw) -> EngineRequest:
+    return EngineRequest(request_id=f"q{i}", prompt_ids=tuple(range(3, 3 + n_in)), max_new_tokens=n_out, **kw)
+
+
+def drain(eng, n: int, timeout_s: float = 5.0):
+    out, tokens, end = [], 0, time.monotonic() + timeout_s
+    while len(out) < n:
+        assert time.monotonic() < end, f"only {len(out)} of {n} results"
+        p = eng.poll(0.05)
+        out += p.results
+        tokens += p.new_tokens
+    return out, tokens
+
+
+def test_instant_answers_deterministically_and_reports_tokens():
+    c = contract(slots=4)
+    eng = instant(c, plan(c))
+    eng.submit([req(0), req(1, n_in=5, n_out=3)])
+    results, tokens = drain(eng, 2)
+    assert tokens == 11
+    by_id = {r.request_id: r for r in results}
+    assert by_id["q0"].output_ids == synthetic_output(tuple(range(3, 13)), 8, 3, 2048)
+    assert by_id["q1"].finish_reason == "length" and len(by_id["q1"].output_ids) == 3
+    assert all(3 <= t < 2048 for r in results for t in r.output_ids)
+    assert "no model" in eng.describe()["label"]
+    eng.shutdown(1)
+    with pytest.raises(EngineFailed):
+        eng.submit([req(2)])
+
+
+def test_instant_refuses_beyond_its_slots_and_kv_blocks():
+    c = contract(slots=2, kv_tokens=64, tpb=32)            # 2 blocks
+    eng = instant(c, plan(c))
+    with pytest.raises(EngineBusy):
+        eng.submit([req(0), req(1), req(2)])                # 3 > 2 slots
+    with pytest.raises(EngineBusy):
+        eng.submit([req(0, n_in=40, n_out=30)])             # 70 tokens = 3 blocks > 2
+    eng.submit([req(0), req(1)])
+    assert eng.stats().active == 2 and eng.stats().kv_blocks_free == 0
+
+
+def test_instant_rate_limit_and_cancel():
+    c = contract(slots=4)
+    eng = instant(c, plan(c), rate=400)                     # 4 requests x 50 tokens = 0.5 s
+    t0 = time.monotonic()
+    eng.submit([req(i, n_in=10, n_out=40) for i in range(4)])
+    eng.cancel("q3")
+    results, _ = drain(eng, 4)
+    took = time.monotonic() - t0
+    assert 0.25 < took < 2.0
+    assert {r.request_id: r.finish_reason for r in results}["q3"] == "cancelled"
+    assert [r.request_id for r in results if r.finish_reason == "length"] == ["q0", "q1", "q2"]   # FIFO
+
+
+def test_instant_errors_for_what_it_cannot_do():
+    c = contract(slots=4, max_in=16)
+    eng = instant(c, plan(c))
+    eng.submit([req(0, n_in=20), req(1, guide=Guide(choice=("a", "b")))])
+    results, _ = drain(eng, 2)
+    errors = {r.request_id: r.error for r in results}
+    assert "max_input_len 16" in errors["q0"] and "guided" in errors["q1"]
+    assert all(r.finish_reason == "error" for r in results)
+
+
+def test_instant_tokenizer_is_the_checkpoints_or_bytes(tmp_path):
+    c = contract()
+    tok = instant(c, plan(c)).tokenizer
+    assert isinstance(tok, JsonTokenizer) and tok.eos_token_id == 2
+    ids = tok.encode("Hello world")
+    assert ids[0] == 1 and tok.decode(ids) == "Hello world"
+    bare = c.model_copy(update={"artifact": c.artifact.model_copy(update={"checkpoint": str(tmp_path)})})
+    tok = InstantEngine(bare, plan(bare)).tokenizer
+    assert isinstance(tok, ByteTokenizer) and tok.decode(tok.encode("héllo")) == "héllo"
+
+
+def test_faults_refuse_then_accept():
+    c = contract(slots=4)
+    eng = faulty(c, plan(c), refuse_first_submits=2)
+    for _ in range(2):
+        with pytest.raises(EngineBusy):
+            eng.submit([req(0)])
+    eng.submit([req(0)])
+    assert len(drain(eng, 1)[0]) == 1
+
+
+def test_faults_freeze_is_exact_and_recovers():
+    c = contract(slots=8)
+    eng = faulty(c, plan(c), freeze_after_requests=3, freeze_for_s=0.3)
+    eng.submit([req(i) for i in range(5)])
+    first, _ = drain(eng, 3)
+    assert len(first) == 3
+    stats = eng.stats()
+    t0 = time.monotonic()
+    p = eng.poll(0.1)
+    assert p.results == [] and p.new_tokens == 0 and 0.08 < time.monotonic() - t0 < 0.5   # honours its timeout
+    assert eng.stats() == stats                             # frozen stats
+    rest, _ = drain(eng, 2, timeout_s=2.0)
+    assert {r.request_id for r in first + rest} == {f"q{i}" for i in range(5)}
+
+
+def test_faults_crash_after_exactly_n_results():
+    c = contract(slots=8)
+    eng = faulty(c, plan(c), crash_after_requests=2)
+    eng.submit([req(i) for i in range(4)])
+    assert len(drain(eng, 2)[0]) == 2
+    with pytest.raises(EngineFailed):
+        eng.poll(0.01)
+    with pytest.raises(EngineFailed):
+        eng.submit([req(9)])
+
+
+def test_faults_slow_factor_stretches_each_request():
+    c = contract(slots=4)
+    fast = instant(c, plan(c), rate=1000)
+    slow = faulty(c, plan(c), rate=1000, slow_factor=3.0)
+    times = []
+    for eng in (fast, slow):
+        t0 = time.monotonic()
+        eng.submit([req(0, n_in=10, n_out=90)])             # 100 tokens at 1000/s = 0.1 s
+        drain(eng, 1)
+        times.append(time.monotonic() - t0)
+    assert times[1] > 2.0 * times[0]
+
+
+def test_faults_contract_loads_and_builds_through_the_plugins(tmp_path):
+    (tmp_path / "f.yaml").write_text(f"""
+contract: flaky
+backend: faults
+model: {{architecture: LlamaForCausalLM, num_layers: 4, num_kv_heads: 4, head_dim: 32, vocab_size: 2048,
+         weights_gib: 0.011}}
+artifact: {{checkpoint: {TINY}}}
+precision: {{weights: fp32, kv_cache: fp32}}
+limits: {{max_batch_size: 4, max_num_tokens: 512, max_input_len: 384, max_output_len: 128}}
+kv_cache: {{tokens_per_block: 32, max_tokens: 4096, host_cache_size: 0, block_reuse: true}}
+target: {{kind: cpu}}
+faults: {{wraps: instant, crash_after_requests: 1}}
+instant: {{tokens_per_s_limit: 5000}}
+""")
+    loaded = load_paths([tmp_path / "f.yaml"])
+    assert loaded.ok, [p.render() for p in loaded.problems]
+    c = loaded.contracts["flaky"]
+    p = plan_card(Card(index=0, kind="cpu", model="cpu", memory_gib=2, engine="flaky"), c)
+    factories = {a[0]: a[1] for a in collect("forge_register_backends")}
+    eng = factories["faults"](c, p)
+    assert eng.describe()["inner"]["tokens_per_s_limit"] == 5000
+    eng.submit([req(0)])
+    drain(eng, 1)
+    with pytest.raises(EngineFailed):
+        eng.poll(0.01)
+    bad = c.model_copy(update={"sections": {"faults": {"wraps": "nope", "slow_factor": 2.0}}})
+    with pytest.raises(ForgeError, match=r"\$\.faults\.wraps: unknown backend 'nope'"):
+        factories["faults"](bad, p)
+
+
+@pytest.mark.parametrize("section, message", [
+    ({"wraps": "faults", "slow_factor": 2.0}, "cannot wrap itself"),
+    ({"wraps": "instant"}, "names no fault"),
+    ({"wraps": "instant", "freeze_for_s": 1.0}, "needs freeze_after_requests"),
+    ({"wraps": "instant", "slow_factor": 0.5}, "greater than or equal to 1"),
+])
+def test_faults_section_refuses_nonsense(section, message):
+    c = contract().model_copy(update={"sections": {"faults": section}})
+    factories = {a[0]: a[1] for a in collect("forge_register_backends")}
+    with pytest.raises(ForgeError, match=message):
+        factories["faults"](c, plan(c))
