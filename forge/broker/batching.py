@@ -1,0 +1,167 @@
+"""Batch forming for one engine: which pending requests it takes now, and in what shape.
+
+A take walks at most `max_visits` prefix groups, so its cost follows the batch it returns, never what
+is pending. Grouped: one length bucket per batch, the engine's own prefix groups first, then unpinned
+groups (pinned to it as it takes them), then groups it may spill from. FIFO: strict arrival order."""
+from __future__ import annotations
+
+from typing import Iterator
+
+from forge.broker.dispatch import Balancer
+from forge.broker.pending import HIT, NEW, SPILL, Entry, Pending
+from forge.broker.prefix import BoundedLRU
+from forge.broker.types import EngineGeometry
+
+
+class Batcher:
+    def __init__(self, pending: Pending, balancer: Balancer, pins: BoundedLRU, bucket_lower: list[int],
+                 grouping: bool, max_visits: int):
+        self.p, self.bal, self.pins = pending, balancer, pins
+        self.bucket_lower, self.grouping, self.max_visits = bucket_lower, grouping, max_visits
+
+    def form(self, i: int, g: EngineGeometry, free_slots: int, free_kv: int) -> list[Entry]:
+        """One batch for engine i from the highest priority it may serve (empty if nothing fits now)."""
+        drain = self.bal.drain_limit()        # constant during a take: work only moves pending -> held
+        for prio in self.p.priorities(i):
+            if self.grouping:
+                batch, accessible = self._form_grouped(i, g, prio, free_slots, free_kv, drain)
+            else:
+                batch, accessible = self._form_fifo(i, g, prio, free_slots, free_kv, drain)
+            if accessible:
+                return batch
+        return []
+
+    def _candidates(self, i: int, prio: int, drain: float) -> Iterator[tuple]:
+        """Groups engine i may take from at this priority: its own pinned groups (round-robin), then
+        unpinned ones (claimed while within the load bound), then groups pinned to engines that are
+        overloaded or, in the tail, would finish their work after everyone else (see dispatch.py).
+
+        Lazy and O(1) per group: the consumer rotates every visited group to the end of its dict (or
+        moves or deletes it), so the next group is always the first one."""
+        parts = [(p, p.levels[prio]) for p in self.p.by_engine[i] if prio in p.levels]
+        k, bal = self.max_visits, self.bal
+        for part, lvl in parts:
+            own = lvl.owned.get(i)
+            for _ in range(min(k, len(own) if own else 0)):
+                if not own:
+                    break
+                yield part, lvl, next(iter(own.values())), HIT
+        for part, lvl in parts:
+            free = lvl.unowned
+            for _ in range(min(k, len(free))):
+                if not free:
+                    break
+                if bal.may_claim(i):
+                    yield part, lvl, next(iter(free.values())), NEW
+                else:                              # over its bound: only prefix-less work, never a new pin
+                    loose = free.get(None)
+                    if loose is not None:
+                        yield part, lvl, loose, NEW
+                    break
+        mean_work = bal.pending_work / self.p.n if self.p.n else 0.0
+        for part, lvl in parts:
+            owners = sorted((j for j in lvl.owned if j != i and self._spillable(j, mean_work, drain)),
+                            key=bal.overloaded, reverse=True)
+            for j in owners:
+                theirs = lvl.owned.get(j)
+                for _ in range(min(k, len(theirs) if theirs else 0)):
+                    if not theirs or not self._spillable(j, mean_work, drain):
+                        break
+                    yield part, lvl, next(iter(theirs.values())), SPILL
+
+    def _spillable(self, j: int, work: float, drain: float) -> bool:
+        return self.bal.overloaded(j) > 0 or self.bal.lags(j, work, drain)
+
+    def _form_grouped(self, i, geom, prio, slots, kv, drain):
+        bal, tok, tpb = self.bal, geom.tokenizer_key, geom.tokens_per_block
+        budget = geom.max_num_tokens
+        batch: list[Entry] = []
+        seed_qb = None
+        accessible = done = False
+        visits = 0
+        for part, lvl, grp, via in self._candidates(i, prio, drain):
+            visits += 1
+            keyed = grp.key is not None
+            if via == NEW and keyed and batch and not bal.may_claim(i, grp.work, grp.n):
+                lvl.unowned.move_to_end(grp.key)   # filling may not pin a group that would overload us
+                continue
+            accessible = True
+            share_with = None
+            if via == SPILL:
+                j = grp.owner
+                if bal.overloaded(j) > 0 and len(lvl.owned[j]) > 1 and bal.may_claim(i, grp.work, grp.n):
+                    self.p.move(lvl, grp, i)        # take the whole group over: it stays coherent
+                else:
+                    share_with = j                 # its owner's only group: share it while j is over
+            took = 0
+            qbs = grp.by_age() if seed_qb is None else ([seed_qb] if seed_qb in grp.buckets else [])
+            for qb in qbs:
+                dq = grp.buckets[qb]
+                while dq:
+                    e = dq[0]
+                    req = e.req
+                    n = len(req.prompts[tok])
+                    blocks = -(-(n + req.max_new_tokens) // tpb)
+                    if blocks > kv or (batch and n > budget):
+                        break
+                    if share_with is not None and bal.overloaded(share_with) <= 0 and not (
+                            bal.lags(share_with, e.work, drain) and bal.faster(i, share_with, e.work)):
+                        break                      # its owner copes, and would not finish it late
+                    if not bal.allows(i, e.work, part.mask, drain):
+                        done = True
+                        break
+                    self.p.pop(lvl, grp, qb, dq)
+                    bal.taken(i, e.work)
+                    e.via = via if keyed else NEW
+                    batch.append(e)
+                    took += 1
+                    slots -= 1
+                    kv -= blocks
+                    if n > budget or slots == 0:      # an oversized prompt goes alone
+                        done = True
+                        break
+                    budget -= n
+                if took or done:
+                    if seed_qb is None and took:
+                        seed_qb = qb
+                    break
+            if took and keyed and share_with is None:
+                self.pins.put(grp.key, i)
+            if not grp.n:
+                self.p.tidy(part, prio, lvl, grp)
+            elif took and via == NEW and keyed:
+                self.p.claim(lvl, grp, i)               # lands at the end of the engine's groups
+            else:                                      # round-robin: the next take starts elsewhere
+                (lvl.unowned if grp.owner is None else lvl.owned[grp.owner]).move_to_end(grp.key)
+            if done or visits >= self.max_visits or (seed_qb is not None and budget < self.bucket_lower[seed_qb]):
+                break
+        return batch, accessible
+
+    def _form_fifo(self, i, geom, prio, slots, kv, drain):
+        """Plain FIFO within the priority (merging partitions by arrival); stops at the first misfit."""
+        bal, tok, tpb = self.bal, geom.tokenizer_key, geom.tokens_per_block
+        budget = geom.max_num_tokens
+        live = [(p, p.levels[prio]) for p in self.p.by_engine[i] if prio in p.levels]
+        batch: list[Entry] = []
+        while live and slots:
+            part, lvl = min(live, key=lambda pl: pl[1].groups[None].buckets[0][0].seq) if len(live) > 1 \
+                else live[0]
+            grp = lvl.groups[None]
+            dq = grp.buckets[0]
+            e = dq[0]
+            n = len(e.req.prompts[tok])
+            blocks = -(-(n + e.req.max_new_tokens) // tpb)
+            if blocks > kv or (batch and n > budget) or not bal.allows(i, e.work, part.mask, drain):
+                break
+            self.p.pop(lvl, grp, 0, dq)
+            bal.taken(i, e.work)
+            batch.append(e)
+            slots -= 1
+            kv -= blocks
+            self.p.tidy(part, prio, lvl, grp)
+            if not grp.n:
+                live.remove((part, lvl))
+            if n > budget:
+                break
+            budget -= n
+        return batch, True

@@ -1,0 +1,204 @@
+"""Pending requests, indexed so that adding, taking and requeueing never scan what is pending.
+
+Layout: partition (the set of engines a request fits, as a bit mask) -> priority level -> prefix group
+-> length bucket -> FIFO deque. A level keeps each group in one of two places: pinned to an engine
+(`owned[engine]`, ordered for round-robin) or `unowned`. batching.py forms batches from it."""
+from __future__ import annotations
+
+from bisect import insort
+from collections import OrderedDict, deque
+from typing import Optional
+
+from forge.broker.dispatch import Balancer
+from forge.broker.prefix import BoundedLRU
+from forge.broker.types import BrokerRequest
+
+NEW, HIT, SPILL = 0, 1, 2        # how a request reached its engine (unpinned / its pin / spilled)
+
+
+class Entry:
+    """The broker's record of one pending or in-flight request."""
+
+    __slots__ = ("req", "seq", "mask", "work", "key", "qb", "bucket", "views", "via")
+
+    def __init__(self, req: BrokerRequest, seq: int, mask: int, work: int, key: Optional[int], qb: int,
+                 bucket: int):
+        self.req, self.seq, self.mask, self.work = req, seq, mask, work
+        self.key, self.qb, self.bucket = key, qb, bucket
+        self.views: Optional[dict] = None      # (tokenizer_key, tokens_per_block) -> chain hashes, lazily
+        self.via = NEW
+
+
+class Group:
+    __slots__ = ("key", "owner", "buckets", "n", "work")
+
+    def __init__(self, key: Optional[int], owner: Optional[int]):
+        self.key, self.owner = key, owner
+        self.buckets: dict[int, deque] = {}
+        self.n = self.work = 0
+
+    def by_age(self) -> list[int]:
+        """Bucket ids, the one holding the oldest request first (a handful of buckets at most)."""
+        b = self.buckets
+        return sorted(b, key=lambda q: b[q][0].seq) if len(b) > 1 else list(b)
+
+
+class Level:
+    __slots__ = ("groups", "owned", "unowned", "n")
+
+    def __init__(self):
+        self.groups: dict = {}
+        self.owned: dict[int, OrderedDict] = {}
+        self.unowned: OrderedDict = OrderedDict()
+        self.n = 0
+
+
+class Partition:
+    __slots__ = ("mask", "levels", "neg_prios")
+
+    def __init__(self, mask: int):
+        self.mask = mask
+        self.levels: dict[int, Level] = {}
+        self.neg_prios: list[int] = []          # -priority, ascending: highest priority first
+
+
+class Pending:
+    def __init__(self, n_engines: int, n_buckets: int, balancer: Balancer, pins: BoundedLRU):
+        self.bal, self.pins = balancer, pins
+        self.parts: dict[int, Partition] = {}
+        self.by_engine: list[list[Partition]] = [[] for _ in range(n_engines)]   # narrowest first
+        self.n = 0
+        self.bucket_counts = [0] * n_buckets
+
+    # ------------------------------------------------------------------ in and out
+    def push(self, e: Entry, front: bool = False) -> None:
+        part = self.parts.get(e.mask) or self._new_partition(e.mask)
+        prio = e.req.priority
+        lvl = part.levels.get(prio)
+        if lvl is None:
+            lvl = part.levels[prio] = Level()
+            insort(part.neg_prios, -prio)
+        g = lvl.groups.get(e.key)
+        if g is None:
+            g = lvl.groups[e.key] = Group(e.key, self._pinned_owner(e.key, part.mask))
+            if g.owner is None:
+                lvl.unowned[e.key] = g
+            else:
+                lvl.owned.setdefault(g.owner, OrderedDict())[e.key] = g
+        dq = g.buckets.get(e.qb)
+        if dq is None:
+            dq = g.buckets[e.qb] = deque()
+        if front:                                  # a requeued request: its group is served next
+            dq.appendleft(e)
+            (lvl.unowned if g.owner is None else lvl.owned[g.owner]).move_to_end(e.key, last=False)
+        else:
+            dq.append(e)
+        g.n += 1
+        g.work += e.work
+        lvl.n += 1
+        self.n += 1
+        self.bucket_counts[e.bucket] += 1
+        self.bal.pending_work += e.work
+        if g.owner is not None:
+            self.bal.pinned_work[g.owner] += e.work
+            self.bal.pinned_n[g.owner] += 1
+
+    def _pinned_owner(self, key, mask: int) -> Optional[int]:
+        if key is None:
+            return None
+        o = self.pins.get(key)
+        return o if o is not None and (mask >> o) & 1 and self.bal.healthy[o] else None
+
+    def _new_partition(self, mask: int) -> Partition:
+        part = self.parts[mask] = Partition(mask)
+        for i, lst in enumerate(self.by_engine):
+            if (mask >> i) & 1:
+                lst.append(part)
+                lst.sort(key=lambda p: bin(p.mask).count("1"))   # specialised work first
+        return part
+
+    def pop(self, lvl: Level, g: Group, qb: int, dq: deque) -> Entry:
+        e = dq.popleft()
+        if not dq:
+            del g.buckets[qb]
+        g.n -= 1
+        g.work -= e.work
+        lvl.n -= 1
+        self.n -= 1
+        self.bucket_counts[e.bucket] -= 1
+        if g.owner is not None:
+            self.bal.pinned_work[g.owner] -= e.work
+            self.bal.pinned_n[g.owner] -= 1
+        return e
+
+    def tidy(self, part: Partition, prio: int, lvl: Level, g: Group) -> None:
+        """Drop an emptied group, and its level when that empties too."""
+        if g.n:
+            return
+        del lvl.groups[g.key]
+        if g.owner is None:
+            del lvl.unowned[g.key]
+        else:
+            own = lvl.owned[g.owner]
+            del own[g.key]
+            if not own:
+                del lvl.owned[g.owner]
+        if not lvl.n:
+            del part.levels[prio]
+            part.neg_prios.remove(-prio)
+
+    def release(self, i: int) -> None:
+        """Engine i went unhealthy: its pinned groups become anyone's."""
+        for part in self.by_engine[i]:
+            for lvl in part.levels.values():
+                for g in (lvl.owned.pop(i, None) or {}).values():
+                    g.owner = None
+                    lvl.unowned[g.key] = g
+        self.bal.pinned_work[i] = 0
+        self.bal.pinned_n[i] = 0
+
+    def claim(self, lvl: Level, g: Group, i: int) -> None:
+        del lvl.unowned[g.key]
+        g.owner = i
+        lvl.owned.setdefault(i, OrderedDict())[g.key] = g
+        self.bal.pinned_work[i] += g.work
+        self.bal.pinned_n[i] += g.n
+
+    def move(self, lvl: Level, g: Group, i: int) -> None:
+        """Re-pin a group from an overloaded engine to engine i (bounded-load: the key moves on)."""
+        j = g.owner
+        theirs = lvl.owned[j]
+        del theirs[g.key]
+        if not theirs:
+            del lvl.owned[j]
+        self.bal.pinned_work[j] -= g.work
+        self.bal.pinned_n[j] -= g.n
+        g.owner = i
+        lvl.owned.setdefault(i, OrderedDict())[g.key] = g
+        self.bal.pinned_work[i] += g.work
+        self.bal.pinned_n[i] += g.n
+        self.pins.put(g.key, i)
+
+    def drain(self) -> list[Entry]:
+        out = []
+        for part in self.parts.values():
+            for lvl in part.levels.values():
+                for g in lvl.groups.values():
+                    for dq in g.buckets.values():
+                        out.extend(dq)
+            part.levels.clear()
+            part.neg_prios.clear()
+        out.sort(key=lambda e: (-e.req.priority, e.seq))
+        self.n = 0
+        self.bucket_counts = [0] * len(self.bucket_counts)
+        self.bal.pending_work = 0
+        self.bal.pinned_work = [0] * len(self.bal.pinned_work)
+        self.bal.pinned_n = [0] * len(self.bal.pinned_n)
+        return out
+
+    def priorities(self, i: int) -> list[int]:
+        """Priorities with work engine i fits, highest first."""
+        parts = self.by_engine[i]
+        if len(parts) == 1:
+            return [-p for p in parts[0].neg_prios]
+        return sorted({-p for part in parts for p in part.neg_prios}, reverse=True)
