@@ -88,3 +88,17 @@ def test_two_cards_of_different_speed_share_one_queue_in_proportion(tmp_path):
     cards = [row["result"]["card"] for row in read_output(out)]
     fast = cards.count("cpu0") / len(cards)
     assert 0.62 <= fast <= 0.88, f"fast card took {fast:.2f} of the work (expected ~0.75)"
+
+
+def test_parquet_in_and_out(tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    table = pa.table({"id": [f"p{i}" for i in range(10)], "text": [f"the cat said {i}" for i in range(10)]})
+    inp = tmp_path / "in.parquet"
+    pq.write_table(table, inp)
+    out = tmp_path / "out.parquet"
+    r = forge("run", "tests/e2e/fixtures/short.py", "--input", inp, "--output", out)
+    assert r.returncode == 0, r.stderr
+    rows = pq.read_table(out).to_pylist()
+    assert sorted(row["index"] for row in rows) == list(range(10))
