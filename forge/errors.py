@@ -54,3 +54,8 @@ class EngineUnavailable(ForgeError):
 
 class RequestRejected(ForgeError):
     """A request that no engine on the node can take as asked (geometry, closed node)."""
+
+
+class NodeDown(ForgeError):
+    """No engine on the node can work any more (all crashed or wedged). Not a record's fault: a job
+    stops without writing error rows, and the same command resumes once the node is healthy."""

@@ -98,6 +98,10 @@ async def _run(spec, digest: str, node: Any, opts: JobOptions, *, node_label: st
 
             paths = write_report(opts.output_path, summary, sampler)
             print(f"forge: report {', '.join(str(p) for p in paths)}", file=sys.stderr)
+        if outcome.fatal:
+            print(f"forge: stopped: {outcome.fatal}; unfinished records stay in the ledger — run the same "
+                  "command again to resume", file=sys.stderr)
+            return 1
         if outcome.interrupted:
             print(f"forge: stopped by {outcome.interrupted}; run the same command again to resume", file=sys.stderr)
             return 130 if outcome.interrupted == "SIGINT" else 143

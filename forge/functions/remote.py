@@ -9,7 +9,7 @@ from typing import Optional, Sequence
 
 import httpx
 
-from forge.errors import ForgeError, RequestRejected
+from forge.errors import ForgeError, NodeDown, RequestRejected
 from forge.functions.api import GenerateParams, Generation
 
 CONNECT_RETRIES = 3
@@ -78,7 +78,7 @@ class RemoteNode:
         out = await fut
         if "error" in out:
             err = out["error"]
-            cls = RequestRejected if err.get("type") == "RequestRejected" else ForgeError
+            cls = {"RequestRejected": RequestRejected, "NodeDown": NodeDown}.get(err.get("type"), ForgeError)
             raise cls(err.get("message", "node error"))
         return out
 
@@ -103,11 +103,12 @@ class RemoteNode:
                             if not fut.done():
                                 fut.set_result(res)
                         return
-                    err = ForgeError(f"node {self.name} answered {r.status_code}: {r.text[:200]}")
+                    cls = NodeDown if r.status_code == 503 else ForgeError
+                    err = cls(f"node {self.name} answered {r.status_code}: {r.text[:200]}")
                     if r.status_code not in (429, 503):
                         break
                 except httpx.TransportError as e:
-                    err = ForgeError(f"node {self.name} at {self.url}: {type(e).__name__}: {e}")
+                    err = NodeDown(f"node {self.name} at {self.url} is unreachable: {type(e).__name__}: {e}")
                 await asyncio.sleep(0.2 * 2**attempt)
             for _, fut in batch:
                 if not fut.done():

@@ -14,7 +14,7 @@ import traceback
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
-from forge.errors import ForgeError
+from forge.errors import ForgeError, NodeDown
 from forge.functions.api import FunctionSpec, GenerateParams, Generation
 from forge.functions.llm import NodeLLM
 from forge.stats import RunStats
@@ -27,6 +27,7 @@ DRAIN_GRACE_S = 30.0        # on SIGINT/SIGTERM: let in-flight records finish th
 class RunOutcome:
     stats: RunStats
     interrupted: Optional[str] = None     # the signal name, when stopped by one
+    fatal: Optional[str] = None           # why the run stopped early (node down): unfinished records stay pending
     wall_s: float = 0.0
 
 
@@ -108,6 +109,11 @@ async def run_records(*, spec: FunctionSpec, node: Any, records, sink, stats: Ru
                     result = await spec.fn(record, llm)
                 except asyncio.CancelledError:
                     raise
+                except NodeDown as e:   # not this record's fault: leave it pending, stop the run
+                    if outcome.fatal is None:
+                        outcome.fatal = str(e)
+                    stop.set()
+                    continue
                 except Exception as e:  # the record fails, the run goes on
                     row = error_row(index, e)["error"]
                     stats.failed += 1

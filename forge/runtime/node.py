@@ -13,13 +13,15 @@ from forge.broker import Broker, BrokerCore, BrokerRequest, EngineGeometry, NoEn
 from forge.config.load import LoadedNode
 from forge.config.plan import CardPlan
 from forge.engines.interface import Engine, EngineResult, Guide, Sampling
-from forge.errors import ForgeError, RequestRejected
+from forge.errors import ForgeError, NodeDown, RequestRejected
 from forge.functions.api import GenerateParams, Generation
 from forge.runtime.admission import AdmissionRuntime
 from forge.runtime.options import RequestOptions
 from forge.stats import BrokerStats, EngineStats
 
 log = logging.getLogger("forge.node")
+HEALTH_CHECK_S = 0.25
+NODE_DOWN_GRACE_S = 1.0      # every card unhealthy this long = the node is down
 
 
 def backend_factories() -> dict[str, Any]:
@@ -60,6 +62,7 @@ class NodeRuntime:
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self.started_at = 0.0
         self.closed = False
+        self.down: Optional[str] = None               # why no engine can work any more
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -98,6 +101,7 @@ class NodeRuntime:
                                   tokenizer_key=g.tokenizer_key)
             self.runtimes[p.card_id] = rt
             self._tasks.append(asyncio.create_task(rt.run(), name=f"admission-{p.card_id}"))
+        self._tasks.append(asyncio.create_task(self._watch_health(), name="node-health"))
         self.started_at = time.time()
         log.info("node %s: %d engine(s) up in %.1f s", self.name, len(self.engines), time.monotonic() - t0)
 
@@ -122,6 +126,26 @@ class NodeRuntime:
                 fut.set_exception(ForgeError(f"node {self.name} stopped before the request finished"))
         self._futures.clear()
 
+    async def _watch_health(self) -> None:
+        """When every card has failed or is wedged, fail what waits on them: nothing would ever answer."""
+        unhealthy_since: Optional[float] = None
+        while not self.closed:
+            await asyncio.sleep(HEALTH_CHECK_S)
+            if any(rt.stats().healthy for rt in self.runtimes.values()):
+                unhealthy_since = None
+                continue
+            unhealthy_since = unhealthy_since or time.monotonic()
+            if time.monotonic() - unhealthy_since >= NODE_DOWN_GRACE_S:
+                self._node_down("; ".join(f"{cid}: {rt.failure or rt.state}" for cid, rt in self.runtimes.items()))
+                return
+
+    def _node_down(self, reason: str) -> None:
+        self.down = f"node {self.name}: no engine can work ({reason})"
+        log.error(self.down)
+        for fut, _ in list(self._futures.values()):
+            if not fut.done():
+                fut.set_exception(NodeDown(self.down))
+
     # ------------------------------------------------------------------ requests
     def healthy_cards(self) -> list[str]:
         return [cid for cid, rt in self.runtimes.items() if rt.stats().healthy]
@@ -143,6 +167,8 @@ class NodeRuntime:
 
     async def submit(self, prompt: str | Sequence[int], params: GenerateParams) -> tuple[Generation, EngineResult]:
         """Tokenize, hand to the broker (waits while it is full), and wait for the engine's result."""
+        if self.down:
+            raise NodeDown(self.down)
         if self.closed or self.broker is None:
             raise RequestRejected(f"node {self.name} is not accepting requests")
         if params.max_tokens <= 0:
@@ -218,10 +244,13 @@ class NodeRuntime:
                           "backend": p.contract.backend, "healthy": bool(st and st.healthy),
                           "limits": p.contract.limits.model_dump(), "kv_blocks": p.num_blocks,
                           "full_length_slots": p.full_length_slots,
+                          "state": self.runtimes[p.card_id].state if p.card_id in self.runtimes else "absent",
+                          "failure": self.runtimes[p.card_id].failure if p.card_id in self.runtimes else None,
                           "in_flight": st.in_flight if st else 0,
                           "tokens_per_s": round(st.tokens_per_s, 1) if st else 0.0})
         return {"node": self.name, "started_at": self.started_at, "cards": cards,
-                "pending": self.broker.pending() if self.broker else 0, "closed": self.closed}
+                "pending": self.broker.pending() if self.broker else 0, "closed": self.closed,
+                "down": self.down}
 
 
 def provision_and_serve(loaded: LoadedNode, **options) -> int:

@@ -102,3 +102,20 @@ def test_parquet_in_and_out(tmp_path):
     assert r.returncode == 0, r.stderr
     rows = pq.read_table(out).to_pylist()
     assert sorted(row["index"] for row in rows) == list(range(10))
+
+
+def test_a_node_whose_engine_dies_stops_the_run_and_the_rerun_resumes(tmp_path):
+    inp = write_records(tmp_path / "in.jsonl", [{"id": i, "text": f"line {i}"} for i in range(40)])
+    out = tmp_path / "out.jsonl"
+    r = forge("run", "tests/e2e/fixtures/short.py", "--node", "tests/e2e/fixtures/crashing/node.yaml",
+              "--input", inp, "--output", out, "--concurrency", "4")
+    assert r.returncode == 1, r.stderr
+    assert "no engine can work" in r.stderr and "resume" in r.stderr and "Traceback" not in r.stderr
+    first = read_output(out)
+    assert all("result" in row for row in first)          # no error rows for records the node never ran
+    assert 10 <= len(first) < 40
+    r = forge("run", "tests/e2e/fixtures/short.py", "--input", inp, "--output", out)
+    assert r.returncode == 0, r.stderr
+    rows = read_output(out)
+    assert sorted(row["index"] for row in rows) == list(range(40))
+    assert all("result" in row for row in rows)
