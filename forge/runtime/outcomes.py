@@ -23,16 +23,18 @@ class Outcomes:
     def delivered(self, req: BrokerRequest, result: EngineResult, input_tokens: int) -> int:
         """The engine's answer, under the caller's request id; returns the tokens it delivered."""
         s = self.stats
-        s.input_tokens += input_tokens
-        s.output_tokens += len(result.output_ids)
+        done = input_tokens + len(result.output_ids)
         if result.finish_reason in OK_REASONS:
             s.requests_ok += 1
         elif result.finish_reason == "cancelled":
             s.requests_cancelled += 1
         else:
             s.requests_failed += 1
+            done = 0        # a refused or failed request delivered nothing: it must not count as throughput
+        s.input_tokens += input_tokens if done else 0
+        s.output_tokens += len(result.output_ids) if done else 0
         self.settle(req, replace(result, request_id=req.request_id))
-        return input_tokens + len(result.output_ids)
+        return done
 
     def requeue(self, reqs: list[BrokerRequest], reason: str) -> None:
         """Back to the broker (attempt + 1); a request already tried REQUEST_ATTEMPT_LIMIT+1 times fails instead."""
