@@ -6,7 +6,7 @@ from typing import Optional
 
 import click
 
-from forge.errors import ForgeError
+from forge.errors import ForgeError, UsageError
 
 
 def plan_table(loaded):
@@ -42,12 +42,17 @@ def register(cli: click.Group) -> None:
                   help="Prometheus /metrics port; default: the node's metrics.port")
     @click.option("--token-env", default=None, help="environment variable holding the bearer token; default: "
                   "the node's control.token_env")
-    @click.option("--cluster", default=None, help="a Ray cluster address to join (see docs/cluster.md)")
+    @click.option("--cluster", default=None, metavar="ADDRESS",
+                  help="join this Ray cluster: the node's cards and tiers become schedulable resources and one "
+                  "engine actor per card runs here (see docs/cluster.md)")
+    @click.option("--ray-node", type=click.Choice(["start", "existing"]), default="start", show_default=True,
+                  help="with --cluster: start this machine's Ray node (as the agent's child), or attach to one "
+                  "already started with the node's resources (printed by --dry-run --cluster)")
     @click.option("--ready-file", type=click.Path(dir_okay=False), default=None,
-                  help="write the control URL to this file once the node serves (for scripts)")
+                  help="write the control URL (with --cluster: a JSON line) to this file once the node serves")
     def provision_cmd(node_path: Path, dry_run: bool, strict: bool, host: Optional[str], port: Optional[int],
                       metrics_port: Optional[int], token_env: Optional[str], cluster: Optional[str],
-                      ready_file: Optional[str]) -> int:
+                      ray_node: str, ready_file: Optional[str]) -> int:
         """Validate NODE.yaml, probe the machine, load one engine per card and serve the node."""
         from forge.config.load import load_node
 
@@ -61,12 +66,29 @@ def register(cli: click.Group) -> None:
             if not console.is_terminal:
                 console = Console(width=200)      # a pipe gets whole rows, not an 80-column squeeze
             console.print(plan_table(loaded))
+            if cluster is not None:
+                import json
+
+                from forge.cluster.names import node_resources
+
+                click.echo("Ray resources (ray start --resources): "
+                           + json.dumps(node_resources(loaded), sort_keys=True))
             return 0
+        if cluster is not None:
+            if host is not None or port is not None or token_env is not None:
+                raise UsageError("--host/--port/--token-env configure the single-machine control endpoint; "
+                                 "with --cluster, jobs reach the engines through Ray")
+            from forge.cluster.agent import provision_on_cluster
+
+            return provision_on_cluster(loaded, cluster, ray_node=ray_node, metrics_port=metrics_port,
+                                        ready_file=ready_file)
+        if ray_node != "start":
+            raise UsageError("--ray-node applies to --cluster")
         try:
             from forge.runtime.node import provision_and_serve
         except ImportError as e:
             raise ForgeError(f"provisioning runtime not available: {e}") from e
         options = {"host": host, "port": port, "metrics_port": metrics_port, "token_env": token_env,
-                   "cluster": cluster, "ready_file": ready_file}
+                   "ready_file": ready_file}
         rv = provision_and_serve(loaded, **{k: v for k, v in options.items() if v is not None})
         return rv if isinstance(rv, int) else 0

@@ -64,18 +64,29 @@ def register(cli: click.Group) -> None:
                   help="a provisioned node's name on this machine or its URL; default: the only one running")
     @click.option("--token-env", default="FORGE_TOKEN", show_default=True,
                   help="environment variable holding the node's bearer token, if it needs one")
-    @click.option("--cluster", default=None, help="a Ray cluster address (see docs/cluster.md)")
+    @click.option("--cluster", default=None, metavar="ADDRESS",
+                  help="run across every node provisioned on this Ray cluster (see docs/cluster.md)")
+    @click.option("--grouping/--no-grouping", default=True,
+                  help="with --cluster: broker prefix/length grouping (off = FIFO)")
     @_common
-    def deploy_cmd(target, node, token_env, cluster, input_path, output_path, ledger_path, restart,
+    def deploy_cmd(target, node, token_env, cluster, grouping, input_path, output_path, ledger_path, restart,
                    concurrency, metrics_port, progress, report):
-        """Run a function over records against a node provisioned with `forge provision`."""
+        """Run a function over records against a node provisioned with `forge provision` (or, with
+        --cluster, across every node provisioned on a Ray cluster)."""
         from forge.functions.job import JobOptions, run_remote
-        from forge.runtime.registry import resolve
 
-        if cluster:
-            raise UsageError("--cluster: running on a Ray cluster is not available in this build")
-        info = resolve(node)
         opts = JobOptions(target=target, input_path=input_path, output_path=output_path,
                           ledger_path=_ledger_default(output_path, ledger_path), restart=restart,
                           concurrency=concurrency, metrics_port=metrics_port, progress=progress, report=report)
+        if cluster is not None:
+            if node is not None:
+                raise UsageError("give --node or --cluster, not both")
+            from forge.cluster.job import run_cluster
+
+            return run_cluster(cluster, opts, grouping=grouping)
+        if not grouping:
+            raise UsageError("--no-grouping applies to --cluster jobs (a provisioned node's broker is its own)")
+        from forge.runtime.registry import resolve
+
+        info = resolve(node)
         return run_remote(info["control_url"], os.environ.get(token_env), opts)

@@ -11,18 +11,18 @@ def register(cli: click.Group) -> None:
     @cli.command("status")
     @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
     @click.option("--token-env", default="FORGE_TOKEN", show_default=True)
-    @click.option("--cluster", default=None, help="a Ray cluster address (see docs/cluster.md)")
+    @click.option("--cluster", default=None, metavar="ADDRESS",
+                  help="the forge nodes provisioned on this Ray cluster (see docs/cluster.md)")
     def status_cmd(as_json: bool, token_env: str, cluster):
         """Show provisioned nodes: cards, tiers, health, in flight, tokens/s."""
         import httpx
         from rich.console import Console
         from rich.table import Table
 
-        from forge.errors import UsageError
         from forge.runtime import registry
 
-        if cluster:
-            raise UsageError("--cluster: Ray clusters are not available in this build")
+        if cluster is not None:
+            return _cluster_status(cluster, as_json)
         token = os.environ.get(token_env)
         headers = {"authorization": f"Bearer {token}"} if token else {}
         rows = []
@@ -52,3 +52,34 @@ def register(cli: click.Group) -> None:
                               "ok" if c["healthy"] else "DOWN", str(c["in_flight"]), f"{c['tokens_per_s']:,.0f}")
         Console().print(table)
         return 0
+
+
+def _cluster_status(address: str, as_json: bool) -> int:
+    """Nodes, cards, tiers and health of every forge node on a Ray cluster."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from forge.cluster.status import cluster_status
+
+    rows = cluster_status(address)
+    if as_json:
+        click.echo(json.dumps(rows, indent=2, default=str))
+        return 0
+    if not rows:
+        click.echo(f"no forge node on the Ray cluster at {address} (forge provision NODE.yaml --cluster {address})")
+        return 0
+    table = Table(title=f"forge nodes on the Ray cluster at {address}")
+    for col in ("node", "host", "state", "card", "model", "tier", "backend", "health", "in flight", "tok/s"):
+        table.add_column(col)
+    for n in rows:
+        head = (n["node"], str(n.get("host", "-")), n.get("state", "-"))
+        if not n.get("cards"):
+            table.add_row(*head, "-", "-", "-", "-", "-", "-", "-")
+            continue
+        for c in n["cards"]:
+            health = "ok" if c.get("healthy") else c.get("state", "DOWN").upper()
+            table.add_row(*head, c["card"], c["model"], c["tier"], c["backend"], health,
+                          str(c.get("in_flight", "-")), f"{c.get('tokens_per_s', 0):,.0f}")
+            head = ("", "", "")
+    Console().print(table)
+    return 0

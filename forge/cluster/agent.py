@@ -1,0 +1,230 @@
+"""`forge provision NODE.yaml --cluster ADDRESS`: the node agent.
+
+It validates the node and checks its hardware exactly as on one machine, joins the Ray cluster (raynode.py),
+creates one engine actor per card (host.py) pinned to this machine and holding that card's forge_card and
+forge_tier resources, and then watches: engine stats to Prometheus (the node's metrics port) and to the
+node's record (record.py) for `forge status --cluster`. The agent owns its actors: when it exits, however
+it exits, its engines go with it. SIGINT/SIGTERM drain the engines (bounded) before they are stopped."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+from forge import constants
+from forge.cluster.names import (NAMESPACE, engine_actor_name, engine_resources, node_record_name, node_resources)
+from forge.cluster.raynode import RayNodeProcess, node_alive, wait_for_node
+from forge.errors import ForgeError
+
+ENGINE_MAX_RESTARTS = 3          # Ray restarts a crashed engine actor on its card this many times
+HEARTBEAT_S = 1.0
+CALL_TIMEOUT_S = 5.0
+DRAIN_TIMEOUT_S = 60.0
+
+
+def ray_error_line(e: BaseException) -> str:
+    """The one line of a Ray error worth showing (its cause's last line, not Ray's traceback)."""
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    for ln in reversed(lines):
+        if "Error:" in ln or "Exception:" in ln:
+            return re.sub(r"^forge\.errors\.\w+: ", "", ln)[:500]     # forge's own errors speak for themselves
+    return (lines[-1] if lines else type(e).__name__)[:500]
+
+
+class Agent:
+    def __init__(self, loaded, address: str):
+        self.loaded, self.address = loaded, address
+        self.name = loaded.node.node
+        self.resources = node_resources(loaded)
+        self.raylet: Optional[RayNodeProcess] = None
+        self.owned = False
+        self.node_id = ""
+        self.engines: dict[str, Any] = {}         # card id -> actor handle
+        self.infos: dict[str, dict] = {}          # card id -> the engine's hello
+        self.record: Any = None
+        self.metrics: Any = None
+        self.metrics_url = ""
+
+    # ------------------------------------------------------------------ joining
+    def join(self, mode: str, stop: threading.Event) -> None:
+        import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        from forge.cluster.connect import connect, unreachable
+        from forge.cluster.record import NodeRecord
+        from forge.runtime.registry import home
+
+        why = unreachable(self.address)
+        if why:
+            raise ForgeError(f"--cluster {self.address}: cannot reach the Ray cluster's head ({why}); is `ray start "
+                             f"--head` running there, and is the port open to this machine?")
+        if mode == "start":
+            self.raylet = RayNodeProcess(self.address, self.resources, self.loaded.node.host.cpu_cores,
+                                         home() / "cluster" / f"{self.name}.ray-start.log")
+        self.owned = connect(self.address)
+        self.node_id = wait_for_node(ray, self.name, self.resources, self.raylet)
+        taken = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if a["namespace"] == NAMESPACE
+                 and (a["name"] == node_record_name(self.name) or a["name"].startswith(engine_actor_name(self.name, "")))]
+        if taken:
+            raise ForgeError(f"node {self.name} is already provisioned on the cluster at {self.address} "
+                             f"({', '.join(sorted(taken))}): stop its agent first")
+        info = {"node": self.name, "host": socket.gethostname(), "agent_pid": os.getpid(), "ray_node_id": self.node_id,
+                "description": str(self.loaded.node.source), "started_at": time.time(),
+                "resources": self.resources, "ray_node": "started by the agent" if self.raylet else "existing"}
+        self.record = ray.remote(NodeRecord).options(
+            name=node_record_name(self.name), namespace=NAMESPACE, num_cpus=0,
+            scheduling_strategy=NodeAffinitySchedulingStrategy(self.node_id, soft=False)).remote(info)
+
+    def start_engines(self, stop: threading.Event) -> float:
+        """One engine actor per card, each built on this machine from its card's contract; waits (bounded) for all."""
+        import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        from forge.cluster.host import EngineHost
+
+        t0 = time.monotonic()
+        host_cls = ray.remote(EngineHost)
+        source = str(Path(self.loaded.node.source).resolve())
+        for p in self.loaded.plans:
+            self.engines[p.card_id] = host_cls.options(
+                name=engine_actor_name(self.name, p.card_id), namespace=NAMESPACE, num_cpus=0, num_gpus=0,
+                resources=engine_resources(p), max_restarts=ENGINE_MAX_RESTARTS, max_task_retries=0,
+                scheduling_strategy=NodeAffinitySchedulingStrategy(self.node_id, soft=False),
+            ).remote(source, p.card.index, {"pid": os.getpid(), "host": socket.gethostname(), "tier": p.contract.contract})
+        refs = {h.hello.remote(): cid for cid, h in self.engines.items()}
+        deadline = time.monotonic() + constants.ENGINE_START_TIMEOUT_S
+        waiting = list(refs)
+        while waiting:
+            if stop.is_set():
+                raise ForgeError(f"node {self.name}: stopped while its engines were loading")
+            if time.monotonic() > deadline:
+                raise ForgeError(f"node {self.name}: card(s) {', '.join(refs[r] for r in waiting)} did not load within "
+                                 f"{constants.ENGINE_START_TIMEOUT_S:g} s")
+            ready, waiting = ray.wait(waiting, num_returns=len(waiting), timeout=0.5)
+            for ref in ready:
+                cid = refs[ref]
+                try:
+                    self.infos[cid] = ray.get(ref)
+                except ray.exceptions.RayError as e:
+                    plan = next(p for p in self.loaded.plans if p.card_id == cid)
+                    raise ForgeError(f"card {cid} ({plan.contract.contract}): engine failed to start: "
+                                     f"{ray_error_line(e)}") from None
+        return time.monotonic() - t0
+
+    def announce(self, metrics_port: Optional[int], ready_file: Optional[str], load_s: float) -> None:
+        from forge.metrics import ForgeMetrics
+
+        m = self.loaded.node.metrics
+        self.metrics = ForgeMetrics()
+        _, port = self.metrics.serve(m.host, m.port if metrics_port is None else metrics_port)
+        self.metrics_url = f"http://{m.host}:{port}/metrics"
+        cards = ", ".join(f"{cid} {info['tier']}" for cid, info in self.infos.items())
+        print(f"forge: node {self.name} joined the Ray cluster at {self.address} (Ray node {self.node_id[:12]}): "
+              f"{len(self.engines)} engine(s) up in {load_s:.1f} s ({cards}) — metrics {self.metrics_url}", flush=True)
+        if ready_file:
+            Path(ready_file).write_text(json.dumps({"node": self.name, "address": self.address,
+                                                    "ray_node_id": self.node_id, "metrics_url": self.metrics_url,
+                                                    "engines": sorted(i["engine_id"] for i in self.infos.values())}) + "\n")
+
+    # ------------------------------------------------------------------ watching
+    def serve(self, stop: threading.Event) -> int:
+        import ray
+
+        while not stop.wait(HEARTBEAT_S):
+            if self.raylet is not None and not self.raylet.alive():
+                print(f"forge: node {self.name}: {self.raylet.failure()}", file=sys.stderr, flush=True)
+                return 1
+            if not node_alive(ray, self.node_id):
+                print(f"forge: node {self.name}: its Ray node {self.node_id[:12]} is dead; the agent exits",
+                      file=sys.stderr, flush=True)
+                return 1
+            self.refresh("up")
+        return 0
+
+    def refresh(self, state: str) -> None:
+        import ray
+
+        refs = {h.stats.remote(): cid for cid, h in self.engines.items()}
+        ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=CALL_TIMEOUT_S)
+        cards = []
+        for ref, cid in refs.items():
+            info = self.infos[cid]
+            row = {"card": cid, "engine_id": info["engine_id"], "model": info["model"], "tier": info["tier"],
+                   "backend": info["backend"], "state": "unresponsive", "healthy": False}
+            if ref in ready:
+                try:
+                    s = ray.get(ref)
+                    row.update(state="up" if s.healthy else "unhealthy", healthy=s.healthy, in_flight=s.in_flight,
+                               tokens_per_s=round(s.tokens_per_s, 1), requests_ok=s.requests_ok)
+                    self.metrics.observe_engine(s)
+                except ray.exceptions.ActorDiedError as e:
+                    row["state"] = f"dead: {ray_error_line(e)}"
+                except ray.exceptions.RayError as e:
+                    row["state"] = f"restarting: {ray_error_line(e)}"
+            cards.append(row)
+        self.record.update.remote(state, cards)
+
+    # ------------------------------------------------------------------ leaving
+    def leave(self) -> None:
+        import ray
+
+        if ray.is_initialized():
+            if self.engines and self.node_id and node_alive(ray, self.node_id):
+                try:
+                    self.record.update.remote("draining", [])
+                    ray.wait([h.drain.remote(DRAIN_TIMEOUT_S) for h in self.engines.values()],
+                             num_returns=len(self.engines), timeout=DRAIN_TIMEOUT_S + CALL_TIMEOUT_S)
+                    ray.wait([h.stop.remote() for h in self.engines.values()], num_returns=len(self.engines),
+                             timeout=constants.ENGINE_SHUTDOWN_TIMEOUT_S + CALL_TIMEOUT_S)
+                except ray.exceptions.RayError:
+                    pass
+            for h in [*self.engines.values(), self.record]:
+                if h is not None:
+                    try:
+                        ray.kill(h, no_restart=True)
+                    except Exception:  # noqa: BLE001 - already gone
+                        pass
+        if self.metrics is not None:
+            self.metrics.close()
+        from forge.cluster.connect import disconnect
+
+        disconnect(self.owned)
+        if self.raylet is not None:
+            self.raylet.stop()
+
+
+def provision_on_cluster(loaded, address: str, *, ray_node: str = "start", metrics_port: Optional[int] = None,
+                         ready_file: Optional[str] = None) -> int:
+    from forge.cluster.connect import check_environment, require_ray
+    from forge.runtime.serve import check_hardware
+
+    check_environment(address)
+    require_ray()
+    check_hardware(loaded)
+    stop = threading.Event()
+
+    def on_signal(*_) -> None:
+        stop.set()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, on_signal)
+    agent = Agent(loaded, address)
+    try:
+        agent.join(ray_node, stop)
+        for sig in (signal.SIGINT, signal.SIGTERM):     # ray.init installed its own (exit at once): ours drains
+            signal.signal(sig, on_signal)
+        load_s = agent.start_engines(stop)
+        agent.announce(metrics_port, ready_file, load_s)
+        agent.refresh("up")
+        rc = agent.serve(stop)
+        print(f"forge: node {agent.name} leaving the cluster…", file=sys.stderr, flush=True)
+        return rc
+    finally:
+        agent.leave()

@@ -1,0 +1,157 @@
+"""The broker an engine actor's admission runtime sees: this one engine's queue, filled by job drivers.
+
+A job's driver holds the cluster's broker (grouping, affinity, balancing across every card) and sends
+each engine batches within that engine's capacity. Here they wait in a one-engine BrokerCore, which
+shapes what admission takes to the engine's own token budget, slots and KV blocks. What admission
+gives back (refusals, stall take-backs, stop) goes back to its job's driver, which requeues it across
+the cluster. Results wait per job session until the driver collects them.
+
+Sessions: one per job connection. A session not collected for `lease_s` is ended (its driver died):
+its queued work is dropped when taken and its results are discarded, so a dead job costs bounded work."""
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import OrderedDict
+from typing import Callable, Optional
+
+from forge.broker import Broker, BrokerCore, BrokerRequest, EngineGeometry, NoEngineFits, QueueFull
+
+ENDED_REMEMBERED = 4096
+
+
+class Session:
+    def __init__(self, sid: str, now: float):
+        self.sid = sid
+        self.seen = now
+        self.results: list[tuple] = []
+        self.returned: list[tuple[str, int]] = []
+        self.tokens = 0
+        self.elapsed_s = 0.0
+        self.ready = asyncio.Event()
+
+    def wake(self) -> None:
+        self.ready.set()
+
+
+class Feed:
+    def __init__(self, geometry: EngineGeometry, *, node: str, max_pending: int):
+        self.geometry = geometry
+        self.broker = Broker(BrokerCore([geometry], grouping=False, max_pending=max_pending, node=node))
+        self.sessions: dict[str, Session] = {}
+        self._ended: OrderedDict[str, None] = OrderedDict()
+        self.healthy = True
+        self.accepting = True
+
+    # ------------------------------------------------------------------ drivers
+    def session(self, sid: str) -> Optional[Session]:
+        """The live session (opened on first use); None once it has ended."""
+        s = self.sessions.get(sid)
+        if s is None and sid not in self._ended:
+            s = self.sessions[sid] = Session(sid, time.monotonic())
+        if s is not None:
+            s.seen = time.monotonic()
+        return s
+
+    def put(self, sid: str, reqs: list[BrokerRequest]) -> int:
+        """Queue a driver's batch; what cannot be queued goes straight back to it. Returns the count queued."""
+        s = self.session(sid)
+        if s is None:
+            return 0
+        queued = 0
+        for r in reqs:
+            if not (self.accepting and self.healthy):
+                s.returned.append((r.payload.rid, r.attempt))
+                continue
+            try:
+                self.broker.put_nowait(r)
+                queued += 1
+            except QueueFull:
+                s.returned.append((r.payload.rid, r.attempt))
+            except NoEngineFits as e:          # the driver measured against this geometry; say so if not
+                s.results.append((r.payload.rid, r.attempt, "error", [], "", None, str(e), 0))
+        if s.returned or s.results:
+            s.wake()
+        return queued
+
+    def end(self, sid: str) -> None:
+        self.sessions.pop(sid, None)
+        self._ended[sid] = None
+        while len(self._ended) > ENDED_REMEMBERED:
+            self._ended.popitem(last=False)
+
+    def expire(self, lease_s: float) -> list[str]:
+        now = time.monotonic()
+        gone = [sid for sid, s in self.sessions.items() if now - s.seen > lease_s]
+        for sid in gone:
+            self.end(sid)
+        return gone
+
+    def give_back_pending(self) -> None:
+        """Everything queued here returns to its driver (the engine is unhealthy or draining)."""
+        for r in self.broker.drain():
+            self._return(r)
+
+    # ------------------------------------------------------------------ the admission runtime's broker
+    async def take(self, engine_id: str, *, free_slots: int, free_kv_blocks: int, timeout_s: float) -> list:
+        batch = await self.broker.take(engine_id, free_slots=free_slots, free_kv_blocks=free_kv_blocks,
+                                       timeout_s=timeout_s)
+        live = []
+        for r in batch:
+            if r.payload.session in self.sessions:
+                live.append(r)
+            else:                              # its job is gone: nobody will collect the answer
+                self.broker.on_done(engine_id, r)
+        return live
+
+    def requeue(self, reqs) -> None:
+        for r in reqs:
+            self.broker.on_done(self.geometry.engine_id, r)
+            self._return(r)
+
+    def on_done(self, engine_id: str, req: BrokerRequest) -> None:
+        self.broker.on_done(engine_id, req)
+
+    def record_delivery(self, engine_id: str, tokens: int, elapsed_s: float) -> None:
+        for s in self.sessions.values():
+            s.tokens += tokens
+            s.elapsed_s += elapsed_s
+
+    def set_engine_healthy(self, engine_id: str, healthy: bool) -> None:
+        self.healthy = healthy
+        self.broker.set_engine_healthy(engine_id, healthy)
+        if not healthy:
+            self.give_back_pending()
+        for s in self.sessions.values():
+            s.wake()                           # drivers learn the health change at once
+
+    # ------------------------------------------------------------------ results
+    def deliver(self, req: BrokerRequest, make_result: Callable[[], tuple]) -> None:
+        s = self.sessions.get(req.payload.session)
+        if s is not None:
+            s.results.append(make_result())
+            s.wake()
+
+    def _return(self, r: BrokerRequest) -> None:
+        s = self.sessions.get(r.payload.session)
+        if s is not None:
+            s.returned.append((r.payload.rid, r.attempt))
+            s.wake()
+
+    async def collect(self, sid: str, wait_s: float, max_items: int) -> Optional[dict]:
+        """What is ready for a session, waiting up to wait_s for something; None if the session has ended."""
+        s = self.session(sid)
+        if s is None:
+            return None
+        if not (s.results or s.returned):
+            s.ready.clear()
+            try:
+                await asyncio.wait_for(s.ready.wait(), wait_s)
+            except asyncio.TimeoutError:
+                pass
+        results, s.results = s.results[:max_items], s.results[max_items:]
+        returned, s.returned = s.returned, []
+        delivered = (s.tokens, s.elapsed_s)
+        s.tokens, s.elapsed_s = 0, 0.0
+        s.seen = time.monotonic()
+        return {"results": results, "returned": returned, "delivered": delivered, "more": bool(s.results)}
