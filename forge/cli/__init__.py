@@ -20,6 +20,8 @@ COMMAND_MODULES = (
     "forge.cli.run",
     "forge.cli.status",
     "forge.cli.report",
+    "forge.cli.bench",
+    "forge.cli.top",
 )
 
 

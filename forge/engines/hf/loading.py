@@ -91,7 +91,8 @@ def load_model(plan: CardPlan, *, device: str, dtype: str, attn_implementation: 
                     plan.contract.contract, display_path(ckpt / "config.json"))
         torch.manual_seed(seed)
         cfg._attn_implementation = attn_implementation
-        model = AutoModelForCausalLM.from_config(cfg, dtype=torch_dtype, attn_implementation=attn_implementation)
+        with torch.device(device):   # built and initialised on the card: no host-side copy of billions of weights
+            model = AutoModelForCausalLM.from_config(cfg, dtype=torch_dtype, attn_implementation=attn_implementation)
         model = model.to(device)
         return model.eval(), "random"
     if not any((ckpt / name).is_file() for name in WEIGHT_FILES):

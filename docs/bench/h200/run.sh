@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# The GPU captures of docs/benchmarks.md, as run on the device machine (one NVIDIA H200) from the repo root:
+#   bash docs/bench/h200/run.sh STAGE [STAGE...]      (stages: the case labels below)
+# call 1: env demo mixed-1p5b prefix-1p5b; call 2: mixed-1p5b-gate prefix-1p5b-gate prefix-short-1p5b mixed-8b
+# sweep-1p5b; call 3: mixed-1p5b-repeat
+# forge's own Python dependencies missing from the device image travel as wheels in .whl/ (see the README of
+# the device tool); transformers 5.24.0 travels too (the image has 5.17). Results go to $OUT/results.tgz,
+# the log to $OUT/log.txt. Every stage has its own time limit, so one stuck stage cannot eat the call.
+set -u
+OUT=${OUT:-/tmp/forge-bench-out}
+R=/tmp/forge-bench-results
+mkdir -p "$OUT" "$R"
+exec > >(tee -a "$OUT/log.txt") 2>&1
+if [ -d .whl ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    || { echo "wheel install failed"; exit 1; }
+  export PYTHONPATH=/tmp/site:$PWD
+else
+  export PYTHONPATH=$PWD
+fi
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+F="python3 -m forge"
+H=docs/bench/h200
+W=docs/bench/workloads
+
+DEADLINE=${DEADLINE:-560}     # seconds after start by which every stage has ended (the call's limit is 600)
+pack() { tar czf "$OUT/results.tgz" --exclude='*.sqlite*' --exclude='records.jsonl' -C "$R" . ; }
+stage() {  # name limit_s command...
+  local name=$1 limit=$2; shift 2
+  local left=$((DEADLINE - SECONDS))
+  [ "$left" -lt "$limit" ] && limit=$left
+  [ "$limit" -le 5 ] && { echo "=== $name: skipped, no time left"; return; }
+  echo "=== $name ($(date -u +%H:%M:%S), limit ${limit}s): $*"
+  local t0=$SECONDS
+  timeout "$limit" "$@"; local rc=$?
+  echo "=== $name: rc=$rc in $((SECONDS - t0)) s"
+  pack
+}
+
+for s in "$@"; do case $s in
+  env)
+    stage env 120 bash -c "nvidia-smi; python3 -c 'import torch, transformers, pydantic, sys; print(sys.version); \
+print(\"torch\", torch.__version__, \"cuda\", torch.version.cuda, torch.cuda.get_device_name(0)); \
+print(\"transformers\", transformers.__version__, \"pydantic\", pydantic.__version__)'" ;;
+  demo)   # issue 3: validate, the plan, the hardware check, and a short generation run on the GPU
+    mkdir -p "$R/demo"
+    stage validate 60 $F validate $H/ | tee "$R/demo/validate.txt"
+    stage plan-1p5b 60 $F provision $H/node-llama-1p5b.yaml --dry-run | tee "$R/demo/provision-dry-run-1p5b.txt"
+    stage plan-8b 60 $F provision $H/node-llama-8b.yaml --dry-run | tee "$R/demo/provision-dry-run-8b.txt"
+    stage probe 60 python3 -c "
+from forge.config.load import load_node
+from forge.hardware.probe import probe_all, check_node_against_hardware
+cards = probe_all()
+for c in cards: print('probed:', c)
+for n in ('node-llama-1p5b', 'node-llama-8b', 'node-llama-1p5b-small-pool'):
+    p = check_node_against_hardware(load_node('$H/' + n + '.yaml').node, cards)
+    print(n, 'matches this machine' if not p else p)" | tee "$R/demo/probe.txt"
+    stage generate 240 $F run functions/summarize.py --node $H/node-llama-1p5b.yaml \
+      --input functions/data/summarize.jsonl --output "$R/demo/summarize.out.jsonl" --progress lines
+    ;;
+  mixed-1p5b)
+    stage mixed-1p5b 330 $F bench run $W/gpu-mixed.yaml --node $H/node-llama-1p5b.yaml --out "$R/mixed-1p5b" \
+      --direct sorted,depth ;;
+  prefix-1p5b)
+    stage prefix-1p5b 300 $F bench run $W/gpu-prefix-heavy.yaml --node $H/node-llama-1p5b-small-pool.yaml \
+      --out "$R/prefix-1p5b" --direct sorted ;;
+  sweep-1p5b)
+    stage sweep-1p5b 300 $F bench sweep h200-llama-1p5b --workload $W/gpu-mixed.yaml --node $H/node-llama-1p5b.yaml \
+      --records 96 --tokens 2048,8192,16384 --slots 64,128 --out "$R/sweep-1p5b" ;;
+  mixed-8b)
+    stage mixed-8b 330 $F bench run $W/gpu-mixed.yaml --node $H/node-llama-8b.yaml --records 128 \
+      --out "$R/mixed-8b" --direct sorted,depth ;;
+  # second call (after the prefix gate, forge/engines/hf/prefix_gate.py): direct variant depth only (call 1: best)
+  mixed-1p5b-gate)
+    stage mixed-1p5b-gate 200 $F bench run $W/gpu-mixed.yaml --node $H/node-llama-1p5b.yaml --out "$R/mixed-1p5b-gate" \
+      --direct depth ;;
+  prefix-1p5b-gate)
+    stage prefix-1p5b-gate 150 $F bench run $W/gpu-prefix-heavy.yaml --node $H/node-llama-1p5b-small-pool.yaml \
+      --out "$R/prefix-1p5b-gate" --modes forge,fifo ;;
+  prefix-short-1p5b)
+    stage prefix-short-1p5b 120 $F bench run $W/gpu-prefix-heavy-short.yaml --node $H/node-llama-1p5b-small-pool.yaml \
+      --out "$R/prefix-short-1p5b" --modes forge,fifo ;;
+  # third call (prefix gate removed again): the spread of the final build, two interleaved repetitions
+  mixed-1p5b-repeat)
+    stage mixed-1p5b-repeat 330 $F bench run $W/gpu-mixed.yaml --node $H/node-llama-1p5b.yaml \
+      --out "$R/mixed-1p5b-repeat" --direct depth --repeat 2 ;;
+  *) echo "unknown stage $s" ;;
+esac; done
+pack
+echo "=== summary"
+for f in "$R"/*/bench.md "$R"/*/sweep.md; do [ -f "$f" ] && { echo "--- $f"; grep -A3 "^| forge ÷\|^\*\*Best" "$f"; }; done

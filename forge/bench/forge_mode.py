@@ -1,0 +1,106 @@
+"""The "forge" and "fifo" modes: the workload as a forge job — records read from JSONL, one function
+invocation per record (bounded pool), each calling llm.generate through the node's broker and admission
+runtime, every result through the ledger (SQLite) into the output file. The path `forge run` takes, with
+the node provisioned in this process. "fifo" is the same with the broker's grouping turned off.
+
+The window runs from the first record read to the ledger's last commit; loading the engine and the
+warm-up requests are outside it (as for the direct mode)."""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional, Sequence
+
+from forge import constants
+from forge.bench.results import ModeResult
+from forge.bench.workload import BenchRequest
+from forge.config.load import LoadedNode
+from forge.functions.api import GenerateParams, function, spec_of
+from forge.stats import RunStats
+
+
+@function(name="bench_generate")
+async def bench_generate(record: dict, llm) -> dict:
+    """The bench's function: one generate per record, prompt given as token ids."""
+    out = await llm.generate(record["prompt"], max_tokens=record["max_new_tokens"])
+    return {"i": record["i"], "output_tokens": out.output_tokens, "finish": out.finish_reason}
+
+
+SPEC = spec_of(bench_generate)
+
+
+@dataclass
+class _Opts:
+    """The fields of forge.functions.job.JobOptions the store reads."""
+
+    input_path: Path
+    output_path: Path
+    ledger_path: Path
+    restart: bool = True
+
+
+def write_records(requests: Sequence[BenchRequest], path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", encoding="utf-8") as f:
+        for r in requests:
+            f.write(json.dumps({"i": r.index, "prompt": list(r.prompt), "max_new_tokens": r.max_new_tokens},
+                               separators=(",", ":")) + "\n")
+    return path
+
+
+async def _warm(node, warmup: Sequence[BenchRequest]) -> None:
+    if warmup:
+        await asyncio.gather(*(node.generate(list(r.prompt), GenerateParams(max_tokens=r.max_new_tokens))
+                               for r in warmup))
+
+
+def _delta(after: int, before: int) -> int:
+    return after - before
+
+
+async def run_forge_async(loaded: LoadedNode, records_path: Path, n_requests: int, workdir: Path, *,
+                          grouping: bool, warmup: Sequence[BenchRequest] = (), label: Optional[str] = None,
+                          concurrency: int = constants.DEFAULT_RECORD_CONCURRENCY) -> ModeResult:
+    from forge.functions.runner import run_records
+    from forge.functions.store import open_store
+    from forge.runtime.node import NodeRuntime
+
+    mode = label or ("forge" if grouping else "fifo")
+    node = NodeRuntime(loaded, grouping=grouping)
+    await node.start()
+    try:
+        await _warm(node, warmup)
+        e0, b0 = node.engine_stats(), node.broker_stats()
+        opts = _Opts(input_path=records_path, output_path=workdir / f"{mode}.out.jsonl",
+                     ledger_path=workdir / f"{mode}.ledger.sqlite")
+        stats = RunStats()
+        t0, c0 = time.perf_counter(), time.process_time()
+        store = open_store(opts, function_name=SPEC.name, function_file=__file__, node=node.name, stats=stats)
+        async with store:
+            await run_records(spec=SPEC, node=node, records=store.records(), sink=store, stats=stats,
+                              concurrency=concurrency, install_signals=False)
+        window, cpu = time.perf_counter() - t0, time.process_time() - c0
+        e1, b1 = node.engine_stats(), node.broker_stats()
+    finally:
+        await node.stop()
+    res = ModeResult(mode=mode, variant="grouped" if grouping else "fifo", requests=n_requests,
+                     completed=stats.done, failed=stats.failed, input_tokens=stats.input_tokens,
+                     output_tokens=stats.output_tokens, window_s=window, cpu_s=cpu)
+    res.prefix_hit_tokens = sum(a.prefix_hit_tokens for a in e1) - sum(a.prefix_hit_tokens for a in e0)
+    batch = _delta(b1.batch_tokens, b0.batch_tokens)
+    prompt = _delta(b1.prompt_tokens, b0.prompt_tokens)
+    res.padding_ratio = _delta(b1.padded_tokens, b0.padded_tokens) / batch if batch else 0.0
+    res.broker_prefix_reuse_ratio = _delta(b1.shared_prefix_tokens, b0.shared_prefix_tokens) / prompt if prompt else 0.0
+    requeued = sum(a.requests_requeued for a in e1) - sum(a.requests_requeued for a in e0)
+    if requeued:
+        res.notes.append(f"{requeued} request(s) requeued by admission")
+    if stats.failed:
+        res.notes.append(f"{stats.failed} record(s) failed; see {opts.output_path}")
+    return res
+
+
+def run_forge(loaded: LoadedNode, records_path: Path, n_requests: int, workdir: Path, **kw) -> ModeResult:
+    return asyncio.run(run_forge_async(loaded, records_path, n_requests, workdir, **kw))

@@ -1,0 +1,129 @@
+"""`forge bench run`: the three modes side by side in one process, on the same engine and the same work.
+
+    direct  transformers' continuous batching through its own API (best of the variants run; direct.py)
+    forge   the forge path: records -> functions -> broker (grouping) -> admission -> engine -> ledger
+    fifo    the same with the broker's grouping off (plain FIFO)
+
+Each mode starts from an empty KV cache and runs the same warm-up requests (own random prompts, no shared
+prefix) before its window. Modes run in that order, `repeat` times; every run is kept in the report."""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+from forge.bench.direct import DirectEngine
+from forge.bench.forge_mode import run_forge, write_records
+from forge.bench.results import ModeResult, best
+from forge.bench.workload import BenchRequest, WorkloadSpec, generate
+from forge.config.load import LoadedNode
+from forge.errors import ForgeError, UsageError
+
+MODES = ("direct", "forge", "fifo")
+WARMUP_SEED_OFFSET = 1_000_003         # warm-up prompts come from their own random stream
+log = logging.getLogger("forge.bench")
+
+
+@dataclass
+class BenchPlan:
+    loaded: LoadedNode
+    spec: WorkloadSpec
+    workdir: Path
+    modes: Sequence[str] = MODES
+    direct_variants: Sequence[str] = ("sorted", "depth")
+    records: Optional[int] = None
+    warmup: int = 8
+    repeat: int = 1
+    concurrency: Optional[int] = None
+    progress: Callable[[str], None] = field(default=lambda line: None)
+    on_result: Callable[[list[BenchRequest], list[ModeResult]], None] = field(default=lambda reqs, res: None)
+
+
+def single_card(loaded: LoadedNode):
+    if len(loaded.plans) != 1:
+        raise UsageError(f"node {loaded.node.node} has {len(loaded.plans)} cards; the bench measures one engine "
+                         "(give a node description with one card)")
+    return loaded.plans[0]
+
+
+def check_fits(spec: WorkloadSpec, plan) -> None:
+    lim = plan.contract.limits
+    if spec.longest_prompt() > lim.max_input_len or spec.longest_output() > lim.max_output_len:
+        raise UsageError(f"workload {spec.workload}: prompts up to {spec.longest_prompt()} tokens and outputs up to "
+                         f"{spec.longest_output()} do not fit contract {plan.contract.contract} (max_input_len "
+                         f"{lim.max_input_len}, max_output_len {lim.max_output_len})")
+
+
+def warmup_requests(spec: WorkloadSpec, vocab: int, n: int) -> list[BenchRequest]:
+    if n <= 0:
+        return []
+    own = spec.model_copy(update={"seed": spec.seed + WARMUP_SEED_OFFSET, "shared_prefix": None})
+    return [BenchRequest(index=r.index, prompt=r.prompt, max_new_tokens=min(r.max_new_tokens, 16))
+            for r in generate(own, vocab, n)]
+
+
+def run_modes(bp: BenchPlan) -> tuple[list[BenchRequest], list[ModeResult]]:
+    plan = single_card(bp.loaded)
+    check_fits(bp.spec, plan)
+    unknown = [m for m in bp.modes if m not in MODES]
+    if unknown:
+        raise UsageError(f"--modes: unknown mode(s) {', '.join(unknown)} (choose from {', '.join(MODES)})")
+    vocab = plan.contract.model.vocab_size
+    requests = generate(bp.spec, vocab, bp.records)
+    warm = warmup_requests(bp.spec, vocab, bp.warmup)
+    records_path = write_records(requests, bp.workdir / "records.jsonl")
+    results: list[ModeResult] = []
+    direct: Optional[DirectEngine] = None
+    kw = {"concurrency": bp.concurrency} if bp.concurrency else {}
+    try:
+        for rep in range(bp.repeat):
+            for mode in bp.modes:
+                if mode == "direct":
+                    if direct is None:
+                        t = time.perf_counter()
+                        direct = DirectEngine(plan)
+                        bp.progress(f"direct: model built in {time.perf_counter() - t:.1f} s")
+                    for v in bp.direct_variants:
+                        r = direct.run(requests, v, warmup=warm)
+                        r.notes.append(f"repeat {rep + 1}")
+                        results.append(r)
+                        bp.progress(_line(r))
+                        bp.on_result(requests, results)
+                else:
+                    if direct is not None and bp.repeat == 1:
+                        direct.close()              # free the card before forge loads its own engine
+                        direct = None
+                    r = run_forge(bp.loaded, records_path, len(requests), bp.workdir, grouping=(mode == "forge"),
+                                  warmup=warm, label=mode, **kw)
+                    r.notes.append(f"repeat {rep + 1}")
+                    results.append(r)
+                    bp.progress(_line(r))
+                    bp.on_result(requests, results)
+    finally:
+        if direct is not None:
+            direct.close()
+    incomplete = [r for r in results if r.completed != r.requests]
+    for r in incomplete:
+        log.warning("%s/%s completed %d of %d requests", r.mode, r.variant, r.completed, r.requests)
+    if results and len(incomplete) == len(results):
+        raise ForgeError("no mode completed the workload; see the notes in the report")
+    return requests, results
+
+
+def _line(r: ModeResult) -> str:
+    return (f"{r.mode:>6} {r.variant:<10} {r.tokens_per_s:10,.0f} tok/s  {r.output_tokens_per_s:9,.0f} out tok/s  "
+            f"{r.completed}/{r.requests} in {r.window_s:.2f} s")
+
+
+def ratios(results: list[ModeResult]) -> dict:
+    """Best of each mode, and the ratios the targets are stated in (None where a mode did not run)."""
+    by_mode = {m: best([r for r in results if r.mode == m]) for m in MODES}
+    out: dict = {"best": {m: (r.variant if r else None) for m, r in by_mode.items()},
+                 "tokens_per_s": {m: (round(r.tokens_per_s, 2) if r else None) for m, r in by_mode.items()}}
+    d, f, q = by_mode["direct"], by_mode["forge"], by_mode["fifo"]
+    out["forge_over_direct"] = round(f.tokens_per_s / d.tokens_per_s, 4) if f and d else None
+    out["forge_over_fifo"] = round(f.tokens_per_s / q.tokens_per_s, 4) if f and q else None
+    out["fifo_over_direct"] = round(q.tokens_per_s / d.tokens_per_s, 4) if q and d else None
+    return out

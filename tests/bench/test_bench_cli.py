@@ -1,0 +1,75 @@
+"""`forge bench` as a user runs it, on the embedded tiny model (CPU): quick mode writes JSON, Markdown and
+PNG reports for the three modes, the tier sweep and the control plane."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def forge(*args, timeout=120):
+    return subprocess.run([sys.executable, "-m", "forge", *map(str, args)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+@pytest.mark.engine
+@pytest.mark.timeout(150)
+def test_quick_mode_writes_every_report(tmp_path):
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    proc = forge("bench", "quick", "--out", tmp_path, "--records", 8)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for name in ("bench.json", "bench.md", "bench.png", "sweep.json", "sweep.md", "sweep.png",
+                 "control-plane.json", "control-plane.md"):
+        assert (tmp_path / name).is_file() and (tmp_path / name).stat().st_size > 0, name
+    assert (tmp_path / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    bench = json.loads((tmp_path / "bench.json").read_text())
+    modes = [(r["mode"], r["variant"]) for r in bench["results"]]
+    assert modes == [("direct", "sorted"), ("direct", "depth:32"), ("forge", "grouped"), ("fifo", "fifo")]
+    for r in bench["results"]:
+        assert r["completed"] == r["requests"] == 8 and r["tokens_per_s"] > 0 and r["window_s"] > 0
+    assert len({r["input_tokens"] for r in bench["results"]}) == 1          # the same work in every mode
+    assert bench["ratios"]["forge_over_direct"] > 0 and bench["ratios"]["forge_over_fifo"] > 0
+    assert bench["env"]["software"]["transformers"] and bench["env"]["date"]
+    md = (tmp_path / "bench.md").read_text()
+    assert "forge ÷ direct" in md and "forge bench quick" in md
+
+    sweep = json.loads((tmp_path / "sweep.json").read_text())
+    assert [(t["max_num_tokens"], t["max_batch_size"]) for t in sweep["tiers"]] == [(384, 16), (384, 32),
+                                                                                (768, 16), (768, 32)]
+    assert sweep["summary"]["best"] is not None
+
+    cp = json.loads((tmp_path / "control-plane.json").read_text())["control_plane"]
+    assert cp["runs"][0]["completed"] == cp["records"] and cp["best_tasks_per_s"] > 0
+    assert "no model" in (tmp_path / "control-plane.md").read_text()
+
+
+@pytest.mark.timeout(60)
+def test_control_plane_runs_the_full_path_with_the_instant_engine(tmp_path):
+    proc = forge("bench", "control-plane", "--records", 1500, "--repeat", 1, "--out", tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    cp = json.loads((tmp_path / "control-plane.json").read_text())["control_plane"]
+    run = cp["runs"][0]
+    assert run["completed"] == 1500 and run["failed"] == 0 and cp["pinned_core"] == 0
+    out_rows = (tmp_path / "work" / "control-plane.out.jsonl").read_text().splitlines()
+    assert len(out_rows) == 1500                         # every task went through the ledger into the output
+    assert "This measures forge, not an engine" in (tmp_path / "control-plane.md").read_text()
+
+
+@pytest.mark.parametrize("args, message", [
+    (("bench", "run", "docs/bench/workloads/gpu-mixed.yaml"), "do not fit contract tiny-llama-cpu"),
+    (("bench", "run", "docs/bench/workloads/quick.yaml", "--modes", "direct,turbo"), "unknown mode(s) turbo"),
+    (("bench", "run", "docs/bench/workloads/quick.yaml", "--direct", "deep"), "unknown variant 'deep'"),
+    (("bench", "run", "node_descriptions/local.yaml"), "local.yaml::$.node: unknown key"),
+])
+def test_bad_invocations_get_one_line(tmp_path, args, message):
+    proc = forge(*args, "--out", tmp_path, timeout=60)
+    assert proc.returncode != 0
+    assert message in proc.stderr, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
