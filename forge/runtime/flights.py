@@ -17,7 +17,6 @@ class Flight:
     blocks: int               # collides with an older copy the engine has not let go of yet
     input_tokens: int
     seq: int                  # admission order; the highest is the youngest
-    prefix: tuple[int, ...]   # chain hashes of its full prompt blocks (shared with same-prefix flights)
     deadline: Optional[float]
     state: str = "sending"    # sending (the driver has it) -> running (the engine has it) | waiting (backoff)
     refusals: int = 0
@@ -25,40 +24,14 @@ class Flight:
 
 class FlightTable:
     """Slots and blocks are held by live flights and by orphans (keys given back or failed whose engine
-    copy has not come back yet): the engine still spends its slot and KV blocks on them.
-
-    With block reuse, a full prompt block whose chain hash another flight already holds is reserved once:
-    the engine shares it. Without that credit, admission charges every request its whole prompt and a
-    small pool admits a fraction of the same-prefix work the engine could hold (measured on the H200:
-    docs/benchmarks.md)."""
+    copy has not come back yet): the engine still spends its slot and KV blocks on them."""
 
     def __init__(self, slots: int, kv_blocks: int):
         self.slots, self.kv_blocks = slots, kv_blocks
         self.live: dict[str, Flight] = {}
-        self.orphans: dict[str, Flight] = {}    # key -> the flight whose reservation the engine still holds
+        self.orphans: dict[str, int] = {}       # key -> blocks
         self.reserved = 0
-        self.prefix_refs: dict[int, int] = {}   # chain hash -> flights (live or orphan) holding that block
         self._seq = 0
-
-    def charge(self, blocks: int, prefix: tuple[int, ...]) -> int:
-        """Blocks a new flight adds to the reservation: its own, plus prefix blocks nobody holds yet."""
-        return blocks - sum(1 for h in prefix if h in self.prefix_refs)
-
-    def _hold(self, f: Flight) -> None:
-        self.reserved += self.charge(f.blocks, f.prefix)
-        for h in f.prefix:
-            self.prefix_refs[h] = self.prefix_refs.get(h, 0) + 1
-
-    def _free(self, f: Flight) -> None:
-        freed = f.blocks - len(f.prefix)
-        for h in f.prefix:
-            n = self.prefix_refs[h] - 1
-            if n:
-                self.prefix_refs[h] = n
-            else:
-                del self.prefix_refs[h]
-                freed += 1
-        self.reserved -= freed
 
     def __len__(self) -> int:
         return len(self.live)
@@ -72,20 +45,18 @@ class FlightTable:
     def free_kv_blocks(self) -> int:
         return self.kv_blocks - self.reserved
 
-    def fits(self, blocks: int, prefix: tuple[int, ...] = ()) -> bool:
-        return self.free_slots() >= 1 and self.charge(blocks, prefix) <= self.free_kv_blocks()
+    def fits(self, blocks: int) -> bool:
+        return self.free_slots() >= 1 and blocks <= self.free_kv_blocks()
 
     def add(self, req: BrokerRequest, *, key: str, blocks: int, input_tokens: int,
-            deadline: Optional[float], prefix: tuple[int, ...] = ()) -> Optional[Flight]:
-        """Reserve for a new flight; None when it does not fit or its key is still in use.
-        `prefix`: chain hashes of its full prompt blocks when the engine reuses blocks, else ()."""
-        if not self.fits(blocks, prefix) or key in self.live or key in self.orphans:
+            deadline: Optional[float]) -> Optional[Flight]:
+        """Reserve for a new flight; None when it does not fit or its key is still in use."""
+        if not self.fits(blocks) or key in self.live or key in self.orphans:
             return None
         self._seq += 1
-        f = Flight(req=req, key=key, blocks=blocks, input_tokens=input_tokens, seq=self._seq, deadline=deadline,
-                   prefix=prefix)
+        f = Flight(req=req, key=key, blocks=blocks, input_tokens=input_tokens, seq=self._seq, deadline=deadline)
         self.live[key] = f
-        self._hold(f)
+        self.reserved += blocks
         return f
 
     def owns(self, f: Flight) -> bool:
@@ -94,23 +65,21 @@ class FlightTable:
     def returned(self, key: str) -> Optional[Flight]:
         """The engine gave `key` back (a result): free its reservation; its flight if we still own it."""
         f = self.live.pop(key, None)
-        held = f if f is not None else self.orphans.pop(key, None)
-        if held is not None:
-            self._free(held)
+        self.reserved -= f.blocks if f is not None else self.orphans.pop(key, 0)
         return f
 
     def release(self, f: Flight, *, engine_holds: bool) -> None:
         """We stop owning `f`. If the engine may still hold it, its slot and blocks stay reserved."""
         del self.live[f.key]
         if engine_holds:
-            self.orphans[f.key] = f
+            self.orphans[f.key] = f.blocks
         else:
-            self._free(f)
+            self.reserved -= f.blocks
 
     def forget_engine(self) -> None:
         """The engine is gone: nothing it held is held any more."""
-        for f in self.orphans.values():
-            self._free(f)
+        for blocks in self.orphans.values():
+            self.reserved -= blocks
         self.orphans.clear()
 
     def running(self) -> list[Flight]:

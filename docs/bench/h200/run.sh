@@ -2,7 +2,7 @@
 # The GPU captures of docs/benchmarks.md, as run on the device machine (one NVIDIA H200) from the repo root:
 #   bash docs/bench/h200/run.sh STAGE [STAGE...]      (stages: the case labels below)
 # call 1: env demo mixed-1p5b prefix-1p5b; call 2: mixed-1p5b-gate prefix-1p5b-gate prefix-short-1p5b mixed-8b
-# sweep-1p5b; call 3: mixed-1p5b-repeat
+# sweep-1p5b; call 3: mixed-1p5b-repeat; call 4: prefix-1p5b-credit prefix-short-1p5b-credit
 # forge's own Python dependencies missing from the device image travel as wheels in .whl/ (see the README of
 # the device tool); transformers 5.24.0 travels too (the image has 5.17). Results go to $OUT/results.tgz,
 # the log to $OUT/log.txt. Every stage has its own time limit, so one stuck stage cannot eat the call.
@@ -84,6 +84,13 @@ for n in ('node-llama-1p5b', 'node-llama-8b', 'node-llama-1p5b-small-pool'):
   mixed-1p5b-repeat)
     stage mixed-1p5b-repeat 330 $F bench run $W/gpu-mixed.yaml --node $H/node-llama-1p5b.yaml \
       --out "$R/mixed-1p5b-repeat" --direct depth --repeat 2 ;;
+  # fourth call (admission reserves a shared prefix block once: forge/runtime/flights.py): broker vs FIFO again
+  prefix-1p5b-credit)
+    stage prefix-1p5b-credit 300 $F bench run $W/gpu-prefix-heavy.yaml --node $H/node-llama-1p5b-small-pool.yaml \
+      --out "$R/prefix-1p5b-credit" --modes forge,fifo --repeat 2 ;;
+  prefix-short-1p5b-credit)
+    stage prefix-short-1p5b-credit 150 $F bench run $W/gpu-prefix-heavy-short.yaml \
+      --node $H/node-llama-1p5b-small-pool.yaml --out "$R/prefix-short-1p5b-credit" --modes forge,fifo ;;
   *) echo "unknown stage $s" ;;
 esac; done
 pack
