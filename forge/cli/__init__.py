@@ -20,6 +20,7 @@ COMMAND_MODULES = (
     "forge.cli.run",
     "forge.cli.status",
     "forge.cli.report",
+    "forge.cli.serve",
     "forge.cli.bench",
     "forge.cli.top",
 )

@@ -135,6 +135,23 @@ class AdmissionRuntime:
         except asyncio.TimeoutError:
             log.warning("card %s: runtime did not stop within %.1f s", self.engine_id, self.shutdown_timeout_s)
 
+    def cancel(self, request_id: str) -> bool:
+        """The caller gave up on `request_id`: if this runtime owns it, stop it in the engine (the slot and KV
+        reservation stay until the engine lets go) and settle it as cancelled. False when it is not held here."""
+        f = next((f for f in self._table.live.values() if f.req.request_id == request_id), None)
+        if f is None:
+            return False
+        in_engine = f.state != "waiting" and self.failure is None
+        self._table.release(f, engine_holds=in_engine)
+        if in_engine:
+            self._driver.cancel(f.key)
+        self._stats.requests_cancelled += 1
+        self._out.settle(f.req, EngineResult(request_id=request_id, output_ids=[], finish_reason="cancelled"))
+        if not self._table:
+            self._rate.idle()
+        self._kick()
+        return True
+
     # ------------------------------------------------------------------ admission
     def _may_admit(self) -> bool:
         return (self.state == "running" and not self._broker_closed and not self._backed_up
@@ -143,6 +160,10 @@ class AdmissionRuntime:
     def _admit(self, reqs: list[BrokerRequest]) -> None:
         now, batch, excess = time.monotonic(), [], []
         for req in reqs:
+            if getattr(req.payload, "abandoned", False):     # its caller left while it was queued: never start it
+                self._stats.requests_cancelled += 1
+                self._out.settle(req, EngineResult(request_id=req.request_id, output_ids=[], finish_reason="cancelled"))
+                continue
             limit_s = options_of(req.payload).deadline_s
             deadline = req.enqueued_at + limit_s if limit_s is not None else None
             if deadline is not None and now >= deadline:

@@ -3,9 +3,12 @@ fed by one broker. `forge run` embeds it; `forge provision` serves it over HTTP 
 from __future__ import annotations
 
 import asyncio
+import itertools
+import json
 import logging
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
 from forge import constants
@@ -16,10 +19,11 @@ from forge.engines.interface import Engine, EngineResult, Guide, Sampling
 from forge.errors import ForgeError, NodeDown, RequestRejected
 from forge.functions.api import GenerateParams, Generation
 from forge.runtime.admission import AdmissionRuntime
-from forge.runtime.options import RequestOptions
 from forge.stats import BrokerStats, EngineStats
 
 log = logging.getLogger("forge.node")
+# An engine's error result starting with this is a refusal (the request cannot be run as asked), not a failure.
+REFUSED = "refused: "
 HEALTH_CHECK_S = 0.25
 NODE_DOWN_GRACE_S = 1.0      # every card unhealthy this long = the node is down
 
@@ -45,6 +49,42 @@ def geometry_of(plan: CardPlan) -> EngineGeometry:
                           kv_blocks_total=plan.num_blocks)
 
 
+@dataclass(eq=False)
+class NodePayload:
+    """A request's options as the admission runtime reads them (by attribute name, see runtime/options.py), plus
+    `abandoned`: the caller stopped waiting, so admission drops the request instead of starting it."""
+
+    sampling: Sampling
+    guide: Optional[Guide] = None
+    want_hidden: bool = False
+    deadline_s: Optional[float] = None
+    abandoned: bool = False
+
+
+def guide_of(params: GenerateParams) -> Optional[Guide]:
+    if params.choice is None and params.json_schema is None:
+        return None
+    return Guide(choice=tuple(params.choice) if params.choice is not None else None, json_schema=params.json_schema)
+
+
+def guided_output_problem(text: str, guide: Guide) -> Optional[str]:
+    """Why a guided output does not honour its guide, or None. Engines guarantee it by construction; this check
+    makes sure nothing unparseable is ever handed out, whatever the backend."""
+    if guide.choice is not None:
+        return None if text in guide.choice else f"{text[:80]!r} is not one of the choices"
+    if guide.json_schema is not None:
+        import jsonschema
+
+        try:
+            value = json.loads(text)
+        except ValueError as e:
+            return f"the output is not JSON ({e})"
+        err = jsonschema.exceptions.best_match(jsonschema.validators.validator_for(guide.json_schema)(
+            guide.json_schema).iter_errors(value))
+        return None if err is None else f"the output does not match the schema: {err.message}"
+    return None
+
+
 class NodeRuntime:
     def __init__(self, loaded: LoadedNode, *, grouping: bool = True,
                  stall_window_s: float = constants.STALL_WINDOW_S):
@@ -58,8 +98,12 @@ class NodeRuntime:
         self.tokenizers: dict[str, Any] = {}          # tokenizer_key -> tokenizer
         self.broker: Optional[Broker] = None
         self._futures: dict[str, tuple[asyncio.Future, int]] = {}   # request_id -> (future, prompt length)
+        # Request ids: a random per-node prefix + a counter. uuid4 per request cost ~9 % of the control plane's CPU
+        # (one urandom syscall each; forge bench control-plane, docs/benchmarks.md).
+        self._rid_prefix, self._rid_seq = uuid.uuid4().hex[:12], itertools.count()
         self._tasks: list[asyncio.Task] = []
         self._loop: Optional[asyncio.AbstractEventLoop] = None
+        self.abandoned = 0                               # requests whose caller stopped waiting (cancelled)
         self.started_at = 0.0
         self.closed = False
         self.down: Optional[str] = None               # why no engine can work any more
@@ -153,7 +197,7 @@ class NodeRuntime:
     def encode(self, prompt: str | Sequence[int]) -> dict[str, tuple[int, ...]]:
         if isinstance(prompt, str):
             return {k: tuple(t.encode(prompt)) for k, t in self.tokenizers.items()}
-        ids = tuple(int(i) for i in prompt)
+        ids = tuple(map(int, prompt))
         return {k: ids for k in self.tokenizers}
 
     async def generate(self, prompt: str | Sequence[int], params: GenerateParams) -> Generation:
@@ -165,30 +209,35 @@ class NodeRuntime:
             raise ForgeError(f"card {gen.card}: its backend returns no hidden state")
         return list(result.hidden)
 
-    async def submit(self, prompt: str | Sequence[int], params: GenerateParams) -> tuple[Generation, EngineResult]:
-        """Tokenize, hand to the broker (waits while it is full), and wait for the engine's result."""
+    async def submit(self, prompt: str | Sequence[int], params: GenerateParams, *,
+                     wait: bool = True) -> tuple[Generation, EngineResult]:
+        """Tokenize, hand to the broker, and wait for the engine's result. A full broker is waited out (wait=True)
+        or refused at once with QueueFull (wait=False: the online path answers 429). Cancelling the caller (a
+        client gone, a deadline) takes the request back: dropped if still queued, cancelled in its engine if not."""
         if self.down:
             raise NodeDown(self.down)
         if self.closed or self.broker is None:
             raise RequestRejected(f"node {self.name} is not accepting requests")
         if params.max_tokens <= 0:
             raise RequestRejected(f"max_tokens must be positive, got {params.max_tokens}")
+        guide = guide_of(params)
+        if guide is not None:
+            self._check_guide_support(guide)
         prompts = self.encode(prompt)
-        rid = uuid.uuid4().hex
-        guide = None
-        if params.choice is not None or params.json_schema is not None:
-            guide = Guide(choice=tuple(params.choice) if params.choice is not None else None,
-                          json_schema=params.json_schema)
-        opts = RequestOptions(sampling=Sampling(temperature=params.temperature, top_p=params.top_p,
+        rid = f"{self._rid_prefix}{next(self._rid_seq):x}"
+        payload = NodePayload(sampling=Sampling(temperature=params.temperature, top_p=params.top_p,
                                                 top_k=params.top_k, seed=params.seed),
                               guide=guide, want_hidden=params.embed, deadline_s=params.deadline_s)
-        req = BrokerRequest(request_id=rid, prompts=prompts, max_new_tokens=params.max_tokens, payload=opts,
+        req = BrokerRequest(request_id=rid, prompts=prompts, max_new_tokens=params.max_tokens, payload=payload,
                             priority=params.priority)
         fut: asyncio.Future = asyncio.get_running_loop().create_future()
         n_in = len(next(iter(prompts.values()))) if prompts else 0
         self._futures[rid] = (fut, n_in)
         try:
-            await self.broker.put(req)
+            if wait:
+                await self.broker.put(req)
+            else:
+                self.broker.put_nowait(req)
         except NoEngineFits as e:
             self._futures.pop(rid, None)
             raise RequestRejected(str(e)) from None
@@ -197,15 +246,48 @@ class NodeRuntime:
             raise
         try:
             card, result = await fut
+        except BaseException:
+            self._abandon(req)
+            raise
         finally:
             self._futures.pop(rid, None)
         if result.finish_reason == "error" or result.error:
-            raise ForgeError(f"card {card}: {result.error or 'engine error'}")
+            why = result.error or "engine error"
+            if why.startswith(REFUSED):     # the engine could not take it as asked: the caller's to fix
+                raise RequestRejected(f"card {card}: {why[len(REFUSED):]}")
+            raise ForgeError(f"card {card}: {why}")
+        if result.finish_reason == "cancelled":
+            raise ForgeError(f"card {card}: the request was cancelled")
         key = self.runtimes[card].geometry.tokenizer_key
         text = "" if params.embed else self.tokenizers[key].decode(result.output_ids)
+        if guide is not None:
+            problem = guided_output_problem(text, guide)
+            if problem is not None:
+                raise ForgeError(f"card {card}: guided output failed its check: {problem}")
         gen = Generation(text=text, output_tokens=len(result.output_ids), input_tokens=len(req.prompt_for(key)),
                          finish_reason=result.finish_reason, card=card, token_ids=tuple(result.output_ids))
         return gen, result
+
+    def _check_guide_support(self, guide: Guide) -> None:
+        if guide.choice is not None and guide.json_schema is not None:
+            raise RequestRejected("give choice or json_schema, not both")
+        kind = "choice" if guide.choice is not None else "json_schema"
+        if not any(kind in e.supports_guides for e in self.engines.values()):
+            have = ", ".join(f"{cid}: {sorted(e.supports_guides) or 'none'}" for cid, e in self.engines.items())
+            raise RequestRejected(f"no card on node {self.name} supports guided output of kind {kind} ({have})")
+
+    def _abandon(self, req: BrokerRequest) -> None:
+        """The caller stopped waiting: admission drops the request if it is still queued; the runtime that holds
+        it cancels it in its engine (its KV reservation lasts until the engine lets go)."""
+        req.payload.abandoned = True
+        self.abandoned += 1
+        for rt in self.runtimes.values():
+            if rt.cancel(req.request_id):
+                break
+
+    def open_requests(self) -> int:
+        """Callers waiting for a result (queued or in an engine)."""
+        return len(self._futures)
 
     def _deliverer(self, card: str):
         def deliver(req: BrokerRequest, result: EngineResult) -> None:
@@ -247,9 +329,12 @@ class NodeRuntime:
                           "state": self.runtimes[p.card_id].state if p.card_id in self.runtimes else "absent",
                           "failure": self.runtimes[p.card_id].failure if p.card_id in self.runtimes else None,
                           "in_flight": st.in_flight if st else 0,
+                          "kv_blocks_reserved": st.kv_blocks_reserved if st else 0,
+                          "guides": sorted(self.engines[p.card_id].supports_guides) if p.card_id in self.engines else [],
                           "tokens_per_s": round(st.tokens_per_s, 1) if st else 0.0})
         return {"node": self.name, "started_at": self.started_at, "cards": cards,
                 "pending": self.broker.pending() if self.broker else 0, "closed": self.closed,
+                "open_requests": self.open_requests(), "abandoned": self.abandoned,
                 "down": self.down}
 
 

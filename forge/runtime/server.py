@@ -1,18 +1,21 @@
 """The node's control endpoint (FastAPI on uvicorn): what `forge deploy` clients and `forge top` talk to.
 
 Bound to 127.0.0.1 unless configured otherwise; on any other address a bearer token is required to
-start, and every /v1 request must carry it. Prometheus /metrics is served apart (read-only)."""
+start, and every /v1 request must carry it. Prometheus /metrics is served apart (read-only).
+A request whose client disconnects is cancelled: its generations are taken back from the broker or
+cancelled in their engines (NodeRuntime.submit). `forge serve` reuses these routes and helpers."""
 from __future__ import annotations
 
+import asyncio
 import hmac
 import ipaddress
-from typing import Any, Optional, Union
+import json
+from typing import Any, Awaitable, Optional, Sequence, Union
 
-from fastapi import FastAPI, HTTPException, Request
-from fastapi.responses import JSONResponse
+from fastapi import APIRouter, FastAPI, HTTPException, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from forge.errors import ForgeError, RequestRejected
+from forge.errors import ForgeError
 from forge.functions.api import GenerateParams
 
 MAX_BATCH_REQUESTS = 1024        # requests in one POST /v1/generate
@@ -30,6 +33,7 @@ class GenerateItem(BaseModel):
     json_schema: Optional[dict] = None
     embed: bool = False
     priority: int = 0
+    deadline_s: Optional[float] = Field(None, gt=0)
 
 
 class GenerateBatch(BaseModel):
@@ -46,54 +50,100 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def require_token(host: str, token: Optional[str], token_env: str) -> None:
+def require_token(host: str, token: Optional[str], token_env: str, what: str = "the control endpoint") -> None:
     """Refuse to expose a node beyond loopback without a token."""
     if not is_loopback(host) and not token:
-        raise ForgeError(f"refusing to bind the control endpoint to {host} without a token: "
+        raise ForgeError(f"refusing to bind {what} to {host} without a token: "
                          f"set ${token_env} (clients send it as 'Authorization: Bearer <token>')")
 
 
-def build_app(node: Any, *, token: Optional[str] = None) -> FastAPI:
-    """node: a NodeRuntime (submit/describe/engine_stats/broker_stats)."""
-    app = FastAPI(title=f"forge node {node.name}", version="1", docs_url=None, redoc_url=None)
-    expected = f"Bearer {token}".encode() if token else None
+class TokenAuth:
+    """Pure ASGI middleware (no buffering, so streaming and disconnect detection still work): with a token set,
+    every HTTP request whose path starts with one of `protected` must carry `Authorization: Bearer <token>`.
+    Paths in `public` are always open (health checks)."""
 
-    @app.middleware("http")
-    async def auth(request: Request, call_next):
-        if expected is not None and request.url.path.startswith("/v1"):
-            got = request.headers.get("authorization", "").encode()
-            if not hmac.compare_digest(got, expected):
-                return JSONResponse({"error": {"type": "Unauthorized", "message": "missing or wrong bearer token"}},
-                                    status_code=401)
-        return await call_next(request)
+    def __init__(self, app, *, token: Optional[str], protected: Sequence[str] = ("/v1",),
+                 public: Sequence[str] = ("/health",)):
+        self.app, self.protected, self.public = app, tuple(protected), tuple(public)
+        self.expected = f"Bearer {token}".encode() if token else None
 
-    @app.get("/health")
+    async def __call__(self, scope, receive, send):
+        if self.expected is None or scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        path = scope.get("path", "")
+        if path.startswith(self.protected) and not path.startswith(self.public):
+            got = dict(scope.get("headers") or []).get(b"authorization", b"")
+            if not hmac.compare_digest(got, self.expected):
+                body = json.dumps({"error": {"type": "Unauthorized",
+                                             "message": "missing or wrong bearer token"}}).encode()
+                await send({"type": "http.response.start", "status": 401,
+                            "headers": [(b"content-type", b"application/json"), (b"www-authenticate", b"Bearer")]})
+                await send({"type": "http.response.body", "body": body})
+                return
+        await self.app(scope, receive, send)
+
+
+class ClientGone(Exception):
+    """The client disconnected before its answer was ready; its work was cancelled."""
+
+
+async def until_disconnected(request: Request, work: Awaitable[Any]) -> Any:
+    """Run `work`; if the client disconnects first, cancel it (which takes its generations back) and raise
+    ClientGone. Call it after the request body was read: the next ASGI message is then the disconnect."""
+    task = asyncio.ensure_future(work)
+
+    async def watch() -> None:
+        while True:
+            message = await request.receive()
+            if message["type"] == "http.disconnect":
+                return
+
+    watcher = asyncio.ensure_future(watch())
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:          # we are cancelled ourselves (deadline, shutdown): so is the work
+        task.cancel()
+        raise
+    finally:
+        watcher.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    raise ClientGone("client disconnected")
+
+
+def control_router(node: Any) -> APIRouter:
+    """/health, /v1/node, /v1/stats and /v1/generate over a NodeRuntime (submit/describe/engine_stats/...)."""
+    router = APIRouter()
+
+    @router.get("/health")
     async def health() -> dict:
         cards = node.healthy_cards()
         return {"node": node.name, "status": "ok" if cards and not node.closed else "degraded",
                 "healthy_cards": cards}
 
-    @app.get("/v1/node")
+    @router.get("/v1/node")
     async def describe() -> dict:
         return node.describe()
 
-    @app.get("/v1/stats")
+    @router.get("/v1/stats")
     async def stats() -> dict:
         from dataclasses import asdict
 
         b = node.broker_stats()
         return {"engines": [asdict(s) for s in node.engine_stats()],
-                "broker": {**asdict(b), "padding_ratio": b.padding_ratio, "prefix_reuse_ratio": b.prefix_reuse_ratio}}
+                "broker": {**asdict(b), "padding_ratio": b.padding_ratio, "prefix_reuse_ratio": b.prefix_reuse_ratio},
+                "open_requests": node.open_requests(), "abandoned": node.abandoned}
 
-    @app.post("/v1/generate")
-    async def generate(batch: GenerateBatch) -> dict:
-        import asyncio
-
+    @router.post("/v1/generate")
+    async def generate(batch: GenerateBatch, request: Request) -> dict:
         async def one(item: GenerateItem) -> dict:
             params = GenerateParams(max_tokens=item.max_tokens, temperature=item.temperature, top_p=item.top_p,
                                     top_k=item.top_k, seed=item.seed,
                                     choice=tuple(item.choice) if item.choice is not None else None,
-                                    json_schema=item.json_schema, embed=item.embed, priority=item.priority)
+                                    json_schema=item.json_schema, embed=item.embed, priority=item.priority,
+                                    deadline_s=item.deadline_s)
             try:
                 gen, result = await node.submit(item.prompt, params)
             except ForgeError as e:
@@ -106,6 +156,18 @@ def build_app(node: Any, *, token: Optional[str] = None) -> FastAPI:
 
         if node.closed:
             raise HTTPException(status_code=503, detail="node is draining")
-        return {"results": await asyncio.gather(*(one(i) for i in batch.requests))}
+        try:
+            results = await until_disconnected(request, asyncio.gather(*(one(i) for i in batch.requests)))
+        except ClientGone:
+            raise HTTPException(status_code=499, detail="client disconnected") from None
+        return {"results": results}
 
+    return router
+
+
+def build_app(node: Any, *, token: Optional[str] = None) -> FastAPI:
+    """node: a NodeRuntime (submit/describe/engine_stats/broker_stats)."""
+    app = FastAPI(title=f"forge node {node.name}", version="1", docs_url=None, redoc_url=None, openapi_url=None)
+    app.include_router(control_router(node))
+    app.add_middleware(TokenAuth, token=token)
     return app

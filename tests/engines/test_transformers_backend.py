@@ -105,7 +105,7 @@ def test_greedy_is_deterministic_and_sampling_per_request(engine):
 def test_refuses_what_it_cannot_honour(engine):
     ok = tuple(engine.tokenizer.encode("Alice"))
     bad = [EngineRequest("long", (1,) * 385, 4), EngineRequest("out", ok, 129), EngineRequest("vocab", (1, 5000), 4),
-           EngineRequest("empty", (), 4), EngineRequest("guide", ok, 4, guide=Guide(choice=("yes", "no"))),
+           EngineRequest("empty", (), 4), EngineRequest("guide", ok, 4, guide=Guide(regex="yes|no")),
            EngineRequest("seed", ok, 4, sampling=Sampling(temperature=0.7, seed=3))]
     got, _ = run_all(engine, bad + [EngineRequest("fine", ok, 4, sampling=Sampling(temperature=0, seed=3))])
     for r in bad:

@@ -39,6 +39,7 @@ class _Pending:
     hidden: Optional[list[float]] = None
     error: Optional[str] = None
     cancelled: bool = False
+    guide: Any = None                                  # per-request guide state (forge/engines/hf/guided.py)
 
     def complete(self) -> bool:
         if self.error is not None:
@@ -49,15 +50,19 @@ class _Pending:
 class TransformersEngine(Engine):
     name = "transformers"
     supports_hidden = True
-    supports_guides: frozenset[str] = frozenset()     # guided output is a later issue
+    supports_guides: frozenset[str] = frozenset()     # set per instance from the guide support it was built with
 
-    def __init__(self, plan: CardPlan, section, model, tokenizer, manager, *, device: str, eos, info: dict[str, Any]):
+    def __init__(self, plan: CardPlan, section, model, tokenizer, manager, *, device: str, eos, info: dict[str, Any],
+                 guides=None, no_guides_why: str = ""):
         self.plan, self.section, self.model, self.tokenizer = plan, section, model, tokenizer
         self._manager = manager
         self._device = device
         lim = plan.contract.limits
+        self._guides = guides                      # (GuideCompiler, GuideProcessor) or None
+        self.supports_guides = guides[0].kinds if guides is not None else frozenset()
         self._limits = dict(max_input_len=lim.max_input_len, max_output_len=lim.max_output_len,
-                            vocab_size=plan.contract.model.vocab_size, sampling_mode=section.sampling)
+                            vocab_size=plan.contract.model.vocab_size, sampling_mode=section.sampling,
+                            guides=self.supports_guides, no_guides_why=no_guides_why)
         eos_ids = eos if isinstance(eos, (list, tuple)) else [eos]
         self._eos_set = {int(e) for e in eos_ids if e is not None and int(e) >= 0}
         self._eos_arg = sorted(self._eos_set) if len(self._eos_set) > 1 else (next(iter(self._eos_set), -1))
@@ -70,7 +75,8 @@ class TransformersEngine(Engine):
         self._failure: Optional[str] = None
         self._closed = False
         self._prefix_hits = 0
-        self._info = dict(info, capacity=self._capacity, hidden_pooling=section.hidden_pooling)
+        self._info = dict(info, capacity=self._capacity, hidden_pooling=section.hidden_pooling,
+                          guides=sorted(self.supports_guides) or no_guides_why)
         self._hidden = HiddenWorker(model, device, section.hidden_pooling, maxsize=self._capacity)
         self._count_prefix_hits(manager.batch_processor.cache)
 
@@ -119,6 +125,7 @@ class TransformersEngine(Engine):
             if entry is None:
                 return                    # finished (its result is out or queued) or unknown: nothing to stop
             self._by_internal.pop(entry.internal_id, None)
+            self._unguide(entry)
             entry.cancelled = True
             if entry.generating:
                 self._manager.cancel_request(entry.internal_id)
@@ -157,6 +164,8 @@ class TransformersEngine(Engine):
         else:
             self._manager.destroy()
         with self._lock:
+            for entry in self._pending.values():
+                self._unguide(entry)
             self._pending.clear()
             self._by_internal.clear()
         self.model = None
@@ -173,9 +182,16 @@ class TransformersEngine(Engine):
     def _accept(self, req: EngineRequest) -> None:
         why = reqs.refusal(req, **self._limits)
         if why is not None:
-            self._ready.append(EngineResult(req.request_id, [], "error", error=why))
+            self._ready.append(EngineResult(req.request_id, [], "error", error=f"refused: {why}"))
             return
         entry = _Pending(req, f"{req.request_id}#{next(self._attempts)}")
+        if req.guide is not None and req.max_new_tokens > 0:
+            state, why = self._guides[0].start(req.guide, req.max_new_tokens)
+            if why is not None:
+                self._ready.append(EngineResult(req.request_id, [], "error", error=f"refused: {why}"))
+                return
+            entry.guide = state
+            self._guides[1].add(entry.internal_id, state, len(req.prompt_ids), req.max_new_tokens)
         self._pending[req.request_id] = entry
         self._by_internal[entry.internal_id] = req.request_id
         if req.want_hidden:
@@ -187,6 +203,7 @@ class TransformersEngine(Engine):
                                             max_new_tokens=req.max_new_tokens, streaming=True,
                                             eos_token_id=self._eos_arg if req.sampling.stop_at_eos else -1, **kwargs)
             if got is None:   # the manager refuses work only when its loop is stopping or dead
+                self._unguide(entry)
                 self._failure = self._loop_dead() or "transformers generation loop is not accepting requests"
                 raise EngineFailed(self._failure)
             entry.generating = True
@@ -243,6 +260,7 @@ class TransformersEngine(Engine):
         rid = entry.request.request_id
         self._pending.pop(rid, None)
         self._by_internal.pop(entry.internal_id, None)
+        self._unguide(entry)
         if entry.error is not None:
             if entry.generating:
                 self._manager.cancel_request(entry.internal_id)
@@ -251,7 +269,16 @@ class TransformersEngine(Engine):
         tokens, reason = list(entry.tokens), "length"
         if entry.request.sampling.stop_at_eos and tokens and tokens[-1] in self._eos_set:
             tokens, reason = tokens[:-1], "eos"   # output_ids carry text tokens only; the reason says it ended
+        if entry.guide is not None:
+            why = entry.guide.finish(tokens)      # the guide's own check: never hand out output it did not complete
+            if why is not None:
+                self._ready.append(EngineResult(rid, tokens, "error", error=f"guided output: {why}"))
+                return
         self._ready.append(EngineResult(rid, tokens, reason, hidden=entry.hidden))
+
+    def _unguide(self, entry: _Pending) -> None:
+        if entry.guide is not None and self._guides is not None:
+            self._guides[1].remove(entry.internal_id)
 
     def _loop_dead(self) -> Optional[str]:
         if self._closed:

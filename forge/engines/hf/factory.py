@@ -8,6 +8,15 @@ from forge.engines.hf.sizing import cb_config_kwargs, device_of, dtype_of, secti
 from forge.errors import EngineUnavailable, ForgeError
 
 
+def guides_unavailable(section) -> str:
+    """Why guided output is off for these settings ('' when it is on): the guide processor runs Python each step,
+    which a captured CUDA graph, a compiled step or a step prepared ahead (async batching) would not re-run."""
+    off = [name for name, on in (("transformers.use_cuda_graph", section.use_cuda_graph),
+                                 ("transformers.compile_level > 0", section.compile_level > 0),
+                                 ("transformers.async_batching", section.async_batching)) if on]
+    return f"guided output needs the eager loop; this contract sets {', '.join(off)}" if off else ""
+
+
 def build_engine(contract, plan: CardPlan):
     try:
         import torch
@@ -38,9 +47,16 @@ def build_engine(contract, plan: CardPlan):
         pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
         max_output_len=plan.contract.limits.max_output_len)
     cb_kwargs = cb_config_kwargs(plan, section)
+    no_guides_why = guides_unavailable(section)
     try:
         manager = model.init_continuous_batching(generation_config=GenerationConfig(**gen_kwargs),
                                                  continuous_batching_config=ContinuousBatchingConfig(**cb_kwargs))
+        guides = None
+        if not no_guides_why:   # the guide processor must be in place before warmup builds the loop's buffers
+            from forge.engines.hf.guided import install
+
+            eos_ids = eos if isinstance(eos, (list, tuple)) else [eos]
+            guides = install(manager, tokenizer, vocab, [int(e) for e in eos_ids if e is not None and int(e) >= 0])
         # Builds the paged cache and the scheduler now, in this thread, so a sizing error is raised here and not
         # inside the loop thread (on CPU nothing is captured or compiled).
         manager.warmup()
@@ -66,6 +82,7 @@ def build_engine(contract, plan: CardPlan):
         },
         "generation_config": gen_kwargs,
     }
-    engine = TransformersEngine(plan, section, model, tokenizer, manager, device=device, eos=eos, info=info)
+    engine = TransformersEngine(plan, section, model, tokenizer, manager, device=device, eos=eos, info=info,
+                                guides=guides, no_guides_why=no_guides_why)
     manager.start()
     return engine

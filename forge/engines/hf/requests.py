@@ -26,7 +26,7 @@ def is_greedy(s: Sampling) -> bool:
 
 
 def refusal(req: EngineRequest, *, max_input_len: int, max_output_len: int, vocab_size: int,
-            sampling_mode: str) -> Optional[str]:
+            sampling_mode: str, guides: frozenset = frozenset(), no_guides_why: str = "") -> Optional[str]:
     """Why this engine cannot take the request as asked, or None. Refused requests come back as error results."""
     n = len(req.prompt_ids)
     if n == 0:
@@ -39,7 +39,15 @@ def refusal(req: EngineRequest, *, max_input_len: int, max_output_len: int, voca
     if bad is not None:
         return f"prompt token {bad!r} is outside the vocabulary (0..{vocab_size - 1})"
     if req.guide is not None:
-        return "guided output is not supported by the transformers backend"
+        g = req.guide
+        kinds = [k for k in ("choice", "json_schema", "regex") if getattr(g, k) is not None]
+        if len(kinds) != 1:
+            return f"a guide needs exactly one of choice, json_schema, regex (got {kinds or 'none'})"
+        if kinds[0] not in guides:
+            why = no_guides_why or f"this engine supports {sorted(guides)}"
+            return f"guided output of kind {kinds[0]} is not supported by the transformers backend here: {why}"
+        if not req.sampling.stop_at_eos:
+            return "a guided request must stop at EOS (the guide ends the output with it)"
     s = req.sampling
     if s.temperature < 0 or not 0 < s.top_p <= 1 or s.top_k < 0:
         return f"invalid sampling {s}: temperature >= 0, 0 < top_p <= 1 and top_k >= 0 are required"

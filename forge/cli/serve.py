@@ -1,0 +1,62 @@
+"""`forge serve FILE.py[:NAME] ... --node NODE.yaml`: functions as HTTP endpoints, plus OpenAI-compatible
+completions, on a node provisioned in this process (docs/serve.md)."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Optional
+
+import click
+
+from forge.errors import UsageError
+
+
+def register(cli: click.Group) -> None:
+    @cli.command("serve")
+    @click.argument("targets", nargs=-1, metavar="[FILE.py[:NAME]]...")
+    @click.option("--node", "node_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+                  help="node description to provision in-process; default: the embedded CPU node")
+    @click.option("--remote", default=None, metavar="NODE",
+                  help="serve against a node provisioned with `forge provision` (its name on this machine, or its "
+                  "URL) instead of provisioning one here")
+    @click.option("--node-token-env", default="FORGE_TOKEN", show_default=True,
+                  help="with --remote: environment variable holding the remote node's bearer token")
+    @click.option("--host", default="127.0.0.1", show_default=True,
+                  help="address to listen on; off loopback a bearer token is required")
+    @click.option("--port", type=click.IntRange(0, 65535), default=8471, show_default=True, help="0: any free port")
+    @click.option("--token-env", default="FORGE_TOKEN", show_default=True,
+                  help="environment variable holding the bearer token clients must send")
+    @click.option("--max-concurrency", type=click.IntRange(1, 1_000_000), default=None,
+                  help="requests in progress per endpoint before 429; default: 2 x the node's slots")
+    @click.option("--deadline-s", type=click.FloatRange(0.001, 600), default=60.0, show_default=True,
+                  help="a request's deadline when it names none (X-Forge-Deadline header / deadline_s field)")
+    @click.option("--strict", is_flag=True, help="treat validation warnings as errors")
+    @click.option("--ready-file", type=click.Path(dir_okay=False), default=None,
+                  help="write the server's URL to this file once it accepts requests")
+    def serve_cmd(targets, node_path, remote, node_token_env, host, port, token_env, max_concurrency, deadline_s,
+                  strict, ready_file) -> int:
+        """Serve functions (one POST /v1/functions/NAME each) and OpenAI-compatible /v1/completions and
+        /v1/chat/completions, with an OpenAPI document at /docs."""
+        from forge.config.load import load_node
+        from forge.embedded import default_node_path
+        from forge.functions.loader import load_function
+        from forge.runtime.server import require_token
+        from forge.serve.app import ServeOptions, serve_embedded
+
+        from forge.serve.app import serve_remote
+
+        if remote is not None and node_path is not None:
+            raise UsageError("give --node (provision here) or --remote (a node provisioned elsewhere), not both")
+        token: Optional[str] = os.environ.get(token_env) or None
+        require_token(host, token, token_env, what="forge serve")
+        specs = [load_function(t)[0] for t in targets]
+        opts = ServeOptions(host=host, port=port, token=token, max_concurrency=max_concurrency,
+                            default_deadline_s=deadline_s, ready_file=ready_file)
+        if remote is not None:
+            from forge.runtime.registry import resolve
+
+            return serve_remote(resolve(remote)["control_url"], os.environ.get(node_token_env), specs, opts)
+        loaded = load_node(node_path or default_node_path(), strict=strict)
+        for w in loaded.warnings:
+            click.echo(w.render(), err=True)
+        return serve_embedded(loaded, specs, opts)

@@ -1,0 +1,1 @@
+"""`forge serve`: deployed functions and OpenAI-compatible generation as HTTP endpoints (docs/serve.md)."""

@@ -1,0 +1,211 @@
+"""The `forge serve` application: function endpoints, OpenAI-compatible generation, the node's control routes
+(so `forge deploy` can run a bulk job on the same node, at bulk priority), an OpenAPI document, one FastAPI app
+on uvicorn. Loopback by default; anywhere else a bearer token is required for everything but /health."""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence
+
+from fastapi import FastAPI
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+
+from forge.functions.api import FunctionSpec
+from forge.runtime.server import TokenAuth, control_router
+from forge.serve.functions_api import function_router
+from forge.serve.limits import CONCURRENCY_FACTOR, DEFAULT_DEADLINE_S, EndpointGate, node_slots
+from forge.serve.openai_api import openai_router
+
+log = logging.getLogger("forge.serve")
+DRAIN_TIMEOUT_S = 30.0
+SWITCH_INTERVAL_S = 0.0005   # see serve_embedded
+KEEP_ALIVE_S = 75.0          # idle keep-alive connections live this long (longer than a loaded request takes)
+OPENAI_ENDPOINTS = ("completions", "chat")
+
+
+@dataclass
+class ServeOptions:
+    host: str = "127.0.0.1"
+    port: int = 8471
+    token: Optional[str] = None
+    concurrency_factor: int = CONCURRENCY_FACTOR
+    max_concurrency: Optional[int] = None          # per endpoint; default factor x the node's slots
+    default_deadline_s: float = DEFAULT_DEADLINE_S
+    ready_file: Optional[str] = None
+
+
+def make_gates(node: Any, specs: Sequence[FunctionSpec], opts: ServeOptions) -> dict[str, EndpointGate]:
+    limit = opts.max_concurrency or opts.concurrency_factor * node_slots(node.describe())
+    gates = {name: EndpointGate(f"/v1/{'chat/' if name == 'chat' else ''}completions", limit)
+             for name in OPENAI_ENDPOINTS}
+    for spec in specs:
+        gates[spec.name] = EndpointGate(f"/v1/functions/{spec.name}", min(limit, spec.concurrency or limit))
+    return gates
+
+
+def build_serve_app(node: Any, specs: Sequence[FunctionSpec], opts: ServeOptions) -> FastAPI:
+    names = [s.name for s in specs]
+    clash = {n for n in names if names.count(n) > 1}
+    if clash:
+        from forge.errors import UsageError
+
+        raise UsageError(f"two functions are named {', '.join(sorted(clash))}; serve them under distinct names")
+    gates = make_gates(node, specs, opts)
+    app = FastAPI(title=f"forge serve — node {node.name}", version="1",
+                  description="Deployed forge functions (one endpoint each), OpenAI-compatible completions, and "
+                              "the node's control routes. 429 + Retry-After when an endpoint is full; "
+                              "X-Forge-Deadline (seconds) bounds a request.")
+    app.include_router(function_router(node, specs, gates, default_deadline_s=opts.default_deadline_s))
+    app.include_router(openai_router(node, gates, default_deadline_s=opts.default_deadline_s))
+    if hasattr(node, "engine_stats"):         # a node in this process: its control routes too
+        app.include_router(control_router(node), tags=["node"])
+    else:                                     # a remote node keeps its own control endpoint
+        @app.get("/health", tags=["node"])
+        async def health() -> dict:
+            return {"node": node.name, "status": "degraded" if node.closed else "ok", "remote": node.url}
+
+    @app.get("/v1/serve", tags=["node"])
+    async def serve_stats() -> dict:
+        """Per endpoint: limit, in progress, admitted, refused (429), completed, failed, latency EWMA."""
+        return {"node": node.name, "endpoints": {g.name: g.stats() for g in gates.values()},
+                "open_requests": node.open_requests(), "abandoned": node.abandoned,
+                "functions": names}
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(request, exc: RequestValidationError):
+        """One line naming the field, in the error shape OpenAI clients read (FastAPI's default is 422 + a list)."""
+        first = exc.errors()[0] if exc.errors() else {}
+        where = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or "body"
+        more = f" (and {len(exc.errors()) - 1} more)" if len(exc.errors()) > 1 else ""
+        return JSONResponse({"error": {"message": f"{where}: {first.get('msg', 'invalid')}{more}",
+                                       "type": "invalid_request_error", "param": where, "code": 400}},
+                            status_code=400)
+
+    app.state.gates = gates
+    app.add_middleware(EarlyRefusal, gates={g.name: g for g in gates.values()})
+    app.add_middleware(TokenAuth, token=opts.token, protected=("/",), public=("/health",))   # outermost
+    return app
+
+
+class EarlyRefusal:
+    """Under overload the refusal must stay cheap: a POST to a full endpoint gets its 429 here, before routing and
+    body parsing. (The endpoint's own gate still decides for requests that get through.)"""
+
+    def __init__(self, app, *, gates: dict[str, EndpointGate]):
+        self.app, self.gates = app, gates
+
+    async def __call__(self, scope, receive, send):
+        gate = self.gates.get(scope.get("path", "")) if scope["type"] == "http" and scope["method"] == "POST" else None
+        if gate is None or gate.active < gate.limit:
+            return await self.app(scope, receive, send)
+        gate.refused += 1
+        body = json.dumps({"error": {"message": f"{gate.name}: {gate.active} requests in progress (limit "
+                                                f"{gate.limit}); retry later", "type": "overloaded", "code": 429}})
+        await send({"type": "http.response.start", "status": 429,
+                    "headers": [(b"content-type", b"application/json"),
+                                (b"retry-after", str(gate.retry_after_s()).encode())]})
+        await send({"type": "http.response.body", "body": body.encode()})
+
+
+class _Uvicorn:
+    """uvicorn's server without its own signal handling: forge drains the node first."""
+
+    def __init__(self, app, host: str, port: int):
+        import uvicorn
+
+        class Quiet(uvicorn.Server):
+            @contextlib.contextmanager
+            def capture_signals(self):
+                yield
+
+        self.server = Quiet(uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off",
+                                           access_log=False, backlog=4096, timeout_keep_alive=KEEP_ALIVE_S))
+
+    @property
+    def port(self) -> int:
+        for s in self.server.servers:
+            for sock in s.sockets:
+                return sock.getsockname()[1]
+        return 0
+
+
+async def serve_node(node: Any, specs: Sequence[FunctionSpec], opts: ServeOptions, *,
+                     stop: Optional[asyncio.Event] = None) -> int:
+    """Serve an already started node until SIGINT/SIGTERM (or `stop`), then drain and stop it."""
+    from forge.errors import ForgeError
+
+    web = _Uvicorn(build_serve_app(node, specs, opts), opts.host, opts.port)
+    task = asyncio.create_task(web.server.serve())
+    while not web.server.started:
+        if task.done():
+            await node.stop()
+            raise ForgeError(f"forge serve could not bind {opts.host}:{opts.port}: {task.exception()}")
+        await asyncio.sleep(0.02)
+    url = f"http://{opts.host}:{web.port}"
+    print(f"forge: serving {', '.join(s.name for s in specs) or 'no function'} + OpenAI-compatible /v1 on "
+          f"node {node.name} at {url} (OpenAPI: {url}/docs)", flush=True)
+    if opts.ready_file:
+        with open(opts.ready_file, "w") as f:
+            f.write(url + "\n")
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+    try:
+        while not stop.is_set() and not task.done():
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(stop.wait(), 0.5)
+    finally:
+        print(f"forge: serve on node {node.name} draining…", file=sys.stderr, flush=True)
+        clean = await node.drain(DRAIN_TIMEOUT_S)
+        web.server.should_exit = True
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(task, 10)
+        await node.stop()
+        print(f"forge: serve on node {node.name} stopped ({'clean' if clean else 'in-flight work cut short'})",
+              file=sys.stderr, flush=True)
+    return 0 if clean else 1
+
+
+def serve_embedded(loaded, specs: Sequence[FunctionSpec], opts: ServeOptions) -> int:
+    """Provision the node in this process and serve it (what `forge serve --node NODE.yaml` runs)."""
+    from forge.runtime.node import NodeRuntime
+
+    # The engines' loops are Python threads here; the HTTP loop does many short I/O steps, each of which gives the
+    # GIL away and waits up to the switch interval (5 ms by default) to get it back. Under thousands of
+    # connections that wait dominates, so hand the GIL over sooner.
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
+
+    async def main() -> int:
+        t0 = time.monotonic()
+        node = NodeRuntime(loaded)
+        await node.start()
+        log.info("node %s up in %.1f s", node.name, time.monotonic() - t0)
+        return await serve_node(node, specs, opts)
+
+    return asyncio.run(main())
+
+
+def serve_remote(url: str, node_token: Optional[str], specs: Sequence[FunctionSpec], opts: ServeOptions) -> int:
+    """Serve against a node provisioned elsewhere (`forge serve --remote NODE`): the functions run here, their
+    generations go to the node over HTTP (forge/serve/remote.py)."""
+    from forge.serve.remote import RemoteOnlineNode
+
+    async def main() -> int:
+        node = RemoteOnlineNode(url, token=node_token)
+        try:
+            await node.start()
+        except BaseException:
+            await node.stop()
+            raise
+        return await serve_node(node, specs, opts)
+
+    return asyncio.run(main())

@@ -1,0 +1,98 @@
+"""One online request from admission to answer: the endpoint's gate (429), the deadline (504), the client's
+disconnect (cancelled), and every error as one JSON object in the shape OpenAI clients read
+(`{"error": {"message", "type", "code"}}`)."""
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import replace
+from typing import Any, Awaitable, Callable, Optional, Sequence
+
+from fastapi import Request
+from fastapi.responses import JSONResponse
+
+from forge.broker.types import QueueFull
+from forge.errors import ForgeError, NodeDown, RequestRejected
+from forge.functions.api import GenerateParams, Generation
+from forge.runtime.server import ClientGone, until_disconnected
+from forge.serve.limits import BadDeadline, EndpointGate, Overloaded, ONLINE_PRIORITY, Slot
+
+
+class DeadlineExceeded(Exception):
+    pass
+
+
+class OnlineNode:
+    """The node as one online request sees it: its generations carry online priority and what is left of the
+    request's deadline, and a full broker is refused (429) rather than waited for."""
+
+    def __init__(self, node: Any, deadline_at: float):
+        self.node, self.deadline_at = node, deadline_at
+
+    def remaining_s(self) -> float:
+        left = self.deadline_at - time.monotonic()
+        if left <= 0:
+            raise DeadlineExceeded("deadline exceeded")
+        return left
+
+    async def submit(self, prompt: str | Sequence[int], params: GenerateParams):
+        params = replace(params, priority=ONLINE_PRIORITY, deadline_s=self.remaining_s())
+        return await self.node.submit(prompt, params, wait=False)
+
+    async def generate(self, prompt: str | Sequence[int], params: GenerateParams) -> Generation:
+        return (await self.submit(prompt, params))[0]
+
+    async def embed(self, prompt: str | Sequence[int]) -> list[float]:
+        gen, result = await self.submit(prompt, GenerateParams(max_tokens=1, embed=True))
+        if result.hidden is None:
+            raise ForgeError(f"card {gen.card}: its backend returns no hidden state")
+        return list(result.hidden)
+
+
+def error_response(status: int, kind: str, message: str, headers: Optional[dict] = None) -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "type": kind, "code": status}}, status_code=status,
+                        headers=headers)
+
+
+def describe_failure(exc: BaseException, node: Any, gate: EndpointGate) -> JSONResponse:
+    """The HTTP answer for whatever stopped a request."""
+    if isinstance(exc, Overloaded):
+        return error_response(429, "overloaded", str(exc), {"Retry-After": str(exc.retry_after_s)})
+    if isinstance(exc, QueueFull):
+        return error_response(429, "overloaded", f"the node's queue is full: {exc}",
+                              {"Retry-After": str(gate.retry_after_s())})
+    if isinstance(exc, (DeadlineExceeded, asyncio.TimeoutError)):
+        return error_response(504, "deadline_exceeded", "the request's deadline passed before its answer was ready; "
+                              "its work was cancelled")
+    if isinstance(exc, ClientGone):
+        return error_response(499, "client_closed", "client disconnected; its work was cancelled")
+    if isinstance(exc, BadDeadline):
+        return error_response(400, "invalid_request_error", str(exc))
+    if isinstance(exc, NodeDown) or (isinstance(exc, RequestRejected) and getattr(node, "closed", False)):
+        return error_response(503, "unavailable", str(exc))
+    if isinstance(exc, RequestRejected):
+        return error_response(400, "invalid_request_error", str(exc))
+    if isinstance(exc, ForgeError):
+        return error_response(500, "engine_error", str(exc))
+    from forge.functions.runner import error_row
+
+    return error_response(500, "function_error", error_row(0, exc)["error"]["message"])
+
+
+async def answer(request: Request, node: Any, gate: EndpointGate, deadline_s: float,
+                 work: Callable[[OnlineNode, Slot], Awaitable[Any]]) -> Any:
+    """Run `work(online_node, slot)` inside the endpoint's gate, bounded by the deadline and cancelled if the
+    client leaves. Returns work's value, or the JSONResponse describing why there is none."""
+    try:
+        slot = gate.enter()
+    except Overloaded as e:
+        return describe_failure(e, node, gate)
+    try:
+        online = OnlineNode(node, time.monotonic() + deadline_s)
+        value = await until_disconnected(request, asyncio.wait_for(work(online, slot), deadline_s))
+        slot.ok = True
+        return value
+    except Exception as e:  # noqa: BLE001 - every failure becomes an answer
+        return describe_failure(e, node, gate)
+    finally:
+        slot.release()
