@@ -28,8 +28,15 @@ def report_paths(target: str | os.PathLike) -> tuple[Path, Path]:
 def rate_series(t_s: list[float], cumulative: list[float | None]) -> list[float | None]:
     """Per-second rate between consecutive kept points; None where unknown or the counter reset."""
     out: list[float | None] = [None]
+    steps = sorted(b - a for a, b in zip(t_s, t_s[1:]))
+    typical = steps[len(steps) // 2] if steps else 0.0
     for i in range(1, len(t_s)):
-        a, b, dt = cumulative[i - 1], cumulative[i], t_s[i] - t_s[i - 1]
+        j = i - 1
+        # A short last interval (the final sample) holds a burst of completions: tokens are counted when a
+        # request finishes, so measure it together with the interval before it rather than draw a spike.
+        if i >= 2 and t_s[i] - t_s[j] < 0.5 * typical:
+            j = i - 2
+        a, b, dt = cumulative[j], cumulative[i], t_s[i] - t_s[j]
         out.append((b - a) / dt if a is not None and b is not None and dt > 0 and b >= a else None)
     return out[: len(t_s)]
 
