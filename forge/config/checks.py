@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections import Counter
 from typing import Iterable, Optional
 
-from forge.config import checkpoint_dir, trtllm_dir
+from forge.config import checkpoint_dir, kvmath, trtllm_dir
 from forge.config.messages import did_you_mean
 from forge.config.models import Contract, Node
 from forge.config.plan import CardPlan
-from forge.config.units import GIB, fmt_bytes
+from forge.config.units import fmt_bytes
 from forge.errors import Problem
 
 FP8_MIN_CC = (8, 9)        # FP8 tensor cores: Ada (8.9), Hopper (9.0) and later
@@ -157,7 +157,7 @@ def cards_hold_engines(n: Node, file: str, plans: list[CardPlan]) -> list[Proble
 
 def host_cache_fits_host(n: Node, file: str, contracts: dict[str, Contract]) -> list[Problem]:
     total = sum(contracts[c.engine].kv_cache.host_cache_bytes for c in n.cards if c.engine in contracts)
-    limit = int(n.host.memory_gib * GIB)
+    limit = kvmath.gib(n.host.memory_gib)
     if total > limit:
         return [Problem(file, "$.host.memory_gib", f"the cards' host KV caches add up to {fmt_bytes(total)}, more "
                         f"than the host's {fmt_bytes(limit)}")]

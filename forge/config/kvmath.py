@@ -1,7 +1,7 @@
 """KV-cache arithmetic: bytes per token, pool size, blocks and full-length slots. Pure functions."""
 from __future__ import annotations
 
-import math
+from fractions import Fraction
 
 from forge.config.units import GIB
 
@@ -15,7 +15,7 @@ def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, kv_dty
 
 def blocks_for(tokens: int, tokens_per_block: int) -> int:
     """Blocks needed to hold `tokens` tokens (rounded up)."""
-    return math.ceil(tokens / tokens_per_block)
+    return -(-tokens // tokens_per_block)          # integer ceil: exact for any size (no float overflow)
 
 
 def pool_tokens(*, card_memory_bytes: int, weights_bytes: int, bytes_per_token: int, tokens_per_block: int,
@@ -28,9 +28,15 @@ def pool_tokens(*, card_memory_bytes: int, weights_bytes: int, bytes_per_token: 
         tokens = max_tokens
     else:
         free = max(card_memory_bytes - weights_bytes, 0)
-        tokens = int(free * float(free_gpu_memory_fraction or 0.0)) // bytes_per_token
+        try:
+            tokens = int(free * float(free_gpu_memory_fraction or 0.0)) // bytes_per_token
+        except OverflowError:           # a memory size beyond floats: exact arithmetic instead
+            tokens = int(free * Fraction(free_gpu_memory_fraction or 0.0)) // bytes_per_token
     return (tokens // tokens_per_block) * tokens_per_block
 
 
 def gib(n: float) -> int:
-    return int(n * GIB)
+    try:
+        return int(n * GIB)
+    except OverflowError:               # e.g. 1e308 GiB: the product is not a float any more
+        return int(Fraction(n) * GIB)

@@ -175,8 +175,18 @@ def load_paths(paths: Sequence[PathLike], *, strict: bool = False, registry: Opt
         out.problems = [Problem(p.file, p.path, p.message, "error") for p in out.problems]
     order = {pf.display: i for i, pf in enumerate(files)}
     unique = dict.fromkeys(out.problems)        # a folder walked twice must not repeat its notes
-    out.problems = sorted(unique, key=lambda p: order.get(p.file, len(order)))
+    out.problems = [Problem(_one_line(p.file), _one_line(p.path), _one_line(p.message), p.severity)
+                    for p in sorted(unique, key=lambda p: order.get(p.file, len(order)))]
     return out
+
+
+def _one_line(text: str) -> str:
+    """Escape what would break a `file::$.path: message` line: a path or value may hold a newline or another
+    control character (U+001E and U+2028 end a line too)."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape", "backslashreplace").decode("ascii")
+                   for c in text)
 
 
 def load_node(path: PathLike, *, strict: bool = False, registry: Optional[Registry] = None) -> LoadedNode:

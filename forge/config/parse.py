@@ -69,12 +69,24 @@ def _normalize(kind: str, data: dict, pf: ParsedFile) -> None:
                 card["compute_capability"] = _normalize_cc(card["compute_capability"])
 
 
+def _shape(data) -> str:
+    """What a whole document is, without quoting it: a description may name any readable file (an .env, a
+    key), and its content must not end up in a log."""
+    if isinstance(data, str):
+        return f"string of {len(data)} characters"
+    if isinstance(data, bool):
+        return "a boolean"
+    if isinstance(data, (int, float)):
+        return "a number"
+    return describe(data)
+
+
 def _top(data, pf: ParsedFile) -> Optional[str]:
     if data is None:
         pf.add("$", f"empty file: expected {WHAT}")
         return None
     if not isinstance(data, dict):
-        pf.add("$", f"expected a mapping, got {describe(data)}: a file is {WHAT}")
+        pf.add("$", f"expected a mapping, got {_shape(data)}: a file is {WHAT}")
         return None
     kinds = [k for k in KINDS if k in data]
     if len(kinds) == 2:

@@ -21,11 +21,17 @@ def parse_bytes(value: int | str) -> int:
     m = _RX.match(value)
     if not m:
         raise ValueError(f"not a size: {value!r} (use bytes, or e.g. '512MiB', '8GiB')")
-    return int(float(m.group(1)) * _UNITS[(m.group(2) or "").upper()])
+    size = float(m.group(1)) * _UNITS[(m.group(2) or "").upper()]
+    if size == float("inf"):            # more digits than a float holds: no machine has that much
+        raise ValueError(f"size too large: {value[:40]!r}")
+    return int(size)
 
 
 def fmt_bytes(n: float) -> str:
     for unit, size in (("GiB", GIB), ("MiB", 2**20), ("KiB", 2**10)):
         if abs(n) >= size:
-            return f"{n / size:.2f} {unit}"
+            try:
+                return f"{n / size:.2f} {unit}"
+            except OverflowError:       # beyond floats (a description may say anything): order of magnitude
+                return f"about 10^{len(str(abs(int(n)) // size)) - 1} {unit}"
     return f"{int(n)} B"

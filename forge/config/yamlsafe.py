@@ -4,6 +4,8 @@ PyYAML shares aliased nodes, so an alias bomb costs nothing to parse and everyth
 (validation, printing). We therefore measure the *expanded* document before constructing it."""
 from __future__ import annotations
 
+import sys
+
 import yaml
 from yaml.nodes import MappingNode, ScalarNode, SequenceNode
 
@@ -98,8 +100,9 @@ def _measure(root) -> None:
 
 def load_yaml(text: str):
     """One YAML document from text, as plain Python data; raises YamlRefused with a one-line reason."""
-    loader = BoundedLoader(text)
+    loader = None
     try:
+        loader = BoundedLoader(text)      # the reader checks every character here (control characters)
         node = loader.get_single_node()
         if node is None:
             return None
@@ -107,6 +110,12 @@ def load_yaml(text: str):
         return loader.construct_document(node)
     except YamlRefused:
         raise
+    except yaml.reader.ReaderError as e:      # raised before any mark exists: say where ourselves
+        line = text.count("\n", 0, e.position) + 1
+        column = e.position - (text.rfind("\n", 0, e.position) + 1) + 1
+        char = e.character if isinstance(e.character, str) else chr(e.character)
+        raise YamlRefused(f"character U+{ord(char):04X} is not allowed in YAML (line {line}, column {column})") \
+            from None
     except yaml.MarkedYAMLError as e:
         parts = [x.strip() for x in (e.context, e.problem) if x]
         problem = (", " if len(parts) == 2 and parts[1].startswith("but") else ": ").join(parts) or "invalid YAML"
@@ -115,5 +124,10 @@ def load_yaml(text: str):
         raise YamlRefused(f"YAML error: {' '.join(str(e).split())}") from None
     except RecursionError:
         raise YamlRefused("YAML structure too deep") from None
+    except ValueError as e:   # an integer of more digits than Python converts (sys.get_int_max_str_digits)
+        if "integer string conversion" in str(e):
+            raise YamlRefused(f"a number with more than {sys.get_int_max_str_digits()} digits") from None
+        raise YamlRefused(f"YAML value not readable: {' '.join(str(e).split())[:160]}") from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()

@@ -66,6 +66,9 @@ def function(fn: Optional[Callable] = None, *, max_output_tokens: Optional[int] 
             raise TypeError(f"{f.__qualname__} must take (record, llm)")
         if max_output_tokens is not None and max_output_tokens <= 0:
             raise ValueError("max_output_tokens must be positive")
+        if concurrency is not None and (not isinstance(concurrency, int) or isinstance(concurrency, bool)
+                                        or concurrency <= 0):
+            raise ValueError(f"concurrency must be a positive int, got {concurrency!r}")   # 0 workers: a hang
         setattr(f, _SPEC_ATTR, FunctionSpec(fn=f, name=name or f.__name__, max_output_tokens=max_output_tokens,
                                             concurrency=concurrency))
         return f
@@ -74,7 +77,11 @@ def function(fn: Optional[Callable] = None, *, max_output_tokens: Optional[int] 
 
 
 def spec_of(obj: Any) -> Optional[FunctionSpec]:
-    return getattr(obj, _SPEC_ATTR, None)
+    try:
+        spec = getattr(obj, _SPEC_ATTR, None)
+    except Exception:  # noqa: BLE001 - module-level objects with a __getattr__ that raises (lazy modules)
+        return None
+    return spec if isinstance(spec, FunctionSpec) else None
 
 
 class LLM(abc.ABC):

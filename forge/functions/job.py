@@ -102,8 +102,11 @@ async def _run(spec, digest: str, node: Any, opts: JobOptions, *, node_label: st
             print(f"forge: stopped: {outcome.fatal}; unfinished records stay in the ledger — run the same "
                   "command again to resume", file=sys.stderr)
             return 1
-        if outcome.interrupted:
-            print(f"forge: stopped by {outcome.interrupted}; run the same command again to resume", file=sys.stderr)
+        if outcome.interrupted and not store.run.report.complete:   # (complete anyway: exit 0 below)
+            drained = (f"{outcome.returned} record(s) in flight went back to the ledger" if outcome.returned
+                       else "every record in flight finished")
+            print(f"forge: stopped by {outcome.interrupted} ({drained}); run the same command again to resume",
+                  file=sys.stderr)
             return 130 if outcome.interrupted == "SIGINT" else 143
         return 0
     finally:

@@ -31,7 +31,9 @@ def load_function(target: str) -> tuple[FunctionSpec, str]:
     sys.modules[mod_name] = module
     try:
         spec.loader.exec_module(module)
-    except Exception as e:  # user code: report where, not a traceback
+    except KeyboardInterrupt:
+        raise
+    except BaseException as e:  # user code (even sys.exit at import): report where, not a traceback
         tb = e.__traceback__
         line = None
         while tb is not None:
@@ -39,7 +41,8 @@ def load_function(target: str) -> tuple[FunctionSpec, str]:
                 line = tb.tb_lineno
             tb = tb.tb_next
         where = f"{path}:{line}" if line else str(path)
-        raise ForgeError(f"{where}: importing the function file failed: {type(e).__name__}: {e}") from e
+        raise ForgeError(f"{where}: importing the function file failed: {type(e).__name__}: "
+                         f"{_one_line(e)}") from e
     found = {s.name: s for s in (spec_of(v) for v in vars(module).values()) if s is not None}
     if name is not None:
         if name not in found:
@@ -54,3 +57,13 @@ def load_function(target: str) -> tuple[FunctionSpec, str]:
         raise UsageError(f"{path}: several functions ({', '.join(sorted(found))}); name one as {path}:NAME")
     digest = hashlib.sha256(source + chosen.name.encode()).hexdigest()
     return chosen, digest
+
+
+def _one_line(e: BaseException) -> str:
+    """An exception's message as one bounded line (it may span lines, be huge, or fail to print)."""
+    try:
+        text = str(e)
+    except Exception:  # noqa: BLE001 - a broken __str__ is the user's; say so instead
+        text = f"<{type(e).__name__} whose message cannot be printed>"
+    text = " ".join(text.split())
+    return text if len(text) <= 500 else text[:500] + " ..."

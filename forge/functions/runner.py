@@ -28,6 +28,7 @@ class RunOutcome:
     stats: RunStats
     interrupted: Optional[str] = None     # the signal name, when stopped by one
     fatal: Optional[str] = None           # why the run stopped early (node down): unfinished records stay pending
+    returned: int = 0                     # records in flight when stopped, cut short: pending in the ledger
     wall_s: float = 0.0
 
 
@@ -48,7 +49,10 @@ class CountingNode:
 
 
 def error_row(index: int, exc: BaseException) -> dict:
-    message = str(exc) or type(exc).__name__
+    try:
+        message = str(exc) or type(exc).__name__
+    except Exception:  # noqa: BLE001 - the user's exception cannot even print itself; the record still fails
+        message = f"<{type(exc).__name__} whose message cannot be printed>"
     if not isinstance(exc, ForgeError):
         # Name where in the user's code it raised: the last frame, without the whole traceback.
         frames = traceback.extract_tb(exc.__traceback__)
@@ -65,7 +69,9 @@ async def run_records(*, spec: FunctionSpec, node: Any, records, sink, stats: Ru
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue = asyncio.Queue(maxsize=max(2 * concurrency, 16))
     llm = NodeLLM(CountingNode(node, stats), spec)
-    stop = asyncio.Event()
+    stop = asyncio.Event()          # start no new record
+    hurry = asyncio.Event()         # stop waiting for the records in flight (a second signal, a broken sink)
+    broken: list[BaseException] = []   # the sink (ledger / output) failed: nothing more can be settled
     outcome = RunOutcome(stats=stats)
     t0 = time.monotonic()
 
@@ -73,6 +79,8 @@ async def run_records(*, spec: FunctionSpec, node: Any, records, sink, stats: Ru
         if outcome.interrupted is None:
             outcome.interrupted = name
             stop.set()
+        else:                           # a second Ctrl-C: in-flight records go back to the ledger now
+            hurry.set()
 
     if install_signals:
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -93,9 +101,20 @@ async def run_records(*, spec: FunctionSpec, node: Any, records, sink, stats: Ru
             stats.producer_queue = queue.qsize()
 
     async def worker() -> None:
+        try:
+            await work()
+        except asyncio.CancelledError:
+            raise
+        except BaseException as e:      # only the sink raises here: stop the run, do not wait on it
+            broken.append(e)
+            stop.set()
+            hurry.set()
+            raise
+
+    async def work() -> None:
         while True:
             item = await queue.get()
-            if item is None:
+            if item is None or stop.is_set():     # stopped: a record not started stays unattempted
                 return
             index, record = item
             stats.in_flight += 1
@@ -114,7 +133,7 @@ async def run_records(*, spec: FunctionSpec, node: Any, records, sink, stats: Ru
                         outcome.fatal = str(e)
                     stop.set()
                     continue
-                except Exception as e:  # the record fails, the run goes on
+                except BaseException as e:  # the record fails, the run goes on (even sys.exit in user code)
                     row = error_row(index, e)["error"]
                     stats.failed += 1
                     await sink.error(index, row["type"], row["message"])
@@ -129,34 +148,50 @@ async def run_records(*, spec: FunctionSpec, node: Any, records, sink, stats: Ru
             on_tick()
             await asyncio.sleep(tick_s)
 
+    async def close_queue() -> None:
+        for _ in workers:
+            await queue.put(None)
+
     tick = asyncio.create_task(ticker())
     workers = [asyncio.create_task(worker()) for _ in range(concurrency)]
+    finished = asyncio.gather(*workers, return_exceptions=True)
     read = asyncio.create_task(reader())
     stop_wait = asyncio.create_task(stop.wait())
+    hurry_wait = asyncio.create_task(hurry.wait())
+    closer: Optional[asyncio.Task] = None
     try:
         await asyncio.wait({read, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
-        if read.done():
+        if not stop.is_set():
             read.result()  # surface reader errors
-        if stop.is_set():
-            read.cancel()
-            await asyncio.gather(read, return_exceptions=True)
+            closer = asyncio.create_task(close_queue())
+            # A signal (or a broken sink) may still come while the last records run: keep listening.
+            await asyncio.wait({finished, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
+        if stop.is_set() and not finished.done():
+            for t in (read, closer):
+                if t is not None:
+                    t.cancel()
+            await asyncio.gather(read, *([closer] if closer else []), return_exceptions=True)
             # drop queued (unstarted) records: they stay pending in the ledger
             while not queue.empty():
                 queue.get_nowait()
-        for _ in workers:
-            await queue.put(None)
-        grace = DRAIN_GRACE_S if stop.is_set() else None
-        done, pending = await asyncio.wait(workers, timeout=grace)
-        for w in pending:
+            for _ in workers:
+                queue.put_nowait(None)      # wakes idle workers; room: the queue holds 2 x concurrency
+            await asyncio.wait({finished, hurry_wait}, timeout=DRAIN_GRACE_S, return_when=asyncio.FIRST_COMPLETED)
+        outcome.returned = stats.in_flight if not finished.done() else 0
+        for w in workers:
             w.cancel()
-        await asyncio.gather(*workers, return_exceptions=True)
-        for w in done:
+        await finished
+        if broken:
+            raise broken[0]
+        for w in workers:
             if not w.cancelled() and w.exception() is not None:
                 raise w.exception()
     finally:
-        for t in (tick, read, stop_wait):
-            t.cancel()
-        await asyncio.gather(tick, read, stop_wait, return_exceptions=True)
+        for t in (tick, read, stop_wait, hurry_wait, closer, *workers):
+            if t is not None:
+                t.cancel()
+        await asyncio.gather(tick, read, stop_wait, hurry_wait, *([closer] if closer else []), *workers,
+                             return_exceptions=True)
         if install_signals:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 try:

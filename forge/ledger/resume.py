@@ -114,6 +114,8 @@ class Run:
             self.report.complete = self._final_counts.written == self.total
             if self.committer is not None:
                 self._finish_parquet()
+                if self.report.complete:
+                    self.ledger.compact()
             self._closed = True
         finally:
             if self._writer is not None:

@@ -1,0 +1,101 @@
+"""SIGTERM / Ctrl-C drain a `forge run`: no new record starts, records in flight finish (or, on a second
+signal, go back to the ledger), everything handed over is committed and written, and the exit code says
+which signal stopped it (130 SIGINT, 143 SIGTERM; 0 only for a finished run). A rerun completes the output."""
+from __future__ import annotations
+
+import signal
+import time
+
+import pytest
+
+from tests.reliability._rel import (ECHO, NODES, assert_complete, assert_no_traceback, kill9, ledger_summary,
+                                    read_rows, record_figures, resume_report, run_argv, start, wait_for_growth,
+                                    write_echo_input)
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _interrupt(tmp, *, n: int, concurrency: int, signals: list[tuple[float, int]], node=NODES / "slow.yaml"):
+    """Start a run, wait until it writes rows, send each (delay, signal); returns (rc, stderr, seconds to exit)."""
+    inp = write_echo_input(tmp / "in.jsonl", n)
+    out = tmp / "out.jsonl"
+    err = tmp / "run.err"
+    proc = start(run_argv(ECHO, inp, out, node, "--concurrency", concurrency), stderr_path=err)
+    try:
+        assert wait_for_growth(out, proc, beyond=0, timeout_s=60), err.read_text()
+        for delay, sig in signals:
+            time.sleep(delay)
+            proc.send_signal(sig)
+        t0 = time.monotonic()
+        rc = proc.wait(timeout=60)
+        took = time.monotonic() - t0
+    finally:
+        kill9(proc)
+    text = err.read_text()
+    assert_no_traceback(text)
+    return inp, out, rc, text, took
+
+
+def _resume(tmp, inp, out, n: int) -> dict:
+    proc = start(run_argv(ECHO, inp, out, NODES / "instant.yaml"), stderr_path=tmp / "resume.err")
+    assert proc.wait(timeout=60) == 0, (tmp / "resume.err").read_text()
+    text = (tmp / "resume.err").read_text()
+    summary = assert_complete(out, out.with_name(out.name + ".ledger.sqlite"), n)
+    return {"report": resume_report(text), "ledger": summary}
+
+
+def test_sigterm_drains_in_flight_records_and_exits_143(tmp_path):
+    inp, out, rc, text, took = _interrupt(tmp_path, n=2000, concurrency=32, signals=[(0.5, signal.SIGTERM)])
+    assert rc == 143, text
+    assert "stopped by SIGTERM (every record in flight finished); run the same command again to resume" in text
+    ledger = ledger_summary(out.with_name(out.name + ".ledger.sqlite"))
+    assert set(ledger["states"]) == {"written"}, ledger        # nothing in flight was left behind
+    written = len(read_rows(out))
+    assert 0 < written < 2000
+    after = _resume(tmp_path, inp, out, 2000)
+    assert after["report"] == {"settled": written, "recovered": 0, "torn_bytes": 0}   # nothing to repair
+    assert after["ledger"]["retried"] == 0                                         # nothing ran twice
+    record_figures("sigterm-drain", exit_code=rc, exit_s=round(took, 2), written_before_stop=written,
+                   left_pending=0, resumed_complete=True)
+
+
+def test_second_ctrl_c_returns_in_flight_records_to_the_ledger(tmp_path):
+    inp, out, rc, text, took = _interrupt(tmp_path, n=2000, concurrency=256,
+                                          signals=[(0.3, signal.SIGINT), (0.3, signal.SIGINT)])
+    assert rc == 130, text
+    assert "stopped by SIGINT (" in text and "record(s) in flight went back to the ledger" in text, text
+    returned = int(text.split("stopped by SIGINT (", 1)[1].split(" ", 1)[0])
+    ledger = ledger_summary(out.with_name(out.name + ".ledger.sqlite"))
+    assert ledger["states"].get("pending", 0) == returned > 0, (ledger, returned)
+    assert took < 10
+    after = _resume(tmp_path, inp, out, 2000)
+    assert after["ledger"]["retried"] == returned                   # exactly those ran again
+    record_figures("sigint-twice", exit_code=rc, exit_s=round(took, 2), returned_to_ledger=returned,
+                   retried_on_resume=after["ledger"]["retried"], resumed_complete=True)
+
+
+def test_sigterm_after_the_input_was_read_still_drains(tmp_path):
+    """The whole input fits the bounded queue, so the reader is done when the signal comes: forge must still
+    stop starting records (it used to ignore the signal and run everything)."""
+    inp, out, rc, text, took = _interrupt(tmp_path, n=300, concurrency=200, signals=[(0.2, signal.SIGTERM)])
+    assert rc == 143, text
+    written = len(read_rows(out))
+    assert written < 300, "the signal was ignored: every record ran"
+    ledger = ledger_summary(out.with_name(out.name + ".ledger.sqlite"))
+    assert set(ledger["states"]) == {"written"}, ledger
+    _resume(tmp_path, inp, out, 300)
+
+
+@pytest.mark.engine
+@pytest.mark.long
+@pytest.mark.timeout(300)
+def test_sigterm_drains_the_real_tiny_engine(tmp_path):
+    inp, out, rc, text, took = _interrupt(tmp_path, n=600, concurrency=64, signals=[(0.5, signal.SIGTERM)], node=None)
+    assert rc == 143, text
+    assert "every record in flight finished" in text
+    ledger = ledger_summary(out.with_name(out.name + ".ledger.sqlite"))
+    assert set(ledger["states"]) == {"written"}, ledger
+    written = len(read_rows(out))
+    after = _resume(tmp_path, inp, out, 600)
+    assert after["report"]["recovered"] == 0 and after["ledger"]["retried"] == 0
+    record_figures("sigterm-drain-real", exit_code=rc, exit_s=round(took, 2), written_before_stop=written)
