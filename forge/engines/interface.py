@@ -63,6 +63,8 @@ class EngineResult:
     request_id: str
     output_ids: list[int]
     finish_reason: str               # "eos" | "length" | "stop" | "cancelled" | "error"
+    # With finish_reason "error", an `error` starting with "refused: " means the engine cannot run the
+    # request as asked (the caller's fault: RequestRejected, HTTP 400); any other error is the engine's.
     hidden: Optional[list[float]] = None
     error: Optional[str] = None
 

@@ -127,7 +127,7 @@ def _summary(name: str, node: str, opts: JobOptions, outcome: RunOutcome, engine
         "input_tokens": s.input_tokens, "output_tokens": s.output_tokens,
         "tokens_per_s": (s.input_tokens + s.output_tokens) / wall, "output_tokens_per_s": s.output_tokens / wall,
         "wall_s": wall, "interrupted": outcome.interrupted,
-        "cards": [{"card": e.card, "tier": e.tier, "input_tokens": e.input_tokens, "output_tokens": e.output_tokens,
+        "cards": [{"node": e.node, "card": e.card, "tier": e.tier, "input_tokens": e.input_tokens, "output_tokens": e.output_tokens,
                    "requests": e.requests_ok, "stalls": e.stalls, "progress_only_steps": e.progress_only_steps}
                   for e in engines],
         "padding_ratio": b.padding_ratio if b else None,
