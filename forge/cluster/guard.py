@@ -18,6 +18,8 @@ import sys
 import threading
 from typing import Optional
 
+from forge.runtime.registry import pid_alive
+
 log = logging.getLogger("forge.cluster.guard")
 
 PR_SET_PDEATHSIG = 1
@@ -34,16 +36,6 @@ def die_with_parent() -> bool:
         return libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) == 0
     except (OSError, AttributeError):
         return False
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
 
 
 def watch(agent_pid: Optional[int], agent_host: Optional[str], *, interval_s: float = WATCH_INTERVAL_S) -> threading.Thread:

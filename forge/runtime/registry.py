@@ -34,7 +34,7 @@ def unregister(name: str) -> None:
         pass
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
         return True
@@ -52,7 +52,7 @@ def nodes() -> list[dict]:
             info = json.loads(f.read_text())
         except (OSError, ValueError):
             continue
-        if _alive(int(info.get("pid", -1))):
+        if pid_alive(int(info.get("pid", -1))):
             out.append(info)
         else:
             f.unlink(missing_ok=True)

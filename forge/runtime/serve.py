@@ -13,6 +13,7 @@ import sys
 import time
 from typing import Optional
 
+from forge.runtime.http import QuietServer
 from forge.config.load import LoadedNode
 from forge.errors import ForgeError
 from forge.runtime import registry
@@ -47,28 +48,6 @@ def provision_and_serve(loaded: LoadedNode, *, host: Optional[str] = None, port:
     return asyncio.run(_serve(loaded, host, port, metrics_port, token, ready_file))
 
 
-class _Server:
-    """uvicorn's server without its own signal handling: forge drains the node first."""
-
-    def __init__(self, app, host: str, port: int):
-        import uvicorn
-
-        class Quiet(uvicorn.Server):
-            @contextlib.contextmanager
-            def capture_signals(self):
-                yield
-
-        self.server = Quiet(uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off",
-                                           access_log=False))
-
-    @property
-    def port(self) -> int:
-        for s in self.server.servers:
-            for sock in s.sockets:
-                return sock.getsockname()[1]
-        return 0
-
-
 async def _serve(loaded: LoadedNode, host: str, port: int, metrics_port: int, token: Optional[str],
                  ready_file: Optional[str]) -> int:
     from forge.metrics import ForgeMetrics
@@ -78,7 +57,7 @@ async def _serve(loaded: LoadedNode, host: str, port: int, metrics_port: int, to
     await runtime.start()
     metrics = ForgeMetrics()
     _, mport = metrics.serve(loaded.node.metrics.host, metrics_port)
-    web = _Server(build_app(runtime, token=token), host, port)
+    web = QuietServer(build_app(runtime, token=token), host, port)
     serve_task = asyncio.create_task(web.server.serve())
     while not web.server.started:
         if serve_task.done():

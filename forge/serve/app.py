@@ -17,6 +17,7 @@ from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
+from forge.runtime.http import QuietServer
 from forge.functions.api import FunctionSpec
 from forge.runtime.server import TokenAuth, control_router
 from forge.serve.functions_api import function_router
@@ -114,34 +115,13 @@ class EarlyRefusal:
         await send({"type": "http.response.body", "body": body.encode()})
 
 
-class _Uvicorn:
-    """uvicorn's server without its own signal handling: forge drains the node first."""
-
-    def __init__(self, app, host: str, port: int):
-        import uvicorn
-
-        class Quiet(uvicorn.Server):
-            @contextlib.contextmanager
-            def capture_signals(self):
-                yield
-
-        self.server = Quiet(uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off",
-                                           access_log=False, backlog=4096, timeout_keep_alive=KEEP_ALIVE_S))
-
-    @property
-    def port(self) -> int:
-        for s in self.server.servers:
-            for sock in s.sockets:
-                return sock.getsockname()[1]
-        return 0
-
-
 async def serve_node(node: Any, specs: Sequence[FunctionSpec], opts: ServeOptions, *,
                      stop: Optional[asyncio.Event] = None) -> int:
     """Serve an already started node until SIGINT/SIGTERM (or `stop`), then drain and stop it."""
     from forge.errors import ForgeError
 
-    web = _Uvicorn(build_serve_app(node, specs, opts), opts.host, opts.port)
+    web = QuietServer(build_serve_app(node, specs, opts), opts.host, opts.port, backlog=4096,
+                      timeout_keep_alive=KEEP_ALIVE_S)
     task = asyncio.create_task(web.server.serve())
     while not web.server.started:
         if task.done():
