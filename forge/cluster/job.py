@@ -4,29 +4,16 @@ The same job as on one machine (forge/functions/job.py: ledger, output, resume, 
 the node differs: a ClusterNode, whose broker spans every engine on the cluster."""
 from __future__ import annotations
 
-import asyncio
-
 from forge.functions.job import JobOptions
 
 
 def run_cluster(address: str, opts: JobOptions, *, grouping: bool = True) -> int:
     from forge.cluster.client import ClusterNode
     from forge.cluster.connect import connect, disconnect
-    from forge.functions.job import _run
-    from forge.functions.loader import load_function
+    from forge.functions.job import run_with_node
 
-    spec, digest = load_function(opts.target)
     owned = connect(address)
     try:
-        async def main() -> int:
-            node = ClusterNode(address, grouping=grouping)
-            await node.start()
-            try:
-                return await _run(spec, digest, node, opts, node_label=node.name,
-                                  engine_stats=node.engine_stats, broker_stats=node.broker_stats)
-            finally:
-                await node.stop()
-
-        return asyncio.run(main())
+        return run_with_node(lambda: ClusterNode(address, grouping=grouping), opts)
     finally:
         disconnect(owned)

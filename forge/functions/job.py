@@ -7,7 +7,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from forge import constants
 from forge.config.load import LoadedNode
@@ -33,32 +33,29 @@ class JobOptions:
 def run_embedded(loaded: LoadedNode, opts: JobOptions, *, grouping: bool = True) -> int:
     from forge.runtime.node import NodeRuntime
 
-    spec, digest = load_function(opts.target)
-
-    async def main() -> int:
-        node = NodeRuntime(loaded, grouping=grouping)
-        await node.start()
-        try:
-            return await _run(spec, digest, node, opts, node_label=node.name,
-                              engine_stats=node.engine_stats, broker_stats=node.broker_stats)
-        finally:
-            await node.stop()
-
-    return asyncio.run(main())
+    return run_with_node(lambda: NodeRuntime(loaded, grouping=grouping), opts)
 
 
 def run_remote(url: str, token: Optional[str], opts: JobOptions) -> int:
     from forge.functions.remote import RemoteNode
 
+    return run_with_node(lambda: RemoteNode(url, token=token), opts)
+
+
+def run_with_node(make_node: Callable[[], Any], opts: JobOptions) -> int:
+    """Load the function, start the node `make_node()` builds (in-process, remote or cluster), run the job,
+    and stop the node whatever happens. A node exposing engine/broker stats feeds the report with them."""
     spec, digest = load_function(opts.target)
 
     async def main() -> int:
-        node = RemoteNode(url, token=token)
+        node = make_node()
         await node.start()
         try:
-            return await _run(spec, digest, node, opts, node_label=node.name, engine_stats=None, broker_stats=None)
+            return await _run(spec, digest, node, opts, node_label=node.name,
+                              engine_stats=getattr(node, "engine_stats", None),
+                              broker_stats=getattr(node, "broker_stats", None))
         finally:
-            await node.close()
+            await (node.stop() if hasattr(node, "stop") else node.close())
 
     return asyncio.run(main())
 
