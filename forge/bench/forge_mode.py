@@ -63,13 +63,14 @@ def _delta(after: int, before: int) -> int:
 
 async def run_forge_async(loaded: LoadedNode, records_path: Path, n_requests: int, workdir: Path, *,
                           grouping: bool, warmup: Sequence[BenchRequest] = (), label: Optional[str] = None,
-                          concurrency: int = constants.DEFAULT_RECORD_CONCURRENCY) -> ModeResult:
+                          concurrency: int = constants.DEFAULT_RECORD_CONCURRENCY,
+                          card_transport: str = "process") -> ModeResult:
     from forge.functions.runner import run_records
     from forge.functions.store import open_store
-    from forge.runtime.node import NodeRuntime
+    from forge.node.local import LocalNode
 
     mode = label or ("forge" if grouping else "fifo")
-    node = NodeRuntime(loaded, grouping=grouping)
+    node = LocalNode(loaded, grouping=grouping, card_transport=card_transport)
     await node.start()
     try:
         await _warm(node, warmup)

@@ -6,7 +6,8 @@ from typing import Optional
 
 import click
 
-from forge.errors import ForgeError, UsageError
+from forge.cli.run import card_transport_option
+from forge.errors import UsageError
 
 
 def plan_table(loaded):
@@ -50,9 +51,10 @@ def register(cli: click.Group) -> None:
                   "already started with the node's resources (printed by --dry-run --cluster)")
     @click.option("--ready-file", type=click.Path(dir_okay=False), default=None,
                   help="write the control URL (with --cluster: a JSON line) to this file once the node serves")
+    @card_transport_option
     def provision_cmd(node_path: Path, dry_run: bool, strict: bool, host: Optional[str], port: Optional[int],
                       metrics_port: Optional[int], token_env: Optional[str], cluster: Optional[str],
-                      ray_node: str, ready_file: Optional[str]) -> int:
+                      ray_node: str, ready_file: Optional[str], card_transport: str) -> int:
         """Validate NODE.yaml, probe the machine, load one engine per card and serve the node."""
         from forge.config.load import load_node
 
@@ -75,6 +77,9 @@ def register(cli: click.Group) -> None:
                            + json.dumps(node_resources(loaded), sort_keys=True))
             return 0
         if cluster is not None:
+            if card_transport is not None:
+                raise UsageError("--card-transport applies to a node on this machine; with --cluster each card's "
+                                 "engine runs in its Ray actor")
             if host is not None or port is not None or token_env is not None:
                 raise UsageError("--host/--port/--token-env configure the single-machine control endpoint; "
                                  "with --cluster, jobs reach the engines through Ray")
@@ -84,11 +89,9 @@ def register(cli: click.Group) -> None:
                                         ready_file=ready_file)
         if ray_node != "start":
             raise UsageError("--ray-node applies to --cluster")
-        try:
-            from forge.runtime.node import provision_and_serve
-        except ImportError as e:
-            raise ForgeError(f"provisioning runtime not available: {e}") from e
+        from forge.node.provision import provision_and_serve
+
         options = {"host": host, "port": port, "metrics_port": metrics_port, "token_env": token_env,
-                   "ready_file": ready_file}
+                   "ready_file": ready_file, "card_transport": card_transport or "process"}
         rv = provision_and_serve(loaded, **{k: v for k, v in options.items() if v is not None})
         return rv if isinstance(rv, int) else 0

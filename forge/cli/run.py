@@ -8,6 +8,14 @@ import click
 
 from forge.errors import UsageError
 
+CARD_TRANSPORT_HELP = ("where each card's engine runs: 'process' (its own worker process; the default) or 'thread' "
+                       "(in this process, as before worker processes: for tests and before/after benchmarks)")
+
+
+def card_transport_option(f):
+    return click.option("--card-transport", type=click.Choice(["process", "thread"]), default=None,
+                        help=CARD_TRANSPORT_HELP)(f)
+
 
 def _common(f):
     opts = [
@@ -42,8 +50,9 @@ def register(cli: click.Group) -> None:
                   help="node description to provision in-process; default: the embedded CPU node")
     @click.option("--grouping/--no-grouping", default=True, help="broker prefix/length grouping (off = FIFO)")
     @click.option("--strict", is_flag=True, help="treat validation warnings as errors")
+    @card_transport_option
     @_common
-    def run_cmd(target, node_path, grouping, strict, input_path, output_path, ledger_path, restart,
+    def run_cmd(target, node_path, grouping, strict, card_transport, input_path, output_path, ledger_path, restart,
                 concurrency, metrics_port, progress, report):
         """Run a function over records on a node provisioned in this process."""
         from forge.config.load import load_node
@@ -56,7 +65,7 @@ def register(cli: click.Group) -> None:
         opts = JobOptions(target=target, input_path=input_path, output_path=output_path,
                           ledger_path=_ledger_default(output_path, ledger_path), restart=restart,
                           concurrency=concurrency, metrics_port=metrics_port, progress=progress, report=report)
-        return run_embedded(loaded, opts, grouping=grouping)
+        return run_embedded(loaded, opts, grouping=grouping, card_transport=card_transport or "process")
 
     @cli.command("deploy")
     @click.argument("target", metavar="FILE.py[:NAME]")

@@ -40,7 +40,7 @@ def register(cli: click.Group) -> None:
         from forge.config.load import load_node
         from forge.embedded import default_node_path
         from forge.functions.loader import load_function
-        from forge.runtime.server import require_token
+        from forge.node.endpoint import require_token
         from forge.serve.app import ServeOptions, serve_embedded
 
         from forge.serve.app import serve_remote

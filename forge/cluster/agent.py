@@ -1,7 +1,7 @@
 """`forge provision NODE.yaml --cluster ADDRESS`: the node agent.
 
 It validates the node and checks its hardware exactly as on one machine, joins the Ray cluster (raynode.py),
-creates one engine actor per card (host.py) pinned to this machine and holding that card's forge_card and
+creates one engine actor per card (actor.py) pinned to this machine and holding that card's forge_card and
 forge_tier resources, and then watches: engine stats to Prometheus (the node's metrics port) and to the
 node's record (record.py) for `forge status --cluster`. The agent owns its actors: when it exits, however
 it exits, its engines go with it. SIGINT/SIGTERM drain the engines (bounded) before they are stopped."""
@@ -87,10 +87,10 @@ class Agent:
         import ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        from forge.cluster.host import EngineHost
+        from forge.cluster.actor import EngineActor
 
         t0 = time.monotonic()
-        host_cls = ray.remote(EngineHost)
+        host_cls = ray.remote(EngineActor)
         source = str(Path(self.loaded.node.source).resolve())
         for p in self.loaded.plans:
             self.engines[p.card_id] = host_cls.options(
@@ -203,7 +203,7 @@ class Agent:
 def provision_on_cluster(loaded, address: str, *, ray_node: str = "start", metrics_port: Optional[int] = None,
                          ready_file: Optional[str] = None) -> int:
     from forge.cluster.connect import check_environment, require_ray
-    from forge.runtime.serve import check_hardware
+    from forge.node.provision import check_hardware
 
     check_environment(address)
     require_ray()

@@ -6,59 +6,32 @@ Three layers, each enough on its own in the case it covers:
   Ray 2.60 otherwise leaves a dead raylet's workers running for a minute or more;
 - a watchdog thread: the parent changed (re-parented to init or a subreaper) or the agent's pid is gone
   (same machine only) -> exit at once. It covers what PDEATHSIG cannot (the signal follows the parent
-  *thread* that forked us, and is cleared by some exec paths)."""
+  *thread* that forked us, and is cleared by some exec paths).
+The first two are forge/host/lifeline.py, which a local node's worker processes use as well."""
 from __future__ import annotations
 
-import ctypes
-import logging
 import os
-import signal
 import socket
-import sys
 import threading
 from typing import Optional
 
+from forge.host.lifeline import EXIT_ORPHANED, WATCH_INTERVAL_S, die_with_parent, watch_parent
 from forge.runtime.registry import pid_alive
 
-log = logging.getLogger("forge.cluster.guard")
-
-PR_SET_PDEATHSIG = 1
-WATCH_INTERVAL_S = 0.25
-EXIT_ORPHANED = 3
+__all__ = ["EXIT_ORPHANED", "die_with_parent", "install", "watch"]
 
 
-def die_with_parent() -> bool:
-    """Ask the kernel to SIGKILL this process when its parent dies (Linux); False where unsupported."""
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        return libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) == 0
-    except (OSError, AttributeError):
-        return False
-
-
-def watch(agent_pid: Optional[int], agent_host: Optional[str], *, interval_s: float = WATCH_INTERVAL_S) -> threading.Thread:
+def watch(agent_pid: Optional[int], agent_host: Optional[str], *,
+          interval_s: float = WATCH_INTERVAL_S) -> threading.Thread:
     """Start the watchdog; the agent's pid is only watched when the agent runs on this machine."""
-    parent = os.getppid()
     if agent_host != socket.gethostname() or not agent_pid or not pid_alive(agent_pid):
         agent_pid = None
 
-    def run() -> None:
-        stop = threading.Event()
-        while not stop.wait(interval_s):
-            why = None
-            if os.getppid() != parent:
-                why = f"its raylet (pid {parent}) is gone"
-            elif agent_pid is not None and not pid_alive(agent_pid):
-                why = f"its node agent (pid {agent_pid}) is gone"
-            if why:
-                log.error("engine actor pid %d exits: %s", os.getpid(), why)
-                os._exit(EXIT_ORPHANED)
+    def agent_gone() -> Optional[str]:
+        gone = agent_pid is not None and not pid_alive(agent_pid)
+        return f"its node agent (pid {agent_pid}) is gone" if gone else None
 
-    t = threading.Thread(target=run, name="forge-orphan-guard", daemon=True)
-    t.start()
-    return t
+    return watch_parent(os.getppid(), also=agent_gone, interval_s=interval_s, what="engine actor")
 
 
 def install(agent_pid: Optional[int], agent_host: Optional[str]) -> dict:

@@ -172,9 +172,9 @@ def _factory(contract, plan) -> FaultyEngine:
     where = display_path(contract.source) if contract.source else f"contract {contract.contract}"
     if faults is None:
         raise ForgeError(f"{where}::$.faults: backend faults needs a `faults:` section naming the inner backend")
-    from forge.plugins import collect
+    from forge.engines.backends import factories as backend_factories
 
-    factories = {args[0]: args[1] for args in collect("forge_register_backends")}
+    factories = backend_factories()
     if faults.wraps not in factories:
         raise ForgeError(f"{where}::$.faults.wraps: unknown backend {faults.wraps!r} "
                          f"(known: {', '.join(sorted(set(factories) - {BACKEND}))})")

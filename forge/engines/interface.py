@@ -58,13 +58,17 @@ class EngineRequest:
     want_hidden: bool = False        # return the final hidden state (embed)
 
 
+REFUSED = "refused"
+
+
 @dataclass
 class EngineResult:
     request_id: str
     output_ids: list[int]
-    finish_reason: str               # "eos" | "length" | "stop" | "cancelled" | "error"
-    # With finish_reason "error", an `error` starting with "refused: " means the engine cannot run the
-    # request as asked (the caller's fault: RequestRejected, HTTP 400); any other error is the engine's.
+    finish_reason: str               # "eos" | "length" | "stop" | "cancelled" | "error" | REFUSED
+    # REFUSED: the engine cannot run the request as asked (a guide or sampling mode it does not offer, a
+    # length it cannot hold) - the caller's to fix (RequestRejected, HTTP 400); "error": the engine failed
+    # the request. Either way `error` says why.
     hidden: Optional[list[float]] = None
     error: Optional[str] = None
 

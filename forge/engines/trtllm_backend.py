@@ -24,8 +24,8 @@ from typing import Any, Optional, Sequence
 from forge.config.models import Contract
 from forge.config.plan import CardPlan
 from forge.engines import trtllm_mapping as tm
-from forge.engines.interface import (Engine, EngineBusy, EngineFailed, EngineRequest, EngineResult, IterationStats,
-                                     Progress)
+from forge.engines.interface import (REFUSED, Engine, EngineBusy, EngineFailed, EngineRequest, EngineResult,
+                                     IterationStats, Progress)
 from forge.errors import ConfigError, EngineUnavailable, Problem
 from forge.hookspecs import hookimpl
 
@@ -128,7 +128,7 @@ class _TrtllmEngine(Engine):
             why = tm.request_refusal(self._contract, r, self.supports_guides)
             if why:
                 with self._lock:
-                    self._refused.append(EngineResult(r.request_id, [], "error", error=why))
+                    self._refused.append(EngineResult(r.request_id, [], REFUSED, error=why))
             else:
                 accepted.append(r)
         return accepted
@@ -220,7 +220,7 @@ class ExecutorEngine(_TrtllmEngine):
                 eid = self._executor.enqueue_request(self._request(r))
             except Exception as e:  # an invalid request is that request's error, not the engine's
                 with self._lock:
-                    self._refused.append(EngineResult(r.request_id, [], "error", error=f"TensorRT-LLM refused: {e}"))
+                    self._refused.append(EngineResult(r.request_id, [], REFUSED, error=f"TensorRT-LLM: {e}"))
                 continue
             with self._lock:
                 self._ids[eid], self._by_request[r.request_id], self._tokens[eid] = r.request_id, eid, []

@@ -30,32 +30,34 @@ class JobOptions:
     report: bool = True
 
 
-def run_embedded(loaded: LoadedNode, opts: JobOptions, *, grouping: bool = True) -> int:
-    from forge.runtime.node import NodeRuntime
+def run_embedded(loaded: LoadedNode, opts: JobOptions, *, grouping: bool = True,
+                 card_transport: str = "process") -> int:
+    from forge.node.local import LocalNode
 
-    return run_with_node(lambda: NodeRuntime(loaded, grouping=grouping), opts)
+    return run_with_node(lambda: LocalNode(loaded, grouping=grouping, card_transport=card_transport), opts)
 
 
 def run_remote(url: str, token: Optional[str], opts: JobOptions) -> int:
-    from forge.functions.remote import RemoteNode
+    from forge.node.remote import RemoteNode
 
     return run_with_node(lambda: RemoteNode(url, token=token), opts)
 
 
 def run_with_node(make_node: Callable[[], Any], opts: JobOptions) -> int:
-    """Load the function, start the node `make_node()` builds (in-process, remote or cluster), run the job,
-    and stop the node whatever happens. A node exposing engine/broker stats feeds the report with them."""
-    spec, digest = load_function(opts.target)
+    """Start the node `make_node()` builds (a forge.node.interface.Node: local, remote or cluster), load the
+    function while a local node's workers load their engines, run the job, and stop the node whatever happens."""
 
     async def main() -> int:
         node = make_node()
-        await node.start()
+        if hasattr(node, "launch"):
+            node.launch()             # workers start loading now; the function and the ledger open meanwhile
         try:
-            return await _run(spec, digest, node, opts, node_label=node.name,
-                              engine_stats=getattr(node, "engine_stats", None),
-                              broker_stats=getattr(node, "broker_stats", None))
+            spec, digest = load_function(opts.target)
+            await node.start()
+            return await _run(spec, digest, node, opts, node_label=node.name, engine_stats=node.engine_stats,
+                              broker_stats=node.broker_stats)
         finally:
-            await (node.stop() if hasattr(node, "stop") else node.close())
+            await node.stop()
 
     return asyncio.run(main())
 

@@ -1,7 +1,7 @@
 """The `llm` handle given to functions: turns generate/embed calls into node requests.
 
-The node behind it is either in this process (`forge run`: NodeRuntime) or remote (`forge deploy`:
-RemoteNode over HTTP). Both offer `submit(prompt, GenerateParams) -> (Generation, EngineResult)`."""
+The node behind it is any forge.node.interface.Node: the local node (`forge run`), a provisioned node over
+HTTP (`forge deploy`) or a Ray cluster (`forge deploy --cluster`); all offer `generate` and `embed`."""
 from __future__ import annotations
 
 import math

@@ -19,7 +19,7 @@ from fastapi.responses import JSONResponse
 
 from forge.runtime.http import QuietServer
 from forge.functions.api import FunctionSpec
-from forge.runtime.server import TokenAuth, control_router
+from forge.node.endpoint import TokenAuth, control_router
 from forge.serve.functions_api import function_router
 from forge.serve.limits import CONCURRENCY_FACTOR, DEFAULT_DEADLINE_S, EndpointGate, node_slots
 from forge.serve.openai_api import openai_router
@@ -157,7 +157,7 @@ async def serve_node(node: Any, specs: Sequence[FunctionSpec], opts: ServeOption
 
 def serve_embedded(loaded, specs: Sequence[FunctionSpec], opts: ServeOptions) -> int:
     """Provision the node in this process and serve it (what `forge serve --node NODE.yaml` runs)."""
-    from forge.runtime.node import NodeRuntime
+    from forge.node.local import LocalNode
 
     # The engines' loops are Python threads here; the HTTP loop does many short I/O steps, each of which gives the
     # GIL away and waits up to the switch interval (5 ms by default) to get it back. Under thousands of
@@ -166,7 +166,7 @@ def serve_embedded(loaded, specs: Sequence[FunctionSpec], opts: ServeOptions) ->
 
     async def main() -> int:
         t0 = time.monotonic()
-        node = NodeRuntime(loaded)
+        node = LocalNode(loaded)
         await node.start()
         log.info("node %s up in %.1f s", node.name, time.monotonic() - t0)
         return await serve_node(node, specs, opts)

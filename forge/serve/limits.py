@@ -32,7 +32,7 @@ class BadDeadline(ValueError):
 
 
 def node_slots(description: dict) -> int:
-    """Slots on the node: the sum of its cards' contract limits.max_batch_size (from NodeRuntime.describe())."""
+    """Slots on the node: the sum of its cards' contract limits.max_batch_size (from the node's describe())."""
     return sum(int(c["limits"]["max_batch_size"]) for c in description.get("cards", [])) or 1
 
 

@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse
 from forge.broker.types import QueueFull
 from forge.errors import ForgeError, NodeDown, RequestRejected
 from forge.functions.api import GenerateParams, Generation
-from forge.runtime.server import ClientGone, until_disconnected
+from forge.node.endpoint import ClientGone, until_disconnected
 from forge.serve.limits import BadDeadline, EndpointGate, Overloaded, ONLINE_PRIORITY, Slot
 
 
@@ -40,13 +40,13 @@ class OnlineNode:
         return await self.node.submit(prompt, params, wait=False)
 
     async def generate(self, prompt: str | Sequence[int], params: GenerateParams) -> Generation:
-        return (await self.submit(prompt, params))[0]
+        return (await self.submit(prompt, params)).generation
 
     async def embed(self, prompt: str | Sequence[int]) -> list[float]:
-        gen, result = await self.submit(prompt, GenerateParams(max_tokens=1, embed=True))
-        if result.hidden is None:
+        gen, hidden = await self.submit(prompt, GenerateParams(max_tokens=1, embed=True))
+        if hidden is None:
             raise ForgeError(f"card {gen.card}: its backend returns no hidden state")
-        return list(result.hidden)
+        return list(hidden)
 
 
 def error_response(status: int, kind: str, message: str, headers: Optional[dict] = None) -> JSONResponse:

@@ -6,7 +6,6 @@ when its client disconnects. Online priority and the remaining deadline travel w
 from __future__ import annotations
 
 import time
-from types import SimpleNamespace
 from typing import Any, Optional, Sequence
 
 import httpx
@@ -14,6 +13,7 @@ import httpx
 from forge.broker.types import QueueFull
 from forge.errors import ForgeError, NodeDown, RequestRejected
 from forge.functions.api import GenerateParams, Generation
+from forge.node.interface import Answer
 
 
 class RemoteOnlineNode:
@@ -87,4 +87,4 @@ class RemoteOnlineNode:
             raise (RequestRejected if err.get("type") == "RequestRejected" else ForgeError)(err.get("message", "?"))
         gen = Generation(text=out["text"], output_tokens=out["output_tokens"], input_tokens=out["input_tokens"],
                          finish_reason=out["finish_reason"], card=out.get("card", ""))
-        return gen, SimpleNamespace(hidden=out.get("hidden"))
+        return Answer(gen, out.get("hidden"))

@@ -1,6 +1,7 @@
-"""forge.cluster without Ray: names and resources, the auth rules, the wire format, and the engine actor's
-body (EngineHost, with the real instant engine) driven by a job's EngineLink through an in-process handle.
-The in-process handle stands in for Ray's actor handle only; loss is simulated by making its calls fail."""
+"""forge.cluster without Ray: names and resources, the auth rules, the wire format, and the engine actor
+(EngineActor: the engine host with the real instant engine) driven by a job's EngineLink through the Ray
+transport over an in-process handle. The in-process handle stands in for Ray's actor handle only; loss is
+simulated by making its calls fail."""
 from __future__ import annotations
 
 import asyncio
@@ -10,15 +11,15 @@ from pathlib import Path
 import pytest
 
 from forge.broker import Broker, BrokerCore, BrokerRequest
-from forge.cluster import connect, links
-from forge.cluster.host import EngineHost
-from forge.cluster.links import EngineLink, geometry_of
+from forge.cluster import actor, connect
+from forge.cluster.actor import EngineActor, RayTransport
 from forge.cluster.names import engine_actor_name, engine_resources, node_resources, slug
-from forge.cluster.wire import from_wire, to_wire
+from forge.host.wire import from_wire, to_wire
 from forge.config.load import load_node
 from forge.engines.interface import Sampling
 from forge.errors import UsageError
-from forge.runtime.options import RequestOptions
+from forge.link.link import EngineLink, geometry_of
+from forge.requests import RequestOptions
 
 FIX = Path(__file__).parent / "fixtures"
 INSTANT_NODE = FIX / "instant" / "nodes" / "i1.yaml"
@@ -93,7 +94,7 @@ def test_wire_round_trip_keeps_identity_options_and_age():
     back = from_wire(item, "sess", "mine", time.monotonic())
     assert back.prompts == {"mine": (1, 2, 3)} and back.max_new_tokens == 4 and back.priority == 2
     assert back.payload.rid == "r1" and back.payload.session == "sess" and back.attempt == 1
-    assert back.payload.sampling.temperature == 0.5 and back.payload.deadline_s == 3.0
+    assert back.payload.options.sampling.temperature == 0.5 and back.payload.options.deadline_s == 3.0
     assert 1.9 < time.monotonic() - back.enqueued_at < 3.0
     assert to_wire(BrokerRequest(request_id="x", prompts={"k": (1,)}, max_new_tokens=1), "k", 0.0)[5] is None
 
@@ -121,8 +122,8 @@ class InProcessHandle:
         return Remote()
 
 
-def make_host() -> EngineHost:
-    return EngineHost(str(INSTANT_NODE), 0, {"guard": False, "tier": "instant-bench"})
+def make_host() -> EngineActor:
+    return EngineActor(str(INSTANT_NODE), 0, {"guard": False, "tier": "instant-bench"})
 
 
 def test_host_runs_batches_and_drops_ended_sessions():
@@ -147,7 +148,7 @@ def test_host_runs_batches_and_drops_ended_sessions():
 
 
 def test_link_requeues_a_lost_engines_work_and_settles_each_request_once(monkeypatch):
-    monkeypatch.setattr(links, "REATTACH_INTERVAL_S", 0.05)
+    monkeypatch.setattr(actor, "REATTACH_INTERVAL_S", 0.05)
 
     async def main():
         host = make_host()
@@ -162,7 +163,7 @@ def test_link_requeues_a_lost_engines_work_and_settles_each_request_once(monkeyp
             settled[req.request_id] = settled.get(req.request_id, 0) + 1
             done[req.request_id].set_result(res)
 
-        link = EngineLink("engine:i1/cpu0", handle, info, broker=broker, job="j", settle=settle,
+        link = EngineLink(RayTransport("engine:i1/cpu0", handle), info, broker=broker, job="j", settle=settle,
                           fail=lambda req, msg: done[req.request_id].set_exception(RuntimeError(msg)))
         link.start()
         key = host.tokenizer_key
@@ -249,7 +250,7 @@ def test_guard_ends_an_engine_process_whose_raylet_is_gone():
 
 # ----------------------------------------------------------------------------- job counters, and Ray stays optional
 def test_job_counters_count_from_attach_and_across_restarts():
-    from forge.cluster.counters import JobCounters
+    from forge.link.counters import JobCounters
     from forge.stats import EngineStats
 
     def st(ok: int) -> EngineStats:
@@ -285,7 +286,7 @@ def test_cluster_node_runs_requests_and_gives_up_on_engines_that_stay_gone(monke
     from forge.functions.api import GenerateParams
 
     monkeypatch.setattr(client, "SWEEP_INTERVAL_S", 0.05)
-    monkeypatch.setattr(links, "REATTACH_INTERVAL_S", 0.05)
+    monkeypatch.setattr(actor, "REATTACH_INTERVAL_S", 0.05)
 
     async def main():
         host = make_host()

@@ -9,7 +9,7 @@ import re
 import jsonschema
 import pytest
 
-from forge.engines.interface import EngineRequest, Guide, Sampling
+from forge.engines.interface import REFUSED, EngineRequest, Guide, Sampling
 
 pytestmark = pytest.mark.engine
 torch = pytest.importorskip("torch")
@@ -61,7 +61,7 @@ def ids(engine, text):
 def shortest(engine, guide) -> int:
     got, _ = run_all(engine, [EngineRequest("probe", ids(engine, "x"), 1, guide=guide)])
     r = got["probe"]
-    if r.finish_reason != "error":
+    if r.finish_reason != REFUSED:
         return 1
     return int(re.search(r"\((\d+) tokens", r.error).group(1))
 
@@ -117,8 +117,8 @@ def test_budgets_below_the_shortest_output_are_refused_up_front(engine):
                               EngineRequest("j", ids(engine, "x"), n_json - 1, guide=schema),
                               EngineRequest("c-fits", ids(engine, "x"), n_choice, guide=choice),
                               EngineRequest("j-fits", ids(engine, "x"), n_json, guide=schema)])
-    assert got["c"].error.startswith("refused: ") and "cannot hold the shortest choice" in got["c"].error
-    assert got["j"].error.startswith("refused: ") and "shortest JSON this schema allows" in got["j"].error
+    assert got["c"].finish_reason == REFUSED and "cannot hold the shortest choice" in got["c"].error
+    assert got["j"].finish_reason == REFUSED and "shortest JSON this schema allows" in got["j"].error
     assert engine.tokenizer.decode(got["c-fits"].output_ids) == "the Queen of Hearts"
     jsonschema.validate(json.loads(engine.tokenizer.decode(got["j-fits"].output_ids)), SCHEMAS[1])
 
@@ -134,7 +134,7 @@ def test_what_the_engine_cannot_guide_is_refused(engine):
     assert "exactly one" in got["two"].error
     assert "cannot be compiled" in got["bad"].error
     assert "stop at EOS" in got["noeos"].error
-    assert all(r.error.startswith("refused: ") for r in got.values())
+    assert all(r.finish_reason == REFUSED for r in got.values())
 
 
 def test_unguided_requests_are_untouched(engine):

@@ -12,7 +12,7 @@ import pytest
 
 from forge.config.models import Card, Contract
 from forge.config.plan import plan_card
-from forge.engines.interface import EngineBusy, EngineFailed, EngineRequest, Guide, Sampling
+from forge.engines.interface import REFUSED, EngineBusy, EngineFailed, EngineRequest, Guide, Sampling
 from forge.errors import ForgeError
 
 pytestmark = pytest.mark.engine
@@ -109,7 +109,7 @@ def test_refuses_what_it_cannot_honour(engine):
            EngineRequest("seed", ok, 4, sampling=Sampling(temperature=0.7, seed=3))]
     got, _ = run_all(engine, bad + [EngineRequest("fine", ok, 4, sampling=Sampling(temperature=0, seed=3))])
     for r in bad:
-        assert got[r.request_id].finish_reason == "error" and got[r.request_id].error
+        assert got[r.request_id].finish_reason == REFUSED and got[r.request_id].error
     assert "max_input_len" in got["long"].error and "seed" in got["seed"].error
     assert got["fine"].finish_reason in ("eos", "length") and got["fine"].error is None
     with pytest.raises(ValueError):

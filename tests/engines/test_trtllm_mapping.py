@@ -16,7 +16,7 @@ import pytest
 from forge.config.models import Artifact, Card, Contract, KvCache, Limits, ModelGeometry, Precision, Target
 from forge.config.plan import plan_card
 from forge.engines import trtllm_mapping as tm
-from forge.engines.interface import EngineBusy, EngineRequest, Guide, Sampling
+from forge.engines.interface import REFUSED, EngineBusy, EngineRequest, Guide, Sampling
 from forge.errors import ConfigError, EngineUnavailable
 
 LLAMA7B = ModelGeometry(architecture="LlamaForCausalLM", num_layers=32, num_kv_heads=8, head_dim=128,
@@ -419,13 +419,29 @@ def test_executor_engine_wiring(fake_trtllm):
 
     engine.submit([EngineRequest("d", (1,) * 2000, 8)])                # longer than max_input_len: failed here
     (refused,) = engine.poll(0.0).results
-    assert refused.request_id == "d" and refused.finish_reason == "error" and len(fake.enqueued) == 2
+    assert refused.request_id == "d" and refused.finish_reason == REFUSED and len(fake.enqueued) == 2
 
     stats = engine.stats()
     assert (stats.active, stats.queued, stats.steps) == (1, 3, 155)
     engine.shutdown(5.0)
     assert fake.closed
 
+
+
+def test_a_request_the_executor_rejects_is_a_typed_refusal(fake_trtllm):
+    """Refused, not failed: the node answers it as the caller's to fix (RequestRejected, HTTP 400)."""
+    from forge.engines import trtllm_backend
+    c = contract(limits=(2, 8192, 1024, 128))
+    engine = trtllm_backend.create_engine(c, plan_card(_card(index=3), c))
+
+    def reject(request):
+        raise ValueError("invalid sampling config")
+
+    engine._executor.enqueue_request = reject
+    engine.submit([EngineRequest("x", (1, 1), 8)])
+    (res,) = engine.poll(0.0).results
+    assert res.finish_reason == REFUSED and res.error == "TensorRT-LLM: invalid sampling config"
+    engine.shutdown(5.0)
 
 # Field names from tensorrt_llm/llmapi/llm_args.py (BaseLlmArgs/TorchLlmArgs, KvCacheConfig, SchedulerConfig)
 # and tensorrt_llm/sampling_params.py (SamplingParams, GuidedDecodingParams).

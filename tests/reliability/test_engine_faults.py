@@ -119,7 +119,7 @@ def test_engine_that_freezes_for_good_is_taken_back_then_the_node_stops(tmp_path
     from forge.config.load import load_node
     from forge.functions.job import JobOptions, _run as run_job
     from forge.functions.loader import load_function
-    from forge.runtime.node import NodeRuntime
+    from forge.node.local import LocalNode
 
     inp = write_echo_input(tmp_path / "in.jsonl", 2000)
     out = tmp_path / "out.jsonl"
@@ -128,7 +128,7 @@ def test_engine_that_freezes_for_good_is_taken_back_then_the_node_stops(tmp_path
     spec, digest = load_function(opts.target)
 
     async def main() -> tuple[int, list]:
-        node = NodeRuntime(load_node(NODES / "freeze.yaml"), stall_window_s=0.5)
+        node = LocalNode(load_node(NODES / "freeze.yaml"), stall_window_s=0.5)
         await node.start()
         try:
             rc = await run_job(spec, digest, node, opts, node_label=node.name, engine_stats=node.engine_stats,

@@ -12,7 +12,7 @@ from forge.config.models import Card, Contract
 from forge.config.plan import plan_card
 from forge.engines.faults import FaultsSection, FaultyEngine
 from forge.engines.instant import InstantEngine, InstantSection
-from forge.runtime.admission import AdmissionRuntime, geometry_from_plan
+from forge.host.admission import AdmissionRuntime, geometry_from_plan
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "forge" / "embedded" / "tiny-llama"

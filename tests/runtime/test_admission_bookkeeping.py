@@ -9,9 +9,9 @@ from hypothesis import strategies as st
 
 from forge.broker import BrokerRequest
 from forge.engines.interface import Sampling
-from forge.runtime.flights import FlightTable
-from forge.runtime.options import RequestOptions, options_of
-from forge.runtime.progress import DeliveryRate, StallWatch
+from forge.host.flights import FlightTable
+from forge.requests import RequestOptions, options_of
+from forge.host.progress import DeliveryRate, StallWatch
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -90,10 +90,13 @@ def test_delivery_rate_counts_busy_time_only():
     assert 100 < r.tokens_per_s < 300
 
 
-def test_options_are_read_from_any_payload():
+def test_options_are_read_from_the_payload_or_its_options():
+    from forge.host.wire import Ticket
+
     assert options_of(None) == RequestOptions()
     opts = RequestOptions(sampling=Sampling(temperature=0.5), want_hidden=True, deadline_s=3.0)
     assert options_of(opts) is opts
-    duck = SimpleNamespace(sampling=Sampling(top_k=5), guide=None, want_hidden=False, deadline_s=1.5, future=object())
-    got = options_of(duck)
-    assert got.sampling.top_k == 5 and got.deadline_s == 1.5
+    assert options_of(Ticket(session="s", rid="r", options=opts)) is opts      # an engine host's payload
+    # one model: attributes that merely look like options are not read
+    duck = SimpleNamespace(sampling=Sampling(top_k=5), guide=None, want_hidden=False, deadline_s=1.5)
+    assert options_of(duck) == RequestOptions()

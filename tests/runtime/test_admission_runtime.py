@@ -8,7 +8,7 @@ import pytest
 from _rt_harness import Harness, contract, faulty, instant, plan
 from forge import constants
 from forge.engines.instant import synthetic_output
-from forge.runtime.options import RequestOptions
+from forge.requests import RequestOptions
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -219,7 +219,7 @@ def test_stop_before_run_shuts_the_engine_down():
 
     async def go():
         h = Harness([p])
-        from forge.runtime.admission import AdmissionRuntime
+        from forge.host.admission import AdmissionRuntime
         rt = AdmissionRuntime(engine=eng, plan=p, broker=h.broker, node="test", deliver=h.deliver("cpu0"))
         assert rt.state == "idle" and rt.geometry.kv_blocks_total == p.num_blocks
         await rt.stop()

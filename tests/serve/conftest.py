@@ -30,13 +30,13 @@ class ServedNode:
         self._thread = threading.Thread(target=self._main, daemon=True)
 
     def _main(self) -> None:
-        from forge.runtime.node import NodeRuntime
+        from forge.node.local import LocalNode
         from forge.serve.app import serve_node
 
         async def main():
             self.loop = asyncio.get_running_loop()
             self.stop = asyncio.Event()
-            self.node = NodeRuntime(self.loaded)
+            self.node = LocalNode(self.loaded)
             await self.node.start()
             await serve_node(self.node, self.specs, self.opts, stop=self.stop)
 

@@ -1,5 +1,6 @@
-"""Cancelling the caller of NodeRuntime.submit takes the request back: dropped by admission while it is still
-queued, cancelled in the engine once it runs; the slot and KV reservation come back when the engine lets go."""
+"""Cancelling the caller of Node.submit takes the request back: dropped while it is still queued (in the node's
+broker or in its card's host), cancelled in the engine once it runs - across the link to the card's worker
+process; the slot and KV reservation come back when the engine lets go."""
 from __future__ import annotations
 
 import asyncio
@@ -8,17 +9,19 @@ import time
 import pytest
 
 from forge.functions.api import GenerateParams
-from forge.runtime.node import NodePayload, guided_output_problem
-from forge.runtime.options import options_of
-from forge.engines.interface import Guide, Sampling
+from forge.node.linked import guided_output_problem
+from forge.requests import RequestOptions
+from forge.engines.interface import Guide
 
 pytestmark = pytest.mark.engine
 LONG = "1, 2, 3, 4, 5, 6, 7,"
 
 
-def test_payload_reads_as_request_options():
-    o = options_of(NodePayload(sampling=Sampling(top_k=3), guide=Guide(choice=("a",)), deadline_s=2.0))
+def test_request_options_are_built_once_from_the_params():
+    o = RequestOptions.of(GenerateParams(max_tokens=4, top_k=3, choice=("a",), deadline_s=2.0))
     assert o.sampling.top_k == 3 and o.guide.choice == ("a",) and o.deadline_s == 2.0 and not o.want_hidden
+    assert RequestOptions.of(GenerateParams(max_tokens=4, embed=True)).want_hidden
+    assert RequestOptions.of(GenerateParams(max_tokens=4, priority=5)) is None      # defaults travel as nothing
 
 
 def test_guided_output_check():
@@ -33,18 +36,20 @@ def test_guided_output_check():
 def test_cancelled_callers_leave_nothing_behind():
     from forge.config.load import load_node
     from forge.embedded import default_node_path
-    from forge.runtime.node import NodeRuntime
+    from forge.node.local import LocalNode
 
     async def main():
-        node = NodeRuntime(load_node(default_node_path()))
+        node = LocalNode(load_node(default_node_path()))
         await node.start()
         try:
-            rt = next(iter(node.runtimes.values()))
+            def card():
+                return node.engine_stats()[0]      # the card's own numbers, as its worker reports them
+
             params = GenerateParams(max_tokens=128)
-            # 32 slots: the first 32 run, the other 16 wait in the broker
+            # 32 slots: the first 32 run; the link sends 8 more ahead (credit), the rest wait in the node's broker
             tasks = [asyncio.ensure_future(node.submit(LONG, params)) for _ in range(48)]
             deadline = time.monotonic() + 20
-            while rt.stats().in_flight < 32:
+            while card().in_flight < 32:
                 assert time.monotonic() < deadline
                 await asyncio.sleep(0.01)
             queued = node.broker.pending()
@@ -52,10 +57,11 @@ def test_cancelled_callers_leave_nothing_behind():
                 t.cancel()
             results = await asyncio.gather(*tasks, return_exceptions=True)
             assert all(isinstance(r, asyncio.CancelledError) for r in results)
-            while any((rt.stats().in_flight, rt.stats().kv_blocks_reserved, node.broker.pending())):
-                assert time.monotonic() < deadline, rt.stats()
+            while any((card().in_flight, card().kv_blocks_reserved, node.broker.pending(),
+                       sum(len(lk.out) for lk in node.links.values()))):
+                assert time.monotonic() < deadline, card()
                 await asyncio.sleep(0.02)
-            st = rt.stats()
+            st = card()
             assert node.abandoned == 48 and node.open_requests() == 0 and queued >= 1
             assert st.requests_cancelled == 48 and st.requests_ok == 0
             # the node still works

@@ -10,7 +10,7 @@ import sys
 import httpx
 import pytest
 
-from forge.runtime.server import require_token
+from forge.node.endpoint import require_token
 from forge.serve.loadtest import LoadConfig, run, spawn_server, stop_server
 from tests.serve.conftest import REPO
 

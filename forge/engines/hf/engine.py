@@ -21,8 +21,8 @@ from forge.config.plan import CardPlan
 from forge.engines.hf import requests as reqs
 from forge.engines.hf.hidden import HiddenWorker
 from forge.engines.hf.sizing import capacity_of
-from forge.engines.interface import (Engine, EngineBusy, EngineFailed, EngineRequest, EngineResult, IterationStats,
-                                     Progress)
+from forge.engines.interface import (REFUSED, Engine, EngineBusy, EngineFailed, EngineRequest, EngineResult,
+                                     IterationStats, Progress)
 
 log = logging.getLogger("forge.engines.transformers")
 
@@ -182,13 +182,13 @@ class TransformersEngine(Engine):
     def _accept(self, req: EngineRequest) -> None:
         why = reqs.refusal(req, **self._limits)
         if why is not None:
-            self._ready.append(EngineResult(req.request_id, [], "error", error=f"refused: {why}"))
+            self._ready.append(EngineResult(req.request_id, [], REFUSED, error=why))
             return
         entry = _Pending(req, f"{req.request_id}#{next(self._attempts)}")
         if req.guide is not None and req.max_new_tokens > 0:
             state, why = self._guides[0].start(req.guide, req.max_new_tokens)
             if why is not None:
-                self._ready.append(EngineResult(req.request_id, [], "error", error=f"refused: {why}"))
+                self._ready.append(EngineResult(req.request_id, [], REFUSED, error=why))
                 return
             entry.guide = state
             self._guides[1].add(entry.internal_id, state, len(req.prompt_ids), req.max_new_tokens)

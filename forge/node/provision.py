@@ -13,12 +13,12 @@ import sys
 import time
 from typing import Optional
 
-from forge.runtime.http import QuietServer
 from forge.config.load import LoadedNode
 from forge.errors import ForgeError
+from forge.node.endpoint import build_app, require_token
+from forge.node.local import CardTransport, LocalNode
 from forge.runtime import registry
-from forge.runtime.node import NodeRuntime
-from forge.runtime.server import build_app, require_token
+from forge.runtime.http import QuietServer
 
 log = logging.getLogger("forge.provision")
 DRAIN_TIMEOUT_S = 60.0
@@ -36,7 +36,7 @@ def check_hardware(loaded: LoadedNode) -> None:
 
 def provision_and_serve(loaded: LoadedNode, *, host: Optional[str] = None, port: Optional[int] = None,
                         metrics_port: Optional[int] = None, token_env: Optional[str] = None,
-                        ready_file: Optional[str] = None, **_ignored) -> int:
+                        ready_file: Optional[str] = None, card_transport: CardTransport = "process") -> int:
     node = loaded.node
     host = host or node.control.host
     port = node.control.port if port is None else port
@@ -45,15 +45,15 @@ def provision_and_serve(loaded: LoadedNode, *, host: Optional[str] = None, port:
     token = os.environ.get(token_env) or None
     require_token(host, token, token_env)
     check_hardware(loaded)
-    return asyncio.run(_serve(loaded, host, port, metrics_port, token, ready_file))
+    return asyncio.run(_serve(loaded, host, port, metrics_port, token, ready_file, card_transport))
 
 
 async def _serve(loaded: LoadedNode, host: str, port: int, metrics_port: int, token: Optional[str],
-                 ready_file: Optional[str]) -> int:
+                 ready_file: Optional[str], card_transport: CardTransport) -> int:
     from forge.metrics import ForgeMetrics
 
     t0 = time.monotonic()
-    runtime = NodeRuntime(loaded)
+    runtime = LocalNode(loaded, card_transport=card_transport)
     await runtime.start()
     metrics = ForgeMetrics()
     _, mport = metrics.serve(loaded.node.metrics.host, metrics_port)
@@ -70,7 +70,7 @@ async def _serve(loaded: LoadedNode, host: str, port: int, metrics_port: int, to
                                      "source": str(loaded.node.source), "started_at": time.time(),
                                      "cards": [c["card"] + ":" + c["tier"] for c in runtime.describe()["cards"]]})
     print(f"forge: node {runtime.name} up in {time.monotonic() - t0:.1f} s — control {control_url}, "
-          f"metrics {metrics_url}, {len(runtime.engines)} card(s)", flush=True)
+          f"metrics {metrics_url}, {len(runtime.links)} card(s)", flush=True)
     if ready_file:
         with open(ready_file, "w") as f:
             f.write(control_url + "\n")

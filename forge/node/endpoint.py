@@ -3,7 +3,7 @@
 Bound to 127.0.0.1 unless configured otherwise; on any other address a bearer token is required to
 start, and every /v1 request must carry it. Prometheus /metrics is served apart (read-only).
 A request whose client disconnects is cancelled: its generations are taken back from the broker or
-cancelled in their engines (NodeRuntime.submit). `forge serve` reuses these routes and helpers."""
+cancelled in their engines (Node.submit, forge/node/interface.py). `forge serve` reuses these routes and helpers."""
 from __future__ import annotations
 
 import asyncio
@@ -114,7 +114,7 @@ async def until_disconnected(request: Request, work: Awaitable[Any]) -> Any:
 
 
 def control_router(node: Any) -> APIRouter:
-    """/health, /v1/node, /v1/stats and /v1/generate over a NodeRuntime (submit/describe/engine_stats/...)."""
+    """/health, /v1/node, /v1/stats and /v1/generate over a Node (forge/node/interface.py)."""
     router = APIRouter()
 
     @router.get("/health")
@@ -145,13 +145,13 @@ def control_router(node: Any) -> APIRouter:
                                     json_schema=item.json_schema, embed=item.embed, priority=item.priority,
                                     deadline_s=item.deadline_s)
             try:
-                gen, result = await node.submit(item.prompt, params)
+                gen, hidden = await node.submit(item.prompt, params)
             except ForgeError as e:
                 return {"error": {"type": type(e).__name__, "message": str(e)}}
             out = {"text": gen.text, "output_tokens": gen.output_tokens, "input_tokens": gen.input_tokens,
                    "finish_reason": gen.finish_reason, "card": gen.card}
             if item.embed:
-                out["hidden"] = result.hidden
+                out["hidden"] = hidden
             return out
 
         if node.closed:
@@ -166,7 +166,7 @@ def control_router(node: Any) -> APIRouter:
 
 
 def build_app(node: Any, *, token: Optional[str] = None) -> FastAPI:
-    """node: a NodeRuntime (submit/describe/engine_stats/broker_stats)."""
+    """node: a Node (forge/node/interface.py)."""
     app = FastAPI(title=f"forge node {node.name}", version="1", docs_url=None, redoc_url=None, openapi_url=None)
     app.include_router(control_router(node))
     app.add_middleware(TokenAuth, token=token)

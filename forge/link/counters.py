@@ -1,5 +1,5 @@
-"""A job's own numbers for an engine that outlives jobs: engine counters are cumulative over the engine's
-life (and start again at a restart); the job reports what happened since it attached."""
+"""A link's numbers for its engine: engine counters are cumulative over the engine host's life (and start
+again at a restart; a Ray actor also outlives jobs); a link reports what happened since it attached."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -31,9 +31,12 @@ class JobCounters:
             self.base = s
         self.last = s
 
-    def view(self, extra_requeued: int, healthy: bool) -> Optional[EngineStats]:
+    def view(self, extra_requeued: int, healthy: bool, extra_cancelled: int = 0) -> Optional[EngineStats]:
+        """extra_*: what the link itself did for this engine (requeued its lost work, dropped requests taken
+        for it whose callers had left)."""
         if self.last is None:
             return None
         job = {k: self.carried[k] + getattr(self.last, k) - getattr(self.base, k) for k in COUNTERS}
         job["requests_requeued"] += extra_requeued
+        job["requests_cancelled"] += extra_cancelled
         return replace(self.last, **job, healthy=self.last.healthy and healthy)

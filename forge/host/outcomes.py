@@ -11,7 +11,7 @@ from forge.broker import BrokerRequest
 from forge.engines.interface import EngineResult
 from forge.stats import EngineStats
 
-log = logging.getLogger("forge.runtime.admission")
+log = logging.getLogger("forge.host.admission")
 OK_REASONS = frozenset({"eos", "length", "stop"})
 
 

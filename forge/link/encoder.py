@@ -1,8 +1,9 @@
-"""Tokenization for a cluster job: prompts go, in batches, to an engine actor that has the tokenizer.
+"""Tokenization by the engine hosts: prompts go, in batches, to a host that has the tokenizer.
 
 The broker measures every request in each engine's own tokens (geometry, prefix groups), and engines that
-share a tokenizer (the same files, see wire.tokenizer_identity) share one tokenization. The driver needs
-no tokenizer library of its own: texts travel in batches to any live engine with that tokenizer."""
+share a tokenizer (the same files, see forge/host/wire.tokenizer_identity) share one tokenization. A node
+that has no usable copy of a tokenizer (a cluster job's driver; a local node whose copy did not encode the
+probe texts exactly as the engine does) sends texts in batches to any live host with that tokenizer."""
 from __future__ import annotations
 
 import asyncio
@@ -60,7 +61,7 @@ class Encoder:
         async with self._calls:
             for link in self._candidates():
                 try:
-                    ids = await asyncio.wait_for(link.handle.encode.remote(texts), CALL_TIMEOUT_S)
+                    ids = await link.transport.call("encode", texts, timeout_s=CALL_TIMEOUT_S)
                 except asyncio.CancelledError:
                     raise
                 except Exception as e:  # noqa: BLE001 - try the next engine with the same tokenizer

@@ -17,14 +17,14 @@ from forge import constants
 from forge.broker import BrokerClosed, BrokerRequest, EngineGeometry, blocks_needed
 from forge.config.plan import CardPlan
 from forge.engines.interface import Engine, EngineRequest, EngineResult, IterationStats
-from forge.runtime.driver import EngineDriver
-from forge.runtime.flights import Flight, FlightTable
-from forge.runtime.options import options_of
-from forge.runtime.outcomes import Outcomes
-from forge.runtime.progress import DeliveryRate, StallWatch
+from forge.host.driver import EngineDriver
+from forge.host.flights import Flight, FlightTable
+from forge.requests import options_of
+from forge.host.outcomes import Outcomes
+from forge.host.progress import DeliveryRate, StallWatch
 from forge.stats import EngineStats
 
-log = logging.getLogger("forge.runtime.admission")
+log = logging.getLogger("forge.host.admission")
 
 TPS_HALF_LIFE_S = 2.0                  # tokens_per_s EWMA: a delivery this long ago weighs half as much
 

@@ -1,4 +1,4 @@
-"""A provisioned node seen from `forge deploy`: generate calls coalesced into batched POSTs.
+"""A provisioned node seen from `forge deploy` (the Node interface over HTTP): calls coalesced into batched POSTs.
 
 One HTTP round trip per request would cap a job near a thousand requests/s; calls that arrive
 within `linger_s` (or until `max_batch`) travel together, with a bounded number of POSTs in flight."""
@@ -11,11 +11,12 @@ import httpx
 
 from forge.errors import ForgeError, NodeDown, RequestRejected
 from forge.functions.api import GenerateParams, Generation
+from forge.node.interface import Answer, Node
 
 CONNECT_RETRIES = 3
 
 
-class RemoteNode:
+class RemoteNode(Node):
     def __init__(self, url: str, *, token: Optional[str] = None, max_batch: int = 256, linger_s: float = 0.002,
                  max_posts_in_flight: int = 8, timeout_s: float = 600.0):
         self.url = url.rstrip("/")
@@ -52,14 +53,14 @@ class RemoteNode:
             await asyncio.gather(*self._tasks, return_exceptions=True)
         await self._client.aclose()
 
-    async def generate(self, prompt: str | Sequence[int], params: GenerateParams) -> Generation:
-        out = await self._call(prompt, params)
-        return Generation(text=out["text"], output_tokens=out["output_tokens"], input_tokens=out["input_tokens"],
-                          finish_reason=out["finish_reason"], card=out.get("card", ""))
+    async def stop(self) -> None:
+        await self.close()
 
-    async def embed(self, prompt: str | Sequence[int]) -> list[float]:
-        out = await self._call(prompt, GenerateParams(max_tokens=1, embed=True))
-        return out["hidden"]
+    async def submit(self, prompt: str | Sequence[int], params: GenerateParams, *, wait: bool = True) -> Answer:
+        out = await self._call(prompt, params)
+        gen = Generation(text=out["text"], output_tokens=out["output_tokens"], input_tokens=out["input_tokens"],
+                         finish_reason=out["finish_reason"], card=out.get("card", ""))
+        return Answer(gen, out.get("hidden"))
 
     async def _call(self, prompt, params: GenerateParams) -> dict:
         item = {"prompt": prompt if isinstance(prompt, str) else list(prompt), "max_tokens": params.max_tokens,

@@ -1,13 +1,13 @@
-"""The broker an engine actor's admission runtime sees: this one engine's queue, filled by job drivers.
+"""The broker an engine host's admission runtime sees: this one engine's queue, filled by links.
 
-A job's driver holds the cluster's broker (grouping, affinity, balancing across every card) and sends
-each engine batches within that engine's capacity. Here they wait in a one-engine BrokerCore, which
-shapes what admission takes to the engine's own token budget, slots and KV blocks. What admission
-gives back (refusals, stall take-backs, stop) goes back to its job's driver, which requeues it across
-the cluster. Results wait per job session until the driver collects them.
+A node (or a cluster job's driver) holds the broker that sees every card (grouping, affinity, balancing)
+and sends each engine batches within that engine's credit. Here they wait in a one-engine BrokerCore,
+which shapes what admission takes to the engine's own token budget, slots and KV blocks. What admission
+gives back (refusals, stall take-backs, stop) goes back to the link it came on, which requeues it in the
+node's broker. Results wait per link session until the link collects them.
 
-Sessions: one per job connection. A session not collected for `lease_s` is ended (its driver died):
-its queued work is dropped when taken and its results are discarded, so a dead job costs bounded work."""
+Sessions: one per link. A session not collected for `lease_s` is ended (its node died): its queued work is
+dropped when taken and its results are discarded, so a dead node costs bounded work."""
 from __future__ import annotations
 
 import asyncio
@@ -39,11 +39,12 @@ class Feed:
         self.geometry = geometry
         self.broker = Broker(BrokerCore([geometry], grouping=False, max_pending=max_pending, node=node))
         self.sessions: dict[str, Session] = {}
+        self.queued: dict[str, BrokerRequest] = {}      # host request id -> request, while it waits here
         self._ended: OrderedDict[str, None] = OrderedDict()
         self.healthy = True
         self.accepting = True
 
-    # ------------------------------------------------------------------ drivers
+    # ------------------------------------------------------------------ links
     def session(self, sid: str) -> Optional[Session]:
         """The live session (opened on first use); None once it has ended."""
         s = self.sessions.get(sid)
@@ -54,7 +55,7 @@ class Feed:
         return s
 
     def put(self, sid: str, reqs: list[BrokerRequest]) -> int:
-        """Queue a driver's batch; what cannot be queued goes straight back to it. Returns the count queued."""
+        """Queue a link's batch; what cannot be queued goes straight back to it. Returns the count queued."""
         s = self.session(sid)
         if s is None:
             return 0
@@ -65,10 +66,11 @@ class Feed:
                 continue
             try:
                 self.broker.put_nowait(r)
+                self.queued[r.request_id] = r
                 queued += 1
             except QueueFull:
                 s.returned.append((r.payload.rid, r.attempt))
-            except NoEngineFits as e:          # the driver measured against this geometry; say so if not
+            except NoEngineFits as e:          # the node measured against this geometry; say so if not
                 s.results.append((r.payload.rid, r.attempt, "error", [], "", None, str(e), 0))
         if s.returned or s.results:
             s.wake()
@@ -88,9 +90,18 @@ class Feed:
         return gone
 
     def give_back_pending(self) -> None:
-        """Everything queued here returns to its driver (the engine is unhealthy or draining)."""
+        """Everything queued here returns to its link (the engine is unhealthy or draining)."""
         for r in self.broker.drain():
+            self.queued.pop(r.request_id, None)
             self._return(r)
+
+    def abandon(self, request_id: str) -> bool:
+        """The node's caller left: a request still queued here is dropped by admission when taken."""
+        r = self.queued.get(request_id)
+        if r is None:
+            return False
+        r.payload.abandoned = True
+        return True
 
     # ------------------------------------------------------------------ the admission runtime's broker
     async def take(self, engine_id: str, *, free_slots: int, free_kv_blocks: int, timeout_s: float) -> list:
@@ -98,6 +109,7 @@ class Feed:
                                        timeout_s=timeout_s)
         live = []
         for r in batch:
+            self.queued.pop(r.request_id, None)
             if r.payload.session in self.sessions:
                 live.append(r)
             else:                              # its job is gone: nobody will collect the answer
@@ -123,7 +135,7 @@ class Feed:
         if not healthy:
             self.give_back_pending()
         for s in self.sessions.values():
-            s.wake()                           # drivers learn the health change at once
+            s.wake()                           # links learn the health change at once
 
     # ------------------------------------------------------------------ results
     def deliver(self, req: BrokerRequest, make_result: Callable[[], tuple]) -> None:

@@ -24,7 +24,7 @@ from typing import Callable, Optional, Sequence
 from forge import constants
 from forge.engines.interface import Engine, EngineBusy, EngineFailed, EngineRequest
 
-log = logging.getLogger("forge.runtime.driver")
+log = logging.getLogger("forge.host.driver")
 
 STATS_INTERVAL_S = 0.1          # engine.stats() sampling period
 OUTBOX_PUT_SLICE_S = 0.05       # a full outbox is retried in slices, checking for stop between

@@ -1,0 +1,71 @@
+"""What travels between a node and an engine host: plain tuples, batched, cheap to serialize.
+
+Request (node -> host):  (rid, attempt, prompt ids for that engine's tokenizer, max_new_tokens,
+                          priority, RequestOptions or None for the defaults, age in seconds)
+Result  (host -> node):  (rid, attempt, finish_reason, output ids, text, hidden or None,
+                          error or None, input tokens)
+
+(rid, attempt) is a dispatch's identity: the node accepts a result only for the dispatch it is waiting on,
+so an answer from an engine that was given up on (lost, restarted, orphaned) is ignored. The same tuples
+cross every transport (thread, worker process, Ray actor); see forge/link/."""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+from forge.broker import BrokerRequest
+from forge.requests import DEFAULT_OPTIONS, RequestOptions
+
+# Files that decide how text becomes ids; their bytes name the tokenizer across machines.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
+                   "vocab.json", "merges.txt", "vocab.txt", "added_tokens.json")
+
+
+@dataclass(eq=False)
+class Ticket:
+    """A request's payload inside an engine host: the link session it came on, the node's request id, its
+    options, and `abandoned` (the node's caller left: admission drops it instead of starting it)."""
+
+    session: str
+    rid: str
+    options: RequestOptions = DEFAULT_OPTIONS
+    abandoned: bool = False
+
+
+def to_wire(req: BrokerRequest, tokenizer_key: str, now: float) -> tuple:
+    opts = req.payload if isinstance(req.payload, RequestOptions) else None
+    return (req.request_id, req.attempt, req.prompt_for(tokenizer_key), req.max_new_tokens, req.priority,
+            None if opts == DEFAULT_OPTIONS else opts, max(0.0, now - req.enqueued_at))
+
+
+def host_request_id(session: str, rid: str, attempt: int) -> str:
+    return f"{session}|{rid}|{attempt}"
+
+
+def from_wire(item: tuple, session: str, tokenizer_key: str, now: float) -> BrokerRequest:
+    rid, attempt, prompt, max_new, priority, opts, age = item
+    return BrokerRequest(request_id=host_request_id(session, rid, attempt), prompts={tokenizer_key: tuple(prompt)},
+                         max_new_tokens=int(max_new), payload=Ticket(session, rid, opts or DEFAULT_OPTIONS),
+                         priority=int(priority), attempt=int(attempt), enqueued_at=now - float(age))
+
+
+def result_tuple(ticket: Ticket, attempt: int, finish_reason: str, output_ids, text: str, hidden, error,
+                 input_tokens: int) -> tuple:
+    return (ticket.rid, attempt, finish_reason, list(output_ids), text,
+            list(hidden) if hidden is not None else None, error, input_tokens)
+
+
+def tokenizer_identity(contract: Any, tokenizer: Any) -> str:
+    """A key equal on every machine whose engine tokenizes the same way: the tokenizer's class plus the
+    bytes of its files. Engines sharing it share one tokenization of each prompt (and prefix groups)."""
+    h = hashlib.sha256(f"{type(tokenizer).__module__}.{type(tokenizer).__qualname__}".encode())
+    art = contract.artifact
+    directory: Optional[Path] = contract.resolve(art.tokenizer or art.checkpoint or art.engine_dir)
+    if directory is not None and directory.is_dir():
+        for name in TOKENIZER_FILES:
+            f = directory / name
+            if f.is_file():
+                h.update(name.encode() + b"\0" + f.read_bytes())
+    return f"tok-{h.hexdigest()[:16]}"

@@ -1,0 +1,319 @@
+"""A node's link to one engine host: batches out, batches back, loss and return.
+
+Sender: takes from the node's broker what fits the engine's credit (its contract's slots and KV blocks,
+times CREDIT_FACTOR so the next batch is already there when a slot frees) and submits it in one call.
+Collector: a long poll that returns finished requests, requests the engine gave back, the engine's
+delivered tokens (the broker's balancing signal), its health, state and stats.
+
+Loss: any failed call, a reply from another incarnation, an ended session or a failed engine means the
+host may have lost what it held. Every request dispatched to it is requeued to the broker (or fails, past
+the attempt limit) and the engine is marked unhealthy; a dispatch is identified by (request id, attempt),
+so an answer that arrives later from the old incarnation (or an orphan) is ignored: each request is
+settled once. The transport then brings the host back (forge/link/transport.py) and the link takes it
+back when it answers with the same geometry, or gives it up for good (state "gone")."""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from typing import Callable, Optional
+
+from forge import constants
+from forge.broker import BrokerClosed, BrokerRequest, EngineGeometry, blocks_needed
+from forge.host.wire import to_wire
+from forge.link.counters import JobCounters
+from forge.link.transport import LinkGone, Transport
+from forge.stats import EngineStats
+
+log = logging.getLogger("forge.link")
+
+CREDIT_FACTOR = 1.25         # in flight + queued at an engine, relative to its contract's slots and KV blocks
+COLLECT_WAIT_S = 0.5         # long-poll length (a collect returns as soon as something is ready)
+CALL_TIMEOUT_S = 30.0        # beyond its own wait, any call to a host
+TAKE_WAIT_S = 0.25
+MAX_ITEMS = 4096
+_sessions = itertools.count(1)
+
+
+def geometry_of(info: dict) -> EngineGeometry:
+    return EngineGeometry(**info["geometry"])
+
+
+class EngineLink:
+    def __init__(self, transport: Transport, info: dict, *, broker, job: str,
+                 settle: Callable[[BrokerRequest, str, tuple], None], fail: Callable[[BrokerRequest, str], None],
+                 wanted: Optional[Callable[[BrokerRequest], bool]] = None):
+        """settle(request, engine id, result tuple) and fail(request, why) answer the node's callers; wanted(request)
+        False means its caller left, so it is not sent (the broker still counts it done)."""
+        self.transport, self.info = transport, info
+        self.geometry = geometry_of(info)
+        self.eid = self.geometry.engine_id
+        self.key = self.geometry.tokenizer_key
+        self.broker, self.job, self._settle, self._fail, self._wanted = broker, job, settle, fail, wanted
+        self.cap_slots = max(1, int(self.geometry.max_batch_size * CREDIT_FACTOR))
+        self.cap_blocks = max(1, int(self.geometry.kv_blocks_total * CREDIT_FACTOR))
+        self.out: dict[str, tuple[BrokerRequest, int, int]] = {}     # rid -> (request, attempt, blocks)
+        self.used_slots = self.used_blocks = 0
+        self.session = self._new_session()
+        self.incarnation = info["incarnation"]
+        self.epoch = 0
+        self.state = "up"                 # up | down (being brought back) | gone (not used any more)
+        self.down_since: Optional[float] = None
+        self.healthy = True
+        self.engine_state = "running"     # the host's admission state (running, stalled, wedged, failed, ...)
+        self.failure: Optional[str] = None          # why the engine is gone for good
+        self.lost_reason = ""                       # why it was last lost
+        self.unhealthy_since: Optional[float] = None
+        self.draining = False
+        self.lost_requeued = 0
+        self.dropped_cancelled = 0        # taken for this engine after their callers left: never sent
+        self.counters = JobCounters()
+        self.counters.observe(info["stats"])       # counted from here: a host may outlive a job
+        self._cancels: list[tuple[str, int]] = []
+        self._cancel_flush: Optional[asyncio.Handle] = None
+        self._up = asyncio.Event()
+        self._up.set()
+        self._credit = asyncio.Event()
+        self._tasks: set[asyncio.Task] = set()
+
+    def _new_session(self) -> str:
+        return f"{self.job}-{next(_sessions)}"
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        self._spawn(self._send_loop(), f"send-{self.eid}")
+        self._spawn(self._collect_loop(), f"collect-{self.eid}")
+
+    def _spawn(self, coro, name: str) -> None:
+        task = asyncio.create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def close(self) -> None:
+        for t in list(self._tasks):
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.state == "up":
+            try:
+                await self.transport.call("end_session", self.session, timeout_s=5.0)
+            except Exception:  # noqa: BLE001 - the host ends the session by its lease anyway
+                pass
+
+    def stats(self) -> Optional[EngineStats]:
+        return self.counters.view(self.lost_requeued, self.state == "up" and self.healthy, self.dropped_cancelled)
+
+    def idle(self) -> bool:
+        """Nothing dispatched here is still owed an answer."""
+        return not self.out
+
+    # ------------------------------------------------------------------ sending
+    async def _send_loop(self) -> None:
+        while True:
+            await self._up.wait()
+            if self.draining:
+                return
+            if not self._has_credit():
+                self._credit.clear()
+                try:
+                    await asyncio.wait_for(self._credit.wait(), TAKE_WAIT_S)
+                except asyncio.TimeoutError:
+                    pass
+                continue
+            epoch = self.epoch
+            try:
+                batch = self._keep(await self.broker.take(self.eid, free_slots=self.cap_slots - self.used_slots,
+                                                          free_kv_blocks=self.cap_blocks - self.used_blocks,
+                                                          timeout_s=TAKE_WAIT_S))
+                if not batch:
+                    continue
+                while self._has_credit():     # top up: one call carries as much as the engine may hold
+                    more = self._keep(await self.broker.take(self.eid, free_slots=self.cap_slots - self.used_slots,
+                                                             free_kv_blocks=self.cap_blocks - self.used_blocks,
+                                                             timeout_s=0))
+                    if not more:
+                        break
+                    batch += more
+            except BrokerClosed:
+                return
+            if epoch != self.epoch:           # lost while taking: give these back too
+                self._lost_batch(batch)
+                continue
+            now = time.monotonic()
+            wire = [to_wire(r, self.key, now) for r in batch]
+            try:
+                await self.transport.call("submit", self.session, wire, timeout_s=CALL_TIMEOUT_S)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # noqa: BLE001 - any failure to hand over is a loss
+                self.lost(f"submit failed: {type(e).__name__}: {_first_line(e)}", epoch)
+
+    def _keep(self, batch: list[BrokerRequest]) -> list[BrokerRequest]:
+        """Reserve credit for the requests whose callers still wait; the others are done with."""
+        kept = []
+        for r in batch:
+            if self._wanted is not None and not self._wanted(r):
+                self.broker.on_done(self.eid, r)
+                self.dropped_cancelled += 1
+                continue
+            b = blocks_needed(r, self.geometry)
+            self.out[r.request_id] = (r, r.attempt, b)
+            self.used_slots += 1
+            self.used_blocks += b
+            kept.append(r)
+        return kept
+
+    def _has_credit(self) -> bool:
+        return self.used_slots < self.cap_slots and self.used_blocks < self.cap_blocks and self.healthy
+
+    def _release(self, rid: str, attempt: int) -> Optional[BrokerRequest]:
+        entry = self.out.get(rid)
+        if entry is None or entry[1] != attempt:
+            return None                       # not a dispatch we wait on (stale incarnation, orphan, duplicate)
+        del self.out[rid]
+        self.used_slots -= 1
+        self.used_blocks -= entry[2]
+        self._credit.set()
+        return entry[0]
+
+    # ------------------------------------------------------------------ cancelling
+    def cancel(self, rid: str) -> bool:
+        """The caller of `rid` left. If it was dispatched here, the host stops it (batched with others); its
+        answer (cancelled) still comes back and frees the credit. False when it is not here."""
+        entry = self.out.get(rid)
+        if entry is None or self.state != "up":
+            return False
+        self._cancels.append((rid, entry[1]))
+        if self._cancel_flush is None:
+            self._cancel_flush = asyncio.get_running_loop().call_soon(self._flush_cancels)
+        return True
+
+    def _flush_cancels(self) -> None:
+        self._cancel_flush = None
+        keys, self._cancels = self._cancels, []
+        if keys:
+            self._spawn(self._send_cancels(keys, self.session), f"cancel-{self.eid}")
+
+    async def _send_cancels(self, keys: list[tuple[str, int]], session: str) -> None:
+        try:
+            await self.transport.call("cancel", session, keys, timeout_s=CALL_TIMEOUT_S)
+        except Exception as e:  # noqa: BLE001 - a lost host gives everything back anyway
+            log.debug("engine %s: cancel of %d request(s) not delivered: %s", self.eid, len(keys), e)
+
+    # ------------------------------------------------------------------ collecting
+    async def _collect_loop(self) -> None:
+        while True:
+            await self._up.wait()
+            epoch, sid = self.epoch, self.session
+            try:
+                reply = await self.transport.call("collect", sid, COLLECT_WAIT_S, MAX_ITEMS,
+                                                  timeout_s=COLLECT_WAIT_S + CALL_TIMEOUT_S)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # noqa: BLE001
+                self.lost(f"{type(e).__name__}: {_first_line(e)}", epoch)
+                continue
+            if epoch == self.epoch:
+                self._apply(reply, epoch)
+
+    def _apply(self, reply: dict, epoch: int) -> None:
+        if reply.get("ended"):
+            self.lost("the engine ended this link's session", epoch)
+            return
+        if reply["incarnation"] != self.incarnation:
+            self.lost(f"the engine restarted (incarnation {reply['incarnation']})", epoch)
+            return
+        for res in reply["results"]:
+            req = self._release(res[0], res[1])
+            if req is not None:
+                self.broker.on_done(self.eid, req)
+                self._settle(req, self.eid, res)
+        back = [req for rid, attempt in reply["returned"] if (req := self._release(rid, attempt)) is not None]
+        if back:
+            self._requeue(back, "given back by the engine")
+        tokens, elapsed = reply["delivered"]
+        if tokens:
+            self.broker.record_delivery(self.eid, tokens, elapsed)
+        if "stats" in reply:
+            self.counters.observe(reply["stats"])
+        self.engine_state = reply.get("state", self.engine_state)
+        if reply.get("failure"):
+            self.failure = reply["failure"]
+            self.lost(reply["failure"], epoch, engine_failed=True)
+            return
+        healthy = bool(reply["healthy"] and reply["accepting"])
+        if healthy != self.healthy:
+            self.healthy = healthy
+            self.unhealthy_since = None if healthy else time.monotonic()
+            self.broker.set_engine_healthy(self.eid, healthy)
+            self._credit.set()
+
+    # ------------------------------------------------------------------ loss and return
+    def lost(self, reason: str, epoch: int, *, engine_failed: bool = False) -> None:
+        if epoch != self.epoch or self.state != "up":
+            return
+        self.epoch += 1
+        self.state, self.down_since, self.lost_reason = "down", time.monotonic(), reason
+        self._up.clear()
+        self.broker.set_engine_healthy(self.eid, False)
+        reqs = [r for r, _, _ in self.out.values()]
+        self.out.clear()
+        self.used_slots = self.used_blocks = 0
+        self._cancels.clear()
+        self.lost_requeued += len(reqs)
+        log.warning("engine %s lost (%s): %d in-flight request(s) go back to the broker", self.eid, reason, len(reqs))
+        self._requeue(reqs, f"engine {self.eid} was lost ({reason})")
+        self._spawn(self._reattach(reason, engine_failed, self.incarnation), f"reattach-{self.eid}")
+
+    def _lost_batch(self, batch: list[BrokerRequest]) -> None:
+        reqs = [r for r in batch if self._release(r.request_id, r.attempt) is not None]
+        self._requeue(reqs, f"engine {self.eid} was lost")
+
+    def _requeue(self, reqs: list[BrokerRequest], reason: str) -> None:
+        back = []
+        for r in reqs:
+            if r.attempt >= constants.REQUEST_ATTEMPT_LIMIT:
+                self.broker.on_done(self.eid, r)
+                self._fail(r, f"{reason}; gave up after {r.attempt + 1} attempts")
+            else:
+                back.append(r)
+        if back:
+            self.broker.requeue(back)
+
+    async def _reattach(self, why: str, engine_failed: bool, incarnation: str) -> None:
+        try:
+            info = await self.transport.reconnect(why, engine_failed=engine_failed, incarnation=incarnation)
+        except LinkGone as e:
+            self.state = "gone"
+            self.failure = self.failure or str(e)
+            log.error("engine %s is given up: %s", self.eid, e)
+            return
+        if geometry_of(info) != self.geometry:
+            log.error("engine %s came back with a different contract geometry; it is not used", self.eid)
+            self.state, self.failure = "gone", "came back with a different contract geometry"
+            return
+        old, self.session = self.session, self._new_session()
+        if info["incarnation"] != self.incarnation:
+            self.counters.new_incarnation()
+            self.counters.observe(info["stats"])
+        else:
+            self._spawn(self._end_session(old), f"end-{self.eid}")
+        self.info, self.incarnation = info, info["incarnation"]
+        self.state, self.down_since, self.healthy, self.failure = "up", None, True, None
+        self.unhealthy_since = None
+        self.engine_state = "running"
+        self.broker.set_engine_healthy(self.eid, True)
+        self._up.set()
+        self._credit.set()
+        log.warning("engine %s is back (incarnation %s)", self.eid, self.incarnation)
+
+    async def _end_session(self, sid: str) -> None:
+        try:
+            await self.transport.call("end_session", sid, timeout_s=5.0)
+        except Exception:  # noqa: BLE001 - it ends by its lease anyway
+            pass
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0][:300] if text else ""

@@ -1,0 +1,303 @@
+"""What a local node and a cluster job share: one broker over every engine, one link per engine, the callers'
+futures, and giving up on engines that are gone.
+
+The broker sees every engine's geometry (read from its host's hello), so grouping, token budgets, prefix
+affinity and speed-proportional balancing work the same across the cards of one machine and across the
+nodes of a cluster. Requests travel to hosts in batches (forge/link/link.py).
+
+Down: an engine is out when it is gone for good (its link gave it up), when it stays lost (cluster) or
+unhealthy (wedged) for `down_grace_s`. Requests that fit only engines that are out fail with NodeDown; when
+every engine is out the node is down: everything waiting fails with NodeDown, a job stops without error
+rows, and the same command resumes once the node is healthy."""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import logging
+import time
+import uuid
+from typing import Optional, Sequence
+
+from forge.broker import Broker, BrokerCore, BrokerRequest, NoEngineFits
+from forge.engines.interface import Guide
+from forge.errors import ForgeError, NodeDown, RequestRejected
+from forge.functions.api import GenerateParams, Generation
+from forge.link.encoder import EncodeFailed, Encoder
+from forge.link.link import EngineLink, geometry_of
+from forge.link.transport import Transport
+from forge.node.interface import Answer, Node
+from forge.requests import REFUSED, RequestOptions
+from forge.stats import BrokerStats, EngineStats
+
+log = logging.getLogger("forge.node")
+
+
+class LinkedNode(Node):
+    label_prefix = "node "          # how messages name this node ("node local: ...")
+    restarting_counts = True        # a link being brought back counts toward down_grace_s (no bound of its own)
+
+    def __init__(self, name: str, *, grouping: bool = True, down_grace_s: float, sweep_interval_s: float):
+        self.name, self.grouping = name, grouping
+        self.down_grace_s, self.sweep_interval_s = down_grace_s, sweep_interval_s
+        self.links: dict[str, EngineLink] = {}
+        self.encoders: dict[str, Encoder] = {}
+        self.broker: Optional[Broker] = None
+        self._futures: dict[str, asyncio.Future] = {}
+        # Request ids: a random per-node prefix + a counter. uuid4 per request cost ~9 % of the control plane's CPU
+        # (one urandom syscall each; forge bench control-plane, docs/benchmarks.md).
+        self._rid_prefix, self._rid_seq = uuid.uuid4().hex[:12], itertools.count()
+        self._sweeper: Optional[asyncio.Task] = None
+        self.abandoned = 0
+        self.closed = False
+        self.down: Optional[str] = None
+        self.started_at = 0.0
+
+    @property
+    def label(self) -> str:
+        return f"{self.label_prefix}{self.name}"
+
+    # ------------------------------------------------------------------ lifecycle
+    def attach_links(self, engines: list[tuple[Transport, dict]]) -> None:
+        """Build the broker over these engines (transport, hello) and start their links."""
+        self.broker = Broker(BrokerCore([geometry_of(info) for _, info in engines], grouping=self.grouping,
+                                        node=self.name))
+        for transport, info in engines:
+            lk = EngineLink(transport, info, broker=self.broker, job=self._rid_prefix, settle=self._settle,
+                            fail=self._fail, wanted=self._wanted)
+            self.links[lk.eid] = lk
+        for lk in self.links.values():
+            lk.start()
+        self._sweeper = asyncio.create_task(self._sweep(), name="node-sweep")
+        self.started_at = time.time()
+
+    def _use_encoders(self, keys) -> None:
+        """Tokenize prompts for these tokenizer keys through the hosts that have them (forge/link/encoder.py)."""
+        for key in keys:
+            self.encoders[key] = Encoder(key, [lk for lk in self.links.values() if lk.key == key])
+
+    async def drain(self, timeout_s: float) -> bool:
+        """Stop accepting and sending; wait (bounded) until every dispatched request has its answer."""
+        self.closed = True
+        if self.broker is not None:
+            self.broker.close()
+        for lk in self.links.values():
+            lk.draining = True
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and any(lk.state == "up" and not lk.idle() for lk in self.links.values()):
+            await asyncio.sleep(0.05)
+        return all(lk.idle() and lk.state == "up" for lk in self.links.values())
+
+    async def stop(self) -> None:
+        self.closed = True
+        if self.broker is not None:
+            self.broker.close()
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            await asyncio.gather(self._sweeper, return_exceptions=True)
+        await asyncio.gather(*(lk.close() for lk in self.links.values()), return_exceptions=True)
+        await asyncio.gather(*(e.close() for e in self.encoders.values()), return_exceptions=True)
+        await self._release()
+        for fut in self._futures.values():
+            if not fut.done():
+                fut.set_exception(ForgeError(f"{self.label} stopped before the request finished"))
+        self._futures.clear()
+
+    async def _release(self) -> None:
+        """End what this node started for its engines (nothing, for engines that outlive the node)."""
+
+    # ------------------------------------------------------------------ requests
+    def tokenizer_keys(self) -> list[str]:
+        return sorted({lk.key for lk in self.links.values()})
+
+    def encode_now(self, prompt: str | Sequence[int]) -> Optional[dict[str, tuple[int, ...]]]:
+        """The prompt's ids per tokenizer when they can be had without waiting (ids given, or local copies)."""
+        if not isinstance(prompt, str):
+            ids = tuple(map(int, prompt))
+            return {k: ids for k in self.tokenizer_keys()}
+        return None
+
+    async def encode(self, prompt: str | Sequence[int]) -> dict[str, tuple[int, ...]]:
+        now = self.encode_now(prompt)
+        if now is not None:
+            return now
+        keys = list(self.encoders)
+        got = await asyncio.gather(*(self.encoders[k].encode(prompt) for k in keys), return_exceptions=True)
+        out = {k: g for k, g in zip(keys, got) if not isinstance(g, BaseException)}
+        for g in got:
+            if isinstance(g, BaseException) and not isinstance(g, EncodeFailed):
+                raise g
+        out.update(self._encode_locally(prompt))
+        if not out:
+            raise NodeDown(f"{self.label}: no engine could tokenize the prompt ({got[0]})")
+        return out
+
+    def _encode_locally(self, prompt: str) -> dict[str, tuple[int, ...]]:
+        return {}
+
+    async def submit(self, prompt: str | Sequence[int], params: GenerateParams, *, wait: bool = True) -> Answer:
+        """Tokenize, hand to the broker, and wait for the engine's answer. A full broker is waited out (wait=True)
+        or refused at once with QueueFull (wait=False: the online path answers 429). Cancelling the caller (a
+        client gone, a deadline) takes the request back: dropped if still queued, cancelled in its engine if not."""
+        if self.down:
+            raise NodeDown(self.down)
+        if self.closed or self.broker is None:
+            raise RequestRejected(f"{self.label} is not accepting requests")
+        if params.max_tokens <= 0:
+            raise RequestRejected(f"max_tokens must be positive, got {params.max_tokens}")
+        opts = RequestOptions.of(params)
+        guide = opts.guide if opts is not None else None
+        if guide is not None:
+            self._check_guide_support(guide)
+        prompts = self.encode_now(prompt)
+        if prompts is None:
+            prompts = await self.encode(prompt)
+        rid = f"{self._rid_prefix}{next(self._rid_seq):x}"
+        req = BrokerRequest(request_id=rid, prompts=prompts, max_new_tokens=params.max_tokens, payload=opts,
+                            priority=params.priority)
+        fut: asyncio.Future = asyncio.get_running_loop().create_future()
+        self._futures[rid] = fut
+        try:
+            if wait:
+                await self.broker.put(req)
+            else:
+                self.broker.put_nowait(req)
+        except NoEngineFits as e:
+            self._futures.pop(rid, None)
+            raise RequestRejected(str(e)) from None
+        except BaseException:
+            self._futures.pop(rid, None)
+            raise
+        try:
+            eid, res = await fut
+        except BaseException:
+            self._abandon(req)
+            raise
+        finally:
+            self._futures.pop(rid, None)
+        _, _, finish, ids, text, hidden, error, n_in = res
+        if finish == REFUSED:              # the engine cannot take it as asked: the caller's to fix
+            raise RequestRejected(f"card {eid}: {error}")
+        if finish == "error" or error:
+            raise ForgeError(f"card {eid}: {error or 'engine error'}")
+        if finish == "cancelled":
+            raise ForgeError(f"card {eid}: the request was cancelled")
+        if guide is not None:
+            problem = guided_output_problem(text, guide)
+            if problem is not None:
+                raise ForgeError(f"card {eid}: guided output failed its check: {problem}")
+        gen = Generation(text=text, output_tokens=len(ids), input_tokens=n_in, finish_reason=finish, card=eid,
+                         token_ids=tuple(ids))
+        return Answer(gen, hidden)
+
+    def _check_guide_support(self, guide: Guide) -> None:
+        if guide.choice is not None and guide.json_schema is not None:
+            raise RequestRejected("give choice or json_schema, not both")
+        kind = "choice" if guide.choice is not None else "json_schema"
+        if not any(kind in lk.info.get("guides", ()) for lk in self.links.values()):
+            have = ", ".join(f"{eid}: {lk.info.get('guides') or 'none'}" for eid, lk in self.links.items())
+            raise RequestRejected(f"no card on {self.label} supports guided output of kind {kind} ({have})")
+
+    def _abandon(self, req: BrokerRequest) -> None:
+        """The caller stopped waiting: a request still in the broker is dropped when a link takes it; the link
+        that dispatched it asks its host to cancel it (its KV reservation lasts until the engine lets go)."""
+        self.abandoned += 1
+        for lk in self.links.values():
+            if lk.cancel(req.request_id):
+                break
+
+    def _wanted(self, req: BrokerRequest) -> bool:
+        return req.request_id in self._futures
+
+    def _settle(self, req: BrokerRequest, eid: str, res: tuple) -> None:
+        fut = self._futures.get(req.request_id)
+        if fut is not None and not fut.done():
+            fut.set_result((eid, res))
+
+    def _fail(self, req: BrokerRequest, message: str, cls: type = ForgeError) -> None:
+        fut = self._futures.get(req.request_id)
+        if fut is not None and not fut.done():
+            fut.set_exception(cls(message))
+
+    def open_requests(self) -> int:
+        """Callers waiting for an answer (queued or in an engine)."""
+        return len(self._futures)
+
+    # ------------------------------------------------------------------ engines that are out
+    def _out_for(self, lk: EngineLink, now: float) -> float:
+        """How long this engine has been unusable (0 when it is usable, or being brought back within bounds)."""
+        if lk.state == "gone":
+            return float("inf")
+        if lk.state == "down":
+            return now - lk.down_since if self.restarting_counts else 0.0
+        return now - lk.unhealthy_since if lk.unhealthy_since is not None else 0.0
+
+    def _why_out(self, lk: EngineLink) -> str:
+        if lk.failure:
+            return lk.failure
+        if lk.state == "down":
+            return f"{lk.lost_reason}; gone for {self.down_grace_s:g} s"
+        return lk.engine_state if lk.engine_state != "running" else "unhealthy"
+
+    async def _sweep(self) -> None:
+        while not self.closed and not self.down:
+            await asyncio.sleep(self.sweep_interval_s)
+            now = time.monotonic()
+            out = {eid for eid, lk in self.links.items() if self._out_for(lk, now) >= self.down_grace_s}
+            if out and len(out) == len(self.links):
+                self._node_down("; ".join(f"{eid}: {self._why_out(self.links[eid])}" for eid in sorted(out)))
+                return
+            if out and self.broker.pending():
+                self._fail_unplaceable(out)
+
+    def _node_down(self, details: str) -> None:
+        self.down = f"{self.label}: no engine can work ({details})"
+        log.error(self.down)
+        for fut in list(self._futures.values()):
+            if not fut.done():
+                fut.set_exception(NodeDown(self.down))
+
+    def _fail_unplaceable(self, out: set[str]) -> None:
+        core = self.broker.core
+        pending = core.drain()
+        kept = 0
+        for req in pending:
+            fits = core.fitting_engines(req)
+            if any(e not in out for e in fits):
+                core.add(req)
+                kept += 1
+            else:
+                self._fail(req, f"{self.label}: every engine this request fits ({', '.join(fits)}) "
+                           f"has been out for {self.down_grace_s:g} s", NodeDown)
+        self.broker.notify()
+        if kept < len(pending):
+            log.error("%s: %d request(s) failed: engines %s out for %g s", self.label, len(pending) - kept,
+                      ", ".join(sorted(out)), self.down_grace_s)
+
+    # ------------------------------------------------------------------ observation
+    def engine_stats(self) -> list[EngineStats]:
+        return [s for lk in self.links.values() if (s := lk.stats()) is not None]
+
+    def broker_stats(self) -> BrokerStats:
+        return self.broker.stats() if self.broker else BrokerStats(node=self.name)
+
+    def healthy_cards(self) -> list[str]:
+        return [eid for eid, lk in self.links.items() if lk.state == "up" and lk.healthy]
+
+
+def guided_output_problem(text: str, guide: Guide) -> Optional[str]:
+    """Why a guided output does not honour its guide, or None. Engines guarantee it by construction; this check
+    makes sure nothing unparseable is ever handed out, whatever the backend."""
+    if guide.choice is not None:
+        return None if text in guide.choice else f"{text[:80]!r} is not one of the choices"
+    if guide.json_schema is not None:
+        import jsonschema
+
+        try:
+            value = json.loads(text)
+        except ValueError as e:
+            return f"the output is not JSON ({e})"
+        err = jsonschema.exceptions.best_match(jsonschema.validators.validator_for(guide.json_schema)(
+            guide.json_schema).iter_errors(value))
+        return None if err is None else f"the output does not match the schema: {err.message}"
+    return None
