@@ -3,8 +3,9 @@ function invocation per record, broker, admission, dispatch to the engine's driv
 ledger (SQLite, durable commits) and the output file — with the `instant` engine, which answers at once and
 runs NO MODEL. It measures forge, not an engine; every report of it says so.
 
-The process is pinned to one CPU core (all of its threads: the event loop, the engine driver, the ledger's
-committer), so the figure is "per core"."""
+The node's process is pinned to one CPU core (all of its threads: the event loop, the ledger's committer, and
+with --card-transport thread the engine's driver), so the figure is "per core"; with worker processes (the
+default) the card's worker runs on the other cores, and what is counted is the node process's CPU time."""
 from __future__ import annotations
 
 import os
@@ -44,9 +45,10 @@ def instant_node(slots: int = 1024) -> LoadedNode:
     return LoadedNode(node=node, contracts={c.contract: c}, plans=[plan_card(node.cards[0], c)], warnings=[])
 
 
-def pin_to_core(core: Optional[int]) -> Optional[int]:
+def pin_to_core(core: Optional[int]) -> tuple[Optional[int], Optional[frozenset[int]]]:
+    """Pin this process to `core`; returns it and the cores left for worker processes (None: not pinned)."""
     if core is None:
-        return None
+        return None, None
     try:
         allowed = os.sched_getaffinity(0)
     except AttributeError:
@@ -54,12 +56,12 @@ def pin_to_core(core: Optional[int]) -> Optional[int]:
     if core not in allowed:
         raise UsageError(f"--cpu {core}: this process may use cores {sorted(allowed)}")
     os.sched_setaffinity(0, {core})
-    return core
+    return core, frozenset(allowed - {core}) or frozenset(allowed)
 
 
 def run_control_plane(workdir: Path, *, records: int, core: Optional[int], repeat: int = 1,
-                      slots: int = 1024) -> dict:
-    pinned = pin_to_core(core)
+                      slots: int = 1024, card_transport: str = "process") -> dict:
+    pinned, worker_cpus = pin_to_core(core)
     loaded = instant_node(slots)
     reqs = [BenchRequest(index=i, prompt=tuple(3 + (i * 7 + j) % 2000 for j in range(PROMPT_TOKENS)),
                          max_new_tokens=NEW_TOKENS) for i in range(records)]
@@ -67,7 +69,8 @@ def run_control_plane(workdir: Path, *, records: int, core: Optional[int], repea
     runs = []
     for _ in range(repeat):
         started = time.perf_counter()
-        r = run_forge(loaded, path, records, workdir, grouping=True, label="control-plane")
+        r = run_forge(loaded, path, records, workdir, grouping=True, label="control-plane",
+                      card_transport=card_transport, worker_cpus=worker_cpus)
         r.variant = "instant (no model)"
         d = r.to_dict()
         d["wall_s"] = round(time.perf_counter() - started, 3)
@@ -75,6 +78,7 @@ def run_control_plane(workdir: Path, *, records: int, core: Optional[int], repea
     top = max(runs, key=lambda d: d["requests_per_s"])
     per_cpu = max((d.get("requests_per_cpu_s") or 0.0) for d in runs)
     return {"label": LABEL, "records": records, "pinned_core": pinned, "slots": slots,
+            "card_transport": card_transport, "worker_cpus": sorted(worker_cpus) if worker_cpus else None,
             "prompt_tokens": PROMPT_TOKENS, "new_tokens": NEW_TOKENS, "runs": runs,
             "best_tasks_per_s": top["requests_per_s"], "best_tasks_per_cpu_s": per_cpu,
             "target_tasks_per_s": TARGET_TASKS_PER_S,
@@ -86,9 +90,11 @@ def control_plane_markdown(data: dict) -> str:
     lines = header("forge bench control-plane: forge's own ceiling", data["env"],
                    label=f"{cp['label']}. This measures forge, not an engine.")
     core = f"pinned to CPU core {cp['pinned_core']}" if cp["pinned_core"] is not None else "not pinned"
+    where = ("in its worker process" + (f" on cores {cp['worker_cpus']}" if cp.get("worker_cpus") else "")
+             if cp.get("card_transport", "process") == "process" else "in the node's process (--card-transport thread)")
     lines += [f"{cp['records']:,} records, {cp['prompt_tokens']} prompt token ids and {cp['new_tokens']} new token "
               f"each, through records → functions → broker → admission → engine driver → results → ledger "
-              f"(SQLite) → output JSONL; process {core}; {cp['slots']} slots.", "",
+              f"(SQLite) → output JSONL; node process {core}; the card's engine {where}; {cp['slots']} slots.", "",
               f"**Best: {cp['best_tasks_per_s']:,.0f} tasks/s** wall-clock (target {cp['target_tasks_per_s']:,}: "
               f"{'met' if cp['meets_target'] else 'NOT met'}); {cp['best_tasks_per_cpu_s']:,.0f} tasks per CPU-second "
               "of this process (what one core would do alone: on a shared machine the wall-clock figure also "

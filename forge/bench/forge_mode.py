@@ -64,13 +64,13 @@ def _delta(after: int, before: int) -> int:
 async def run_forge_async(loaded: LoadedNode, records_path: Path, n_requests: int, workdir: Path, *,
                           grouping: bool, warmup: Sequence[BenchRequest] = (), label: Optional[str] = None,
                           concurrency: int = constants.DEFAULT_RECORD_CONCURRENCY,
-                          card_transport: str = "process") -> ModeResult:
+                          card_transport: str = "process", worker_cpus: Optional[frozenset[int]] = None) -> ModeResult:
     from forge.functions.runner import run_records
     from forge.functions.store import open_store
     from forge.node.local import LocalNode
 
     mode = label or ("forge" if grouping else "fifo")
-    node = LocalNode(loaded, grouping=grouping, card_transport=card_transport)
+    node = LocalNode(loaded, grouping=grouping, card_transport=card_transport, worker_cpus=worker_cpus)
     await node.start()
     try:
         await _warm(node, warmup)

@@ -37,6 +37,7 @@ class BenchPlan:
     warmup: int = 8
     repeat: int = 1
     concurrency: Optional[int] = None
+    card_transport: str = "process"          # forge/fifo modes: cards in worker processes, or "thread" (before)
     progress: Callable[[str], None] = field(default=lambda line: None)
     on_result: Callable[[list[BenchRequest], list[ModeResult]], None] = field(default=lambda reqs, res: None)
 
@@ -96,7 +97,7 @@ def run_modes(bp: BenchPlan) -> tuple[list[BenchRequest], list[ModeResult]]:
                         direct.close()              # free the card before forge loads its own engine
                         direct = None
                     r = run_forge(bp.loaded, records_path, len(requests), bp.workdir, grouping=(mode == "forge"),
-                                  warmup=warm, label=mode, **kw)
+                                  warmup=warm, label=mode, card_transport=bp.card_transport, **kw)
                     r.notes.append(f"repeat {rep + 1}")
                     results.append(r)
                     bp.progress(_line(r))

@@ -13,6 +13,7 @@ from typing import Optional
 
 import click
 
+from forge.cli.run import card_transport_option
 from forge.errors import UsageError
 
 QUICK_RECORDS = 32
@@ -41,7 +42,7 @@ def _quiet_engines() -> None:
 
 
 def do_run(workload: Path, node_path: Optional[Path], out: Path, modes: str, direct: str, records: Optional[int],
-           warmup: int, repeat: int, concurrency: Optional[int]) -> list[Path]:
+           warmup: int, repeat: int, concurrency: Optional[int], card_transport: str = "process") -> list[Path]:
     from forge.bench import env as envmod
     from forge.bench.direct import parse_variants
     from forge.bench.modes import BenchPlan, ratios, run_modes, single_card
@@ -64,7 +65,7 @@ def do_run(workload: Path, node_path: Optional[Path], out: Path, modes: str, dir
     bp = BenchPlan(loaded=loaded, spec=spec, workdir=out / "work", records=records, warmup=warmup, repeat=repeat,
                    modes=[m.strip() for m in modes.split(",") if m.strip()], concurrency=concurrency,
                    direct_variants=parse_variants(direct, plan.contract.limits.max_batch_size), progress=_say,
-                   on_result=report)
+                   on_result=report, card_transport=card_transport)
     requests, results = run_modes(bp)
     return report(requests, results)
 
@@ -94,11 +95,12 @@ def do_sweep(contract: str, workload: Path, node_path: Optional[Path], out: Path
     return report(summ, tiers)
 
 
-def do_control_plane(out: Path, records: int, cpu: Optional[int], repeat: int) -> list[Path]:
+def do_control_plane(out: Path, records: int, cpu: Optional[int], repeat: int,
+                     card_transport: str = "process") -> list[Path]:
     from forge.bench import env as envmod
     from forge.bench.control_plane import run_control_plane, write_control_plane
 
-    cp = run_control_plane(out / "work", records=records, core=cpu, repeat=repeat)
+    cp = run_control_plane(out / "work", records=records, core=cpu, repeat=repeat, card_transport=card_transport)
     return write_control_plane(out, {"kind": "forge-bench-control-plane", "env": envmod.describe(load_torch=False),
                                      "control_plane": cp})
 
@@ -141,9 +143,11 @@ def register(cli: click.Group) -> None:
                   help="run the modes this many times, interleaved")
     @click.option("--concurrency", type=click.IntRange(1, 100_000), default=None,
                   help="function invocations in flight in forge modes (default: forge's)")
-    def run_cmd(workload, node_path, records, warmup, direct, out, modes, repeat, concurrency):
+    @card_transport_option
+    def run_cmd(workload, node_path, records, warmup, direct, out, modes, repeat, concurrency, card_transport):
         """Run WORKLOAD.yaml in each mode on the node's one card and write the report."""
-        _report(do_run(workload, node_path, out, modes, direct, records, warmup, repeat, concurrency))
+        _report(do_run(workload, node_path, out, modes, direct, records, warmup, repeat, concurrency,
+                       card_transport or "process"))
 
     @bench.command("sweep")
     @click.argument("contract")
@@ -167,9 +171,10 @@ def register(cli: click.Group) -> None:
     @click.option("--repeat", type=click.IntRange(1, 20), default=3, show_default=True)
     @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("forge-bench"),
                   show_default=True)
-    def control_plane_cmd(records, cpu, repeat, out):
+    @card_transport_option
+    def control_plane_cmd(records, cpu, repeat, out, card_transport):
         """forge's own ceiling in tasks/s: the full path with the instant engine (NO model)."""
-        _report(do_control_plane(out, records, cpu, repeat))
+        _report(do_control_plane(out, records, cpu, repeat, card_transport or "process"))
 
     @bench.command("quick")
     @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("forge-bench"),

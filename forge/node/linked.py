@@ -48,6 +48,7 @@ class LinkedNode(Node):
         # (one urandom syscall each; forge bench control-plane, docs/benchmarks.md).
         self._rid_prefix, self._rid_seq = uuid.uuid4().hex[:12], itertools.count()
         self._sweeper: Optional[asyncio.Task] = None
+        self._keys: tuple[str, ...] = ()
         self.abandoned = 0
         self.closed = False
         self.down: Optional[str] = None
@@ -66,6 +67,7 @@ class LinkedNode(Node):
             lk = EngineLink(transport, info, broker=self.broker, job=self._rid_prefix, settle=self._settle,
                             fail=self._fail, wanted=self._wanted)
             self.links[lk.eid] = lk
+        self._keys = tuple(sorted({lk.key for lk in self.links.values()}))
         for lk in self.links.values():
             lk.start()
         self._sweeper = asyncio.create_task(self._sweep(), name="node-sweep")
@@ -107,14 +109,14 @@ class LinkedNode(Node):
         """End what this node started for its engines (nothing, for engines that outlive the node)."""
 
     # ------------------------------------------------------------------ requests
-    def tokenizer_keys(self) -> list[str]:
-        return sorted({lk.key for lk in self.links.values()})
+    def tokenizer_keys(self) -> tuple[str, ...]:
+        return self._keys
 
     def encode_now(self, prompt: str | Sequence[int]) -> Optional[dict[str, tuple[int, ...]]]:
         """The prompt's ids per tokenizer when they can be had without waiting (ids given, or local copies)."""
         if not isinstance(prompt, str):
             ids = tuple(map(int, prompt))
-            return {k: ids for k in self.tokenizer_keys()}
+            return dict.fromkeys(self._keys, ids)
         return None
 
     async def encode(self, prompt: str | Sequence[int]) -> dict[str, tuple[int, ...]]:
