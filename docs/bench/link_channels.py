@@ -10,7 +10,7 @@ as the link's credit allows. Both ends pickle each message (protocol 5) with a 4
 
     pipe    multiprocessing.Pipe(); each end reads when its descriptor is readable (loop.add_reader) and
             writes with Connection.send_bytes (a blocking write)
-    socket  asyncio streams over socket.socketpair() (what forge/link/channel.py does)
+    socket  asyncio streams over socket.socketpair() (what forge/host/channel.py does)
 
 Reported: the node process's CPU seconds per 100k tasks (time.process_time) and tasks per wall second, per
 run, interleaved. The worker is a fresh interpreter (multiprocessing spawn) pinned to another core than the

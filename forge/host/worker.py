@@ -79,7 +79,7 @@ def _read_spec(sock: socket.socket) -> WorkerSpec:
     """The first frame, read before any event loop exists (blocking, bounded: the node sent it at spawn)."""
     import pickle
 
-    from forge.link.channel import HEADER
+    from forge.host.channel import HEADER
 
     sock.settimeout(60.0)
     try:
@@ -104,7 +104,7 @@ def _recv_exactly(sock: socket.socket, n: int) -> bytes:
 
 async def _serve(host: Any, error: Optional[str], sock: socket.socket) -> int:
     from forge.host.engine_host import PROTOCOL
-    from forge.link.channel import open_socket, serve_calls
+    from forge.host.channel import open_socket, serve_calls
 
     reader, writer = await open_socket(sock)
 

@@ -33,6 +33,7 @@ COLLECT_WAIT_S = 0.5         # long-poll length (a collect returns as soon as so
 CALL_TIMEOUT_S = 30.0        # beyond its own wait, any call to a host
 TAKE_WAIT_S = 0.25
 MAX_ITEMS = 4096
+CLOSE_WAIT_S = 5.0
 _sessions = itertools.count(1)
 
 
@@ -72,6 +73,7 @@ class EngineLink:
         self.counters.observe(info["stats"])       # counted from here: a host may outlive a job
         self._cancels: list[tuple[str, int]] = []
         self._cancel_flush: Optional[asyncio.Handle] = None
+        self._closed = False
         self._up = asyncio.Event()
         self._up.set()
         self._credit = asyncio.Event()
@@ -91,9 +93,15 @@ class EngineLink:
         task.add_done_callback(self._tasks.discard)
 
     async def close(self) -> None:
+        self._closed = True                   # the loops end at their next turn even if a cancel is lost
+        self._up.set()
+        self._credit.set()
         for t in list(self._tasks):
             t.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._tasks:
+            _, stuck = await asyncio.wait(list(self._tasks), timeout=CLOSE_WAIT_S)
+            if stuck:
+                log.error("engine %s: %d link task(s) did not end within %g s", self.eid, len(stuck), CLOSE_WAIT_S)
         if self.state == "up":
             try:
                 await self.transport.call("end_session", self.session, timeout_s=5.0)
@@ -109,9 +117,9 @@ class EngineLink:
 
     # ------------------------------------------------------------------ sending
     async def _send_loop(self) -> None:
-        while True:
+        while not self._closed:
             await self._up.wait()
-            if self.draining:
+            if self.draining or self._closed:
                 return
             if not self._has_credit():
                 self._credit.clear()
@@ -202,8 +210,10 @@ class EngineLink:
 
     # ------------------------------------------------------------------ collecting
     async def _collect_loop(self) -> None:
-        while True:
+        while not self._closed:
             await self._up.wait()
+            if self._closed:
+                return
             epoch, sid = self.epoch, self.session
             try:
                 reply = await self.transport.call("collect", sid, COLLECT_WAIT_S, MAX_ITEMS,
@@ -213,7 +223,7 @@ class EngineLink:
             except Exception as e:  # noqa: BLE001
                 self.lost(f"{type(e).__name__}: {_first_line(e)}", epoch)
                 continue
-            if epoch == self.epoch:
+            if epoch == self.epoch and not self._closed:
                 self._apply(reply, epoch)
 
     def _apply(self, reply: dict, epoch: int) -> None:

@@ -2,7 +2,7 @@
 
 Spawned: `python -m forge.host FD` is a fresh interpreter that inherits nothing of the node's state but its
 environment and one end of a Unix socket pair, over which it gets its WorkerSpec and answers the link's calls
-(forge/link/channel.py). Not multiprocessing's "spawn" start method: that one re-runs the parent's main
+(forge/host/channel.py). Not multiprocessing's "spawn" start method: that one re-runs the parent's main
 module in every child (a user's script that starts a node without an `if __name__ == "__main__"` guard would
 start it again in each worker; a pytest or CLI main would be imported for nothing). A worker that dies (SIGKILL, a crash, the OOM killer) is started again, at most
 WORKER_RESTARTS times over the node's life; then the card is given up (the link's state "gone"). An engine
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import socket
 import subprocess
 import sys
@@ -19,9 +20,10 @@ import time
 from typing import Any, Optional
 
 from forge import constants
+from forge.config.plan import CardPlan
 from forge.errors import ForgeError
 from forge.host.worker import WorkerSpec
-from forge.link.channel import CallChannel, frame, open_socket
+from forge.host.channel import CallChannel, frame, open_socket
 from forge.link.transport import LinkGone, Transport
 
 log = logging.getLogger("forge.link.process")
@@ -31,9 +33,16 @@ STOP_GRACE_S = 5.0           # after its engine stopped, a worker has this long 
 
 
 class ProcessTransport(Transport):
-    def __init__(self, spec: WorkerSpec, *, restarts: int = WORKER_RESTARTS):
-        self.spec, self.max_restarts = spec, restarts
-        self.name = spec.plan.card_id
+    def __init__(self, plan: CardPlan, *, node: str, stall_window_s: float = constants.STALL_WINDOW_S,
+                 cpus: Optional[frozenset[int]] = None, restarts: int = WORKER_RESTARTS):
+        """cpus: the cores the worker may run on (default: wherever the node may). The worker keeps the node's
+        logger levels."""
+        levels = {name: lg.level for name, lg in logging.root.manager.loggerDict.items()
+                  if isinstance(lg, logging.Logger) and lg.level != logging.NOTSET}
+        self.spec = WorkerSpec(plan=plan, node=node, parent_pid=os.getpid(), stall_window_s=stall_window_s,
+                               log_levels=levels, cpu_affinity=cpus)
+        self.max_restarts = restarts
+        self.name = plan.card_id
         self.restarts = 0
         self.loaded = False                 # the current worker has said hello (its engine is up)
         self.proc: Optional[subprocess.Popen] = None
@@ -104,8 +113,9 @@ class ProcessTransport(Transport):
                 why = str(e)
 
     async def close(self, timeout_s: float) -> None:
-        """Stop the engine through the link (bounded), then make sure the process is gone."""
-        if self.channel is not None and self.channel.closed is None:
+        """Stop the engine through the link (bounded), then make sure the process is gone (a worker still
+        loading its engine is killed at once: it holds nothing)."""
+        if self.loaded and self.channel is not None and self.channel.closed is None:
             try:
                 await self.channel.call("stop", timeout_s=timeout_s)
             except Exception as e:  # noqa: BLE001 - it is killed below

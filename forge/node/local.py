@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import sys
 import time
 from typing import Any, Literal, Optional, Sequence
@@ -68,14 +67,9 @@ class LocalNode(LinkedNode):
             from forge.link.thread import ThreadTransport
 
             return ThreadTransport(plan, node=self.name, stall_window_s=self.stall_window_s)
-        from forge.host.worker import WorkerSpec
         from forge.link.process import ProcessTransport
 
-        levels = {name: lg.level for name, lg in logging.root.manager.loggerDict.items()
-                  if isinstance(lg, logging.Logger) and lg.level != logging.NOTSET}
-        return ProcessTransport(WorkerSpec(plan=plan, node=self.name, parent_pid=os.getpid(),
-                                           stall_window_s=self.stall_window_s, log_levels=levels,
-                                           cpu_affinity=self.worker_cpus))
+        return ProcessTransport(plan, node=self.name, stall_window_s=self.stall_window_s, cpus=self.worker_cpus)
 
     async def start(self) -> None:
         """Every card's engine loaded (concurrently, each in its worker) with exactly its contract; then the links."""

@@ -112,13 +112,12 @@ def test_a_worker_whose_node_closes_the_link_without_stopping_it_exits(tmp_path)
 
     from forge.config.load import load_node
     from forge.host.lifeline import EXIT_ORPHANED
-    from forge.host.worker import WorkerSpec
     from forge.link.process import ProcessTransport
 
     loaded = load_node(NODES / "instant.yaml")
 
     async def main() -> int:
-        t = ProcessTransport(WorkerSpec(plan=loaded.plans[0], node="instant", parent_pid=os.getpid()))
+        t = ProcessTransport(loaded.plans[0], node="instant")
         await t.start()
         await t.channel.close()               # the node's end goes away; no "stop" was sent
         t.channel = None

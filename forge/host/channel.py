@@ -51,12 +51,17 @@ class CallChannel:
         if self.closed is not None:
             raise ConnectionError(self.closed)
         cid = next(self._ids)
-        fut = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
         self._calls[cid] = fut
+        # A timer, not asyncio.wait_for: on Python 3.11 wait_for swallows a cancellation that arrives as the
+        # answer does, and a link being closed would then keep polling forever.
+        timer = loop.call_later(timeout_s, _expire, fut, method, timeout_s)
         try:
             self._writer.write(frame((cid, method, args)))
-            return await asyncio.wait_for(fut, timeout_s)
+            return await fut
         finally:
+            timer.cancel()
             self._calls.pop(cid, None)
 
     async def _read_loop(self) -> None:
@@ -91,6 +96,11 @@ class CallChannel:
         self._task.cancel()
         await asyncio.gather(self._task, return_exceptions=True)
         self._writer.close()
+
+
+def _expire(fut: asyncio.Future, method: str, timeout_s: float) -> None:
+    if not fut.done():
+        fut.set_exception(asyncio.TimeoutError(f"no answer to {method} within {timeout_s:g} s"))
 
 
 async def serve_calls(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
