@@ -17,6 +17,7 @@ from typing import Any, Callable, Optional
 from forge.errors import ForgeError, NodeDown
 from forge.functions.api import FunctionSpec, GenerateParams, Generation
 from forge.functions.llm import NodeLLM
+from forge.gc_tuning import tune_for_throughput
 from forge.stats import RunStats
 
 READ_CHUNK = 256            # records parsed per slice of reader work
@@ -66,6 +67,7 @@ async def run_records(*, spec: FunctionSpec, node: Any, records, sink, stats: Ru
                       on_tick: Callable[[], None] = lambda: None, tick_s: float = 0.25,
                       install_signals: bool = True) -> RunOutcome:
     """records: iterable of (index, dict | InputError). sink: started/result/error coroutines (bounded)."""
+    tune_for_throughput()
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue = asyncio.Queue(maxsize=max(2 * concurrency, 16))
     llm = NodeLLM(CountingNode(node, stats), spec)

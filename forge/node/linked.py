@@ -23,6 +23,7 @@ from forge.broker import Broker, BrokerCore, BrokerRequest, NoEngineFits
 from forge.engines.interface import Guide
 from forge.errors import ForgeError, NodeDown, RequestRejected
 from forge.functions.api import GenerateParams, Generation
+from forge.gc_tuning import tune_for_throughput
 from forge.link.encoder import EncodeFailed, Encoder
 from forge.link.link import EngineLink, geometry_of
 from forge.link.transport import Transport
@@ -72,6 +73,7 @@ class LinkedNode(Node):
             lk.start()
         self._sweeper = asyncio.create_task(self._sweep(), name="node-sweep")
         self.started_at = time.time()
+        tune_for_throughput()                 # the node is up: what lives now lives as long as it does
 
     def _use_encoders(self, keys) -> None:
         """Tokenize prompts for these tokenizer keys through the hosts that have them (forge/link/encoder.py)."""

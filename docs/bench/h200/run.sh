@@ -91,6 +91,14 @@ for n in ('node-llama-1p5b', 'node-llama-8b', 'node-llama-1p5b-small-pool'):
   prefix-short-1p5b-credit)
     stage prefix-short-1p5b-credit 150 $F bench run $W/gpu-prefix-heavy-short.yaml \
       --node $H/node-llama-1p5b-small-pool.yaml --out "$R/prefix-short-1p5b-credit" --modes forge,fifo ;;
+  # issue 14 (every card in its own worker process): forge ÷ direct on one H200, three interleaved repeats, the
+  # default (process) transport; then the same with the card's engine in the node's own process (the before)
+  mixed-1p5b-process)
+    stage mixed-1p5b-process 420 $F bench run $W/gpu-mixed.yaml --node $H/node-llama-1p5b.yaml --records 512 \
+      --out "$R/mixed-1p5b-process" --direct depth --repeat 3 --card-transport process ;;
+  mixed-1p5b-thread)
+    stage mixed-1p5b-thread 300 $F bench run $W/gpu-mixed.yaml --node $H/node-llama-1p5b.yaml --records 512 \
+      --out "$R/mixed-1p5b-thread" --direct depth --repeat 2 --card-transport thread ;;
   *) echo "unknown stage $s" ;;
 esac; done
 pack
