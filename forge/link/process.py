@@ -115,12 +115,16 @@ class ProcessTransport(Transport):
     async def close(self, timeout_s: float) -> None:
         """Stop the engine through the link (bounded), then make sure the process is gone (a worker still
         loading its engine is killed at once: it holds nothing)."""
+        stopped = False
         if self.loaded and self.channel is not None and self.channel.closed is None:
             try:
                 await self.channel.call("stop", timeout_s=timeout_s)
+                stopped = True
             except Exception as e:  # noqa: BLE001 - it is killed below
                 log.warning("card %s: worker did not stop cleanly (%s: %s)", self.name, type(e).__name__, e)
         await self._end()
+        if stopped and self.proc is not None and self.proc.returncode != 0:
+            log.warning("card %s: worker did not stop cleanly (exit code %s)", self.name, self.proc.returncode)
 
     async def _end(self) -> None:
         """Close the channel (the worker sees end of file and exits); kill it if it lingers; reap it."""

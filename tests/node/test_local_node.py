@@ -36,6 +36,11 @@ def test_answers_embeddings_and_stats_are_the_same_over_both_transports(transpor
             await node.stop()
 
     gens, hidden, ans, st, desc, healthy = run(main())
+    import gc
+
+    from forge.gc_tuning import GEN0_THRESHOLD
+
+    assert gc.get_threshold()[0] == GEN0_THRESHOLD and gc.get_freeze_count() > 0     # the node's collector setting
     assert all(g.card == "cpu0" and g.output_tokens == 5 and g.finish_reason == "length" and g.input_tokens > 2
                for g in gens)
     assert len(hidden) == 16 and ans.hidden is None and ans.generation.input_tokens == 3
