@@ -1,7 +1,8 @@
 """The "forge" and "fifo" modes: the workload as a forge job — records read from JSONL, one function
 invocation per record (bounded pool), each calling llm.generate through the node's broker and admission
-runtime, every result through the ledger (SQLite) into the output file. The path `forge run` takes, with
-the node provisioned in this process. "fifo" is the same with the broker's grouping turned off.
+runtime, every result through the ledger (SQLite) into the output file. The path `forge run` takes: the node
+in this process, its card's engine in a worker process (card_transport "thread": in this process too). "fifo"
+is the same with the broker's grouping turned off.
 
 The window runs from the first record read to the ledger's last commit; loading the engine and the
 warm-up requests are outside it (as for the direct mode)."""

@@ -1,4 +1,4 @@
-"""`forge bench run`: the three modes side by side in one process, on the same engine and the same work.
+"""`forge bench run`: the three modes side by side in one invocation, on the same engine and the same work.
 
     direct  transformers' continuous batching through its own API (best of the variants run; direct.py)
     forge   the forge path: records -> functions -> broker (grouping) -> admission -> engine -> ledger
