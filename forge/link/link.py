@@ -1,7 +1,6 @@
 """A node's link to one engine host: batches out, batches back, loss and return.
 
-Sender: takes from the node's broker what fits the engine's credit (its contract's slots and KV blocks,
-times CREDIT_FACTOR so the next batch is already there when a slot frees) and submits it in one call.
+Sender: takes from the node's broker what fits the engine's credit (credit.py) and submits it in one call.
 Collector: a long poll that returns finished requests, requests the engine gave back, the engine's
 delivered tokens (the broker's balancing signal), its health, state and stats.
 
@@ -20,15 +19,15 @@ import time
 from typing import Callable, Optional
 
 from forge import constants
-from forge.broker import BrokerClosed, BrokerRequest, EngineGeometry, blocks_needed
+from forge.broker import BrokerClosed, BrokerRequest, EngineGeometry
 from forge.host.wire import to_wire
 from forge.link.counters import JobCounters
+from forge.link.credit import Credit
 from forge.link.transport import LinkGone, Transport
 from forge.stats import EngineStats
 
 log = logging.getLogger("forge.link")
 
-CREDIT_FACTOR = 1.25         # in flight + queued at an engine, relative to its contract's slots and KV blocks
 COLLECT_WAIT_S = 0.5         # long-poll length (a collect returns as soon as something is ready)
 CALL_TIMEOUT_S = 30.0        # beyond its own wait, any call to a host
 TAKE_WAIT_S = 0.25
@@ -52,10 +51,8 @@ class EngineLink:
         self.eid = self.geometry.engine_id
         self.key = self.geometry.tokenizer_key
         self.broker, self.job, self._settle, self._fail, self._wanted = broker, job, settle, fail, wanted
-        self.cap_slots = max(1, int(self.geometry.max_batch_size * CREDIT_FACTOR))
-        self.cap_blocks = max(1, int(self.geometry.kv_blocks_total * CREDIT_FACTOR))
-        self.out: dict[str, tuple[BrokerRequest, int, int]] = {}     # rid -> (request, attempt, blocks)
-        self.used_slots = self.used_blocks = 0
+        self.credit = Credit(self.geometry)
+        self.out = self.credit.out                  # rid -> (request, attempt, blocks): dispatched, not answered
         self.session = self._new_session()
         self.incarnation = info["incarnation"]
         self.epoch = 0
@@ -130,15 +127,14 @@ class EngineLink:
                 continue
             epoch = self.epoch
             try:
-                batch = self._keep(await self.broker.take(self.eid, free_slots=self.cap_slots - self.used_slots,
-                                                          free_kv_blocks=self.cap_blocks - self.used_blocks,
+                batch = self._keep(await self.broker.take(self.eid, free_slots=self.credit.free_slots(),
+                                                          free_kv_blocks=self.credit.free_blocks(),
                                                           timeout_s=TAKE_WAIT_S))
                 if not batch:
                     continue
                 while self._has_credit():     # top up: one call carries as much as the engine may hold
-                    more = self._keep(await self.broker.take(self.eid, free_slots=self.cap_slots - self.used_slots,
-                                                             free_kv_blocks=self.cap_blocks - self.used_blocks,
-                                                             timeout_s=0))
+                    more = self._keep(await self.broker.take(self.eid, free_slots=self.credit.free_slots(),
+                                                             free_kv_blocks=self.credit.free_blocks(), timeout_s=0))
                     if not more:
                         break
                     batch += more
@@ -164,34 +160,27 @@ class EngineLink:
                 self.broker.on_done(self.eid, r)
                 self.dropped_cancelled += 1
                 continue
-            b = blocks_needed(r, self.geometry)
-            self.out[r.request_id] = (r, r.attempt, b)
-            self.used_slots += 1
-            self.used_blocks += b
+            self.credit.reserve(r)
             kept.append(r)
         return kept
 
     def _has_credit(self) -> bool:
-        return self.used_slots < self.cap_slots and self.used_blocks < self.cap_blocks and self.healthy
+        return self.healthy and self.credit.left()
 
     def _release(self, rid: str, attempt: int) -> Optional[BrokerRequest]:
-        entry = self.out.get(rid)
-        if entry is None or entry[1] != attempt:
-            return None                       # not a dispatch we wait on (stale incarnation, orphan, duplicate)
-        del self.out[rid]
-        self.used_slots -= 1
-        self.used_blocks -= entry[2]
-        self._credit.set()
-        return entry[0]
+        req = self.credit.release(rid, attempt)
+        if req is not None:
+            self._credit.set()
+        return req
 
     # ------------------------------------------------------------------ cancelling
     def cancel(self, rid: str) -> bool:
         """The caller of `rid` left. If it was dispatched here, the host stops it (batched with others); its
         answer (cancelled) still comes back and frees the credit. False when it is not here."""
-        entry = self.out.get(rid)
-        if entry is None or self.state != "up":
+        attempt = self.credit.attempt_of(rid)
+        if attempt is None or self.state != "up":
             return False
-        self._cancels.append((rid, entry[1]))
+        self._cancels.append((rid, attempt))
         if self._cancel_flush is None:
             self._cancel_flush = asyncio.get_running_loop().call_soon(self._flush_cancels)
         return True
@@ -266,9 +255,7 @@ class EngineLink:
         self.state, self.down_since, self.lost_reason = "down", time.monotonic(), reason
         self._up.clear()
         self.broker.set_engine_healthy(self.eid, False)
-        reqs = [r for r, _, _ in self.out.values()]
-        self.out.clear()
-        self.used_slots = self.used_blocks = 0
+        reqs = self.credit.clear()
         self._cancels.clear()
         self.lost_requeued += len(reqs)
         log.warning("engine %s lost (%s): %d in-flight request(s) go back to the broker", self.eid, reason, len(reqs))

@@ -5,15 +5,11 @@ The broker sees every engine's geometry (read from its host's hello), so groupin
 affinity and speed-proportional balancing work the same across the cards of one machine and across the
 nodes of a cluster. Requests travel to hosts in batches (forge/link/link.py).
 
-Down: an engine is out when it is gone for good (its link gave it up), when it stays lost (cluster) or
-unhealthy (wedged) for `down_grace_s`. Requests that fit only engines that are out fail with NodeDown; when
-every engine is out the node is down: everything waiting fails with NodeDown, a job stops without error
-rows, and the same command resumes once the node is healthy."""
+Engines that stop working: down.py."""
 from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 import logging
 import time
 import uuid
@@ -27,6 +23,8 @@ from forge.gc_tuning import tune_for_throughput
 from forge.link.encoder import EncodeFailed, Encoder
 from forge.link.link import EngineLink, geometry_of
 from forge.link.transport import Transport
+from forge.node.down import EnginesOut
+from forge.node.guided import guided_output_problem
 from forge.node.interface import Answer, Node
 from forge.requests import REFUSED, RequestOptions
 from forge.stats import BrokerStats, EngineStats
@@ -34,9 +32,8 @@ from forge.stats import BrokerStats, EngineStats
 log = logging.getLogger("forge.node")
 
 
-class LinkedNode(Node):
+class LinkedNode(EnginesOut, Node):
     label_prefix = "node "          # how messages name this node ("node local: ...")
-    restarting_counts = True        # a link being brought back counts toward down_grace_s (no bound of its own)
 
     def __init__(self, name: str, *, grouping: bool = True, down_grace_s: float, sweep_interval_s: float):
         self.name, self.grouping = name, grouping
@@ -227,57 +224,6 @@ class LinkedNode(Node):
         """Callers waiting for an answer (queued or in an engine)."""
         return len(self._futures)
 
-    # ------------------------------------------------------------------ engines that are out
-    def _out_for(self, lk: EngineLink, now: float) -> float:
-        """How long this engine has been unusable (0 when it is usable, or being brought back within bounds)."""
-        if lk.state == "gone":
-            return float("inf")
-        if lk.state == "down":
-            return now - lk.down_since if self.restarting_counts else 0.0
-        return now - lk.unhealthy_since if lk.unhealthy_since is not None else 0.0
-
-    def _why_out(self, lk: EngineLink) -> str:
-        if lk.failure:
-            return lk.failure
-        if lk.state == "down":
-            return f"{lk.lost_reason}; gone for {self.down_grace_s:g} s"
-        return lk.engine_state if lk.engine_state != "running" else "unhealthy"
-
-    async def _sweep(self) -> None:
-        while not self.closed and not self.down:
-            await asyncio.sleep(self.sweep_interval_s)
-            now = time.monotonic()
-            out = {eid for eid, lk in self.links.items() if self._out_for(lk, now) >= self.down_grace_s}
-            if out and len(out) == len(self.links):
-                self._node_down("; ".join(f"{eid}: {self._why_out(self.links[eid])}" for eid in sorted(out)))
-                return
-            if out and self.broker.pending():
-                self._fail_unplaceable(out)
-
-    def _node_down(self, details: str) -> None:
-        self.down = f"{self.label}: no engine can work ({details})"
-        log.error(self.down)
-        for fut in list(self._futures.values()):
-            if not fut.done():
-                fut.set_exception(NodeDown(self.down))
-
-    def _fail_unplaceable(self, out: set[str]) -> None:
-        core = self.broker.core
-        pending = core.drain()
-        kept = 0
-        for req in pending:
-            fits = core.fitting_engines(req)
-            if any(e not in out for e in fits):
-                core.add(req)
-                kept += 1
-            else:
-                self._fail(req, f"{self.label}: every engine this request fits ({', '.join(fits)}) "
-                           f"has been out for {self.down_grace_s:g} s", NodeDown)
-        self.broker.notify()
-        if kept < len(pending):
-            log.error("%s: %d request(s) failed: engines %s out for %g s", self.label, len(pending) - kept,
-                      ", ".join(sorted(out)), self.down_grace_s)
-
     # ------------------------------------------------------------------ observation
     def engine_stats(self) -> list[EngineStats]:
         return [s for lk in self.links.values() if (s := lk.stats()) is not None]
@@ -288,20 +234,3 @@ class LinkedNode(Node):
     def healthy_cards(self) -> list[str]:
         return [eid for eid, lk in self.links.items() if lk.state == "up" and lk.healthy]
 
-
-def guided_output_problem(text: str, guide: Guide) -> Optional[str]:
-    """Why a guided output does not honour its guide, or None. Engines guarantee it by construction; this check
-    makes sure nothing unparseable is ever handed out, whatever the backend."""
-    if guide.choice is not None:
-        return None if text in guide.choice else f"{text[:80]!r} is not one of the choices"
-    if guide.json_schema is not None:
-        import jsonschema
-
-        try:
-            value = json.loads(text)
-        except ValueError as e:
-            return f"the output is not JSON ({e})"
-        err = jsonschema.exceptions.best_match(jsonschema.validators.validator_for(guide.json_schema)(
-            guide.json_schema).iter_errors(value))
-        return None if err is None else f"the output does not match the schema: {err.message}"
-    return None
