@@ -24,6 +24,7 @@ log = logging.getLogger("forge.node")
 
 CardTransport = Literal["process", "thread"]
 CARD_TRANSPORTS = ("process", "thread")
+CARD_STATE = {"down": "restarting", "gone": "failed"}   # a card's state, when its link is not up
 NODE_DOWN_GRACE_S = 1.0      # every card failed or unhealthy this long = the node is down
 SWEEP_INTERVAL_S = 0.25
 
@@ -131,7 +132,7 @@ class LocalNode(LinkedNode):
                           "backend": info["backend"], "healthy": bool(st and st.healthy),
                           "limits": info["limits"], "kv_blocks": info["kv_blocks"],
                           "full_length_slots": info["full_length_slots"],
-                          "state": lk.engine_state if lk.state == "up" else lk.state, "failure": lk.failure,
+                          "state": CARD_STATE.get(lk.state, lk.engine_state), "failure": lk.failure,
                           "in_flight": st.in_flight if st else 0,
                           "kv_blocks_reserved": st.kv_blocks_reserved if st else 0,
                           "guides": list(info.get("guides", [])),

@@ -79,7 +79,7 @@ def test_a_failed_engine_on_the_thread_transport_fails_the_card_and_the_node_goe
     assert sum(not isinstance(r, BaseException) for r in results) == 300
     assert all(isinstance(r, NodeDown) for r in results if isinstance(r, BaseException))
     assert down.startswith("node crash: no engine can work (cpu0: engine failed: injected crash after 300 results)")
-    assert desc["cards"][0]["state"] == "gone"
+    assert desc["cards"][0]["state"] == "failed"
 
 
 def test_a_tokenizer_copy_that_does_not_encode_as_the_engine_is_not_used(monkeypatch, capsys):
