@@ -13,6 +13,7 @@ The protocol (docs/ledger.md has the proof sketch):
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -223,12 +224,19 @@ def _check_parquet_target(output: Path) -> None:
 
 def _check_ledger_output(ledger: Ledger, output: Path) -> None:
     """A ledger records which output it writes: another output's ledger (--ledger) is refused."""
-    stored = ledger.get_meta("output")
+    stored, name = ledger.get_meta("output"), json.dumps(output.name)    # JSON: any file name, even not UTF-8
     if stored is None:
-        ledger.set_meta("output", output.name)
-    elif stored != output.name:
-        raise ForgeError(f"{display_path(ledger.path)}: this ledger records the run writing {stored}, not "
-                         f"{output.name}; name this output's own ledger with --ledger PATH")
+        ledger.set_meta("output", name)
+    elif stored != name:
+        raise ForgeError(f"{display_path(ledger.path)}: this ledger records the run writing {_unjson(stored)}, "
+                         f"not {output.name}; name this output's own ledger with --ledger PATH")
+
+
+def _unjson(text: str) -> object:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
 
 
 def _refuse_unrecorded_output(ledger: Ledger, writer: OutputWriter, rec: Reconciliation, output: Path) -> None:
