@@ -4,15 +4,43 @@ matplotlib through Figure objects only (no pyplot state), as forge/report/plots.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Optional
 
 from matplotlib.figure import Figure
 
 from forge.bench.env import hardware_line, software_line
+from forge.errors import ForgeError, display_path
 
 DPI = 110
 COLORS = {"direct": "#7f7f7f", "forge": "#1f3b73", "fifo": "#d62728", "sweep": "#1f77b4", "control-plane": "#2ca02c"}
+
+
+BENCH_STEMS = ("bench", "sweep", "control-plane")     # what forge bench writes into --out, and work/ below it
+
+
+def _is_bench_json(path: Path) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return re.match(rb'\{\s*"kind":\s*"forge-bench', f.read(256)) is not None
+    except OSError:
+        return False
+
+
+def check_out_folder(out: Path) -> None:
+    """forge bench writes fixed names into --out: refuse, before anything runs, a folder where such a name is
+    a file forge bench did not write (a JSON without forge's `kind`, or anything there without a bench JSON)."""
+    if not out.exists():
+        return
+    jsons = [out / f"{stem}.json" for stem in BENCH_STEMS]
+    ours = any(_is_bench_json(p) for p in jsons)
+    for p in [*jsons, *(out / f"{stem}.{ext}" for stem in BENCH_STEMS for ext in ("md", "png")), out / "work"]:
+        if not (p.exists() or p.is_symlink()):
+            continue
+        if (p.suffix == ".json" and not _is_bench_json(p)) or (p.suffix != ".json" and not ours):
+            raise ForgeError(f"{display_path(p)}: exists and was not written by forge bench; forge never writes "
+                             "over a file it did not write: choose another --out")
 
 
 def write_json(path: Path, data: dict) -> Path:

@@ -45,9 +45,10 @@ def do_run(workload: Path, node_path: Optional[Path], out: Path, modes: str, dir
     from forge.bench import env as envmod
     from forge.bench.direct import parse_variants
     from forge.bench.modes import BenchPlan, ratios, run_modes, single_card
-    from forge.bench.report import card_info, write_bench
+    from forge.bench.report import card_info, check_out_folder, write_bench
     from forge.bench.workload import load_workload, summary
 
+    check_out_folder(out)
     _quiet_engines()
     spec = load_workload(workload)
     loaded = _node(node_path)
@@ -72,9 +73,11 @@ def do_run(workload: Path, node_path: Optional[Path], out: Path, modes: str, dir
 def do_sweep(contract: str, workload: Path, node_path: Optional[Path], out: Path, tokens: Optional[str],
              slots: Optional[str], mode: str, direct: str, records: Optional[int], warmup: int) -> list[Path]:
     from forge.bench import env as envmod
+    from forge.bench.report import check_out_folder
     from forge.bench.sweep import contract_name, parse_ints, plan_of, run_sweep, write_sweep
     from forge.bench.workload import generate, load_workload, summary
 
+    check_out_folder(out)
     _quiet_engines()
     spec = load_workload(workload)
     loaded = _node(node_path)
@@ -97,7 +100,9 @@ def do_sweep(contract: str, workload: Path, node_path: Optional[Path], out: Path
 def do_control_plane(out: Path, records: int, cpu: Optional[int], repeat: int) -> list[Path]:
     from forge.bench import env as envmod
     from forge.bench.control_plane import run_control_plane, write_control_plane
+    from forge.bench.report import check_out_folder
 
+    check_out_folder(out)
     cp = run_control_plane(out / "work", records=records, core=cpu, repeat=repeat)
     return write_control_plane(out, {"kind": "forge-bench-control-plane", "env": envmod.describe(load_torch=False),
                                      "control_plane": cp})

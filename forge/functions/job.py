@@ -3,6 +3,7 @@ the node, run the records, write the summary and the report."""
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -91,10 +92,7 @@ async def _run(spec, digest: str, node: Any, opts: JobOptions, *, node_label: st
         summary = _summary(spec.name, node_label, opts, outcome, engine_stats, broker_stats)
         _print_summary(summary)
         if opts.report:
-            from forge.report import write_report
-
-            paths = write_report(opts.output_path, summary, sampler)
-            print(f"forge: report {', '.join(str(p) for p in paths)}", file=sys.stderr)
+            _write_report(opts.output_path, summary, sampler)
         if outcome.fatal:
             print(f"forge: stopped: {outcome.fatal}; unfinished records stay in the ledger — run the same "
                   "command again to resume", file=sys.stderr)
@@ -137,3 +135,45 @@ def _print_summary(s: dict) -> None:
     print(f"forge: {s['function']} on {s['node']}: {s['records_done']} done, {s['records_failed']} failed, "
           f"{s['records_resumed']} resumed, {s['retried']} retried | tokens in {s['input_tokens']:,} "
           f"out {s['output_tokens']:,} | {s['tokens_per_s']:,.0f} tok/s | {s['wall_s']:.1f} s", file=sys.stderr)
+
+
+def _write_report(output: Path, summary: dict, sampler) -> None:
+    """The output is what matters: a report that cannot be written (a name too long, a read-only folder, a
+    file there that forge did not write) is one warning line, never a failed job."""
+    from forge.errors import display_path
+    from forge.records.guard import report_overwrite_problem
+    from forge.report import report_paths, write_report
+
+    json_path, md_path = report_paths(output)
+    temps = [p.with_name(p.name + ".tmp") for p in (json_path, md_path)]
+    ours = [p for p in temps if not _exists(p)]     # temp names forge may clean up after a failure
+    try:
+        problem = report_overwrite_problem(json_path, kind="json") or report_overwrite_problem(md_path, kind="md")
+        if problem is None:
+            # A file name that is not UTF-8 is quoted escaped: the report is text.
+            printable = {k: v.encode("utf-8", "backslashreplace").decode("utf-8") if isinstance(v, str) else v
+                         for k, v in summary.items()}
+            paths = write_report(output, printable, sampler)
+            print(f"forge: report {', '.join(display_path(p) for p in paths)}", file=sys.stderr)
+            return
+        why = f"{problem}; forge never writes over a file it did not write"
+    except OSError as e:
+        why = f"{display_path(e.filename)}: {e.strerror}" if e.filename else str(e)
+    except UnicodeError:
+        why = "the output's file name is not UTF-8, and the report quotes it"
+    except Exception as e:  # noqa: BLE001 - whatever it is, the rows are written; say so and carry on
+        why = f"{type(e).__name__}: {e}"
+    for p in ours:
+        try:
+            p.unlink(missing_ok=True)
+        except OSError:
+            pass
+    print(f"forge: warning: no report written: {why}", file=sys.stderr)
+
+
+def _exists(path: Path) -> bool:
+    try:
+        os.lstat(path)
+        return True
+    except OSError:         # absent, or a name the system cannot even look up (too long)
+        return False

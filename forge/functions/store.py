@@ -18,7 +18,8 @@ class JobStore:
         total = self.source.count()
         key = make_run_key(function_file=function_file, function_name=function_name, source=self.source)
         self.run = open_run(opts.output_path, run_key=key, total=total, ledger_path=opts.ledger_path,
-                            restart=opts.restart, info={"node": node, "input": str(opts.input_path)})
+                            restart=opts.restart, info={"node": node, "input": str(opts.input_path)},
+                            input_path=opts.input_path)
         rep = self.run.report
         stats.total = total
         stats.skipped = len(self.run.settled)

@@ -107,6 +107,11 @@ class Ledger:
     def _connect(self) -> sqlite3.Connection:
         try:
             db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=5.0)
+            tables = {name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            if tables and not {"meta", "records"} <= tables:
+                db.close()     # someone else's database: forge changes nothing in it, not even its journal mode
+                raise ForgeError(f"{self._shown}: not a forge ledger (an SQLite database with tables "
+                                 f"{', '.join(sorted(tables)[:5])}); point --ledger elsewhere")
             mode = db.execute("PRAGMA journal_mode=WAL").fetchone()[0]
             if mode.lower() != "wal":
                 raise ForgeError(f"{self._shown}: the ledger's file system does not support SQLite WAL")

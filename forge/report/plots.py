@@ -13,7 +13,7 @@ from typing import Any
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, PercentFormatter
 
-from forge.errors import UsageError, display_path
+from forge.errors import ForgeError, UsageError, display_path
 from forge.report.report import REPORT_FORMAT, REPORT_VERSION, rate_series
 
 COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf"]
@@ -199,9 +199,19 @@ def render_plots(report_json: str | os.PathLike, out_dir: str | os.PathLike | No
     out.mkdir(parents=True, exist_ok=True)
     stem = report_json.name.removesuffix(".json")
     x, xlabel = _time_axis(t)
-    paths = []
-    for name, draw in PLOTS:
-        path = out / f"{stem}.{name}.png"
+    paths = [out / f"{stem}.{name}.png" for name, _ in PLOTS]
+    for path in paths:      # forge never writes over a file it did not write: only PNGs are replaced
+        if (path.exists() or path.is_symlink()) and not _is_png(path):
+            raise ForgeError(f"{display_path(path)}: exists and is not a PNG; forge never writes over a file "
+                             "it did not write: choose another --out")
+    for path, (name, draw) in zip(paths, PLOTS):
         draw(report, x, xlabel, path)
-        paths.append(path)
     return paths
+
+
+def _is_png(path: Path) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(8) == b"\x89PNG\r\n\x1a\n"
+    except OSError:
+        return False

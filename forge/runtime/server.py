@@ -139,12 +139,12 @@ def control_router(node: Any) -> APIRouter:
     @router.post("/v1/generate")
     async def generate(batch: GenerateBatch, request: Request) -> dict:
         async def one(item: GenerateItem) -> dict:
-            params = GenerateParams(max_tokens=item.max_tokens, temperature=item.temperature, top_p=item.top_p,
-                                    top_k=item.top_k, seed=item.seed,
-                                    choice=tuple(item.choice) if item.choice is not None else None,
-                                    json_schema=item.json_schema, embed=item.embed, priority=item.priority,
-                                    deadline_s=item.deadline_s)
-            try:
+            try:    # GenerateParams refuses values no engine represents: that item's error, not the batch's
+                params = GenerateParams(max_tokens=item.max_tokens, temperature=item.temperature, top_p=item.top_p,
+                                        top_k=item.top_k, seed=item.seed,
+                                        choice=tuple(item.choice) if item.choice is not None else None,
+                                        json_schema=item.json_schema, embed=item.embed, priority=item.priority,
+                                        deadline_s=item.deadline_s)
                 gen, result = await node.submit(item.prompt, params)
             except ForgeError as e:
                 return {"error": {"type": type(e).__name__, "message": str(e)}}

@@ -15,9 +15,10 @@ from typing import Any, Literal, Optional, Union
 
 from fastapi import APIRouter, Header, Request
 from fastapi.responses import StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from starlette.background import BackgroundTask
 
+from forge.errors import RequestRejected
 from forge.functions.api import GenerateParams
 from forge.serve.chat import prompt_from_messages, stream_pieces
 from forge.serve.limits import EndpointGate, deadline_s
@@ -47,6 +48,14 @@ class _Common(BaseModel):
     guided_json: Optional[dict] = None
     response_format: Optional[dict] = None
     deadline_s: Optional[float] = Field(None, gt=0)
+
+    @field_validator("logprobs", mode="before")
+    @classmethod
+    def _logprobs_off(cls, v: Any) -> Any:
+        # Literal[False] alone lets 0 through (0 == False), and in completions `logprobs: 0` asks for logprobs.
+        if v is not None and v is not False:
+            raise ValueError(f"logprobs are not returned by forge: only false or null is accepted, got {v!r}")
+        return v
 
 
 class CompletionRequest(_Common):
@@ -129,8 +138,11 @@ def openai_router(node: Any, gates: dict[str, EndpointGate], *, default_deadline
         except ValueError as e:      # a contradictory guide or a bad deadline
             return error_response(400, "invalid_request_error", str(e))
         max_tokens = getattr(req, "max_completion_tokens", None) or req.max_tokens or 16
-        params = GenerateParams(max_tokens=max_tokens, temperature=req.temperature, top_p=req.top_p, top_k=req.top_k,
-                                seed=req.seed, choice=choice, json_schema=schema)
+        try:
+            params = GenerateParams(max_tokens=max_tokens, temperature=req.temperature, top_p=req.top_p,
+                                    top_k=req.top_k, seed=req.seed, choice=choice, json_schema=schema)
+        except RequestRejected as e:     # a value no engine can represent (top_k 2**31, temperature 1e-9, ...)
+            return error_response(400, "invalid_request_error", str(e))
         rid = ("chatcmpl-" if kind == "chat.completion" else "cmpl-") + uuid.uuid4().hex[:24]
         head = {"id": rid, "created": int(time.time()), "model": req.model}
 

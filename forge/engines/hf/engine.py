@@ -180,13 +180,21 @@ class TransformersEngine(Engine):
 
     # ------------------------------------------------------------------ internals
     def _accept(self, req: EngineRequest) -> None:
-        why = reqs.refusal(req, **self._limits)
+        """One request in. Anything about this request that fails (a check, a guide's compiler, the manager refusing
+        its arguments) fails it alone with an error result; only a failure of the engine itself raises."""
+        try:
+            why = reqs.refusal(req, **self._limits)
+        except Exception as exc:  # noqa: BLE001 - a request the checks cannot even read is refused, not fatal
+            why = f"the request cannot be checked: {type(exc).__name__}: {str(exc)[:300]}"
         if why is not None:
             self._ready.append(EngineResult(req.request_id, [], "error", error=f"refused: {why}"))
             return
         entry = _Pending(req, f"{req.request_id}#{next(self._attempts)}")
         if req.guide is not None and req.max_new_tokens > 0:
-            state, why = self._guides[0].start(req.guide, req.max_new_tokens)
+            try:
+                state, why = self._guides[0].start(req.guide, req.max_new_tokens)
+            except Exception as exc:  # noqa: BLE001 - a guide that breaks its compiler fails its request, not the card
+                state, why = None, f"guided output cannot be compiled: {type(exc).__name__}: {str(exc)[:300]}"
             if why is not None:
                 self._ready.append(EngineResult(req.request_id, [], "error", error=f"refused: {why}"))
                 return
@@ -199,15 +207,27 @@ class TransformersEngine(Engine):
         if req.max_new_tokens > 0:
             kwargs = reqs.processor_kwargs(req.sampling, sampling_mode=self.section.sampling,
                                            vocab_size=self._limits["vocab_size"])
-            got = self._manager.add_request(list(req.prompt_ids), request_id=entry.internal_id,
-                                            max_new_tokens=req.max_new_tokens, streaming=True,
-                                            eos_token_id=self._eos_arg if req.sampling.stop_at_eos else -1, **kwargs)
+            try:
+                got = self._manager.add_request(list(req.prompt_ids), request_id=entry.internal_id,
+                                                max_new_tokens=req.max_new_tokens, streaming=True,
+                                                eos_token_id=self._eos_arg if req.sampling.stop_at_eos else -1, **kwargs)
+            except (TypeError, ValueError, OverflowError) as exc:    # this request's arguments, not the engine
+                self._forget(entry)
+                self._ready.append(EngineResult(req.request_id, [], "error",
+                                                error=f"refused: transformers: {type(exc).__name__}: {exc}"))
+                return
             if got is None:   # the manager refuses work only when its loop is stopping or dead
                 self._unguide(entry)
                 self._failure = self._loop_dead() or "transformers generation loop is not accepting requests"
                 raise EngineFailed(self._failure)
             entry.generating = True
         self._finish_if_complete(entry)
+
+    def _forget(self, entry: _Pending) -> None:
+        self._pending.pop(entry.request.request_id, None)
+        self._by_internal.pop(entry.internal_id, None)
+        self._unguide(entry)
+        entry.cancelled = True      # a hidden-state job already queued for it is dropped
 
     def _take_outputs(self, wait_s: float) -> list:
         started = time.monotonic()

@@ -17,6 +17,23 @@ def guides_unavailable(section) -> str:
     return f"guided output needs the eager loop; this contract sets {', '.join(off)}" if off else ""
 
 
+def _guard_request_kwargs(manager) -> None:
+    """Defence in depth: the loop checks each new request's processor values (types only) inside its own try, so
+    a request failing there fails alone. Add forge's range checks to it: should a value the engine's submit checks
+    missed ever reach the loop (top_k 2**31, a zero temperature to divide by), that request ends with an error
+    instead of the step that would have run it ending the loop for every request on the card."""
+    lp = manager.logit_processor
+    types_only = lp.check_kwargs
+
+    def check_kwargs(kwargs: dict) -> None:
+        types_only(kwargs)
+        why = reqs.loop_kwargs_problem(kwargs or {})
+        if why is not None:
+            raise ValueError(f"refused: {why} is outside what the sampler can represent")
+
+    lp.check_kwargs = check_kwargs
+
+
 def build_engine(contract, plan: CardPlan):
     try:
         import torch
@@ -51,6 +68,7 @@ def build_engine(contract, plan: CardPlan):
     try:
         manager = model.init_continuous_batching(generation_config=GenerationConfig(**gen_kwargs),
                                                  continuous_batching_config=ContinuousBatchingConfig(**cb_kwargs))
+        _guard_request_kwargs(manager)
         guides = None
         if not no_guides_why:   # the guide processor must be in place before warmup builds the loop's buffers
             from forge.engines.hf.guided import install

@@ -12,9 +12,11 @@ random generator per engine, so a per-request seed cannot be honoured. Hence:
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Optional
 
-from forge.engines.interface import EngineRequest, Sampling
+from forge import constants
+from forge.engines.interface import EngineRequest, Sampling, sampling_problem
 
 # Placeholders that make transformers create the per-request processors (1.0 / 0 / >=1.0 would not).
 _PLACEHOLDER_TEMPERATURE = 0.5
@@ -48,9 +50,10 @@ def refusal(req: EngineRequest, *, max_input_len: int, max_output_len: int, voca
             return f"guided output of kind {kinds[0]} is not supported by the transformers backend here: {why}"
         if not req.sampling.stop_at_eos:
             return "a guided request must stop at EOS (the guide ends the output with it)"
+    why = sampling_problem(req.sampling)
+    if why is not None:
+        return why
     s = req.sampling
-    if s.temperature < 0 or not 0 < s.top_p <= 1 or s.top_k < 0:
-        return f"invalid sampling {s}: temperature >= 0, 0 < top_p <= 1 and top_k >= 0 are required"
     if is_greedy(s):
         return None
     if sampling_mode == "greedy":
@@ -62,13 +65,26 @@ def refusal(req: EngineRequest, *, max_input_len: int, max_output_len: int, voca
     return None
 
 
+def loop_kwargs_problem(kwargs: dict[str, Any]) -> Optional[str]:
+    """The same limits on the values a request hands the loop's processors (what `processor_kwargs` made)."""
+    t, p, k = kwargs.get("temperature", 1.0), kwargs.get("top_p", 1.0), kwargs.get("top_k", 1)
+    if not (isinstance(t, float) and math.isfinite(t) and t > 0):
+        return f"temperature {t!r}"
+    if not (isinstance(p, float) and math.isfinite(p) and 0 < p <= 1):
+        return f"top_p {p!r}"
+    if not (isinstance(k, int) and 1 <= k <= constants.INT32_MAX):
+        return f"top_k {k!r}"
+    return None
+
+
 def processor_kwargs(s: Sampling, *, sampling_mode: str, vocab_size: int) -> dict[str, Any]:
     """The per-request values handed to the manager's add_request(**kwargs); empty in greedy mode."""
     if sampling_mode == "greedy":
         return {}
     if is_greedy(s):
         return {"temperature": 1.0, "top_k": 1, "top_p": 1.0}
-    return {"temperature": float(s.temperature), "top_k": int(s.top_k) if s.top_k > 0 else vocab_size,
+    # top_k beyond the vocabulary keeps every token, as top_k 0 does
+    return {"temperature": float(s.temperature), "top_k": min(int(s.top_k), vocab_size) if s.top_k > 0 else vocab_size,
             "top_p": float(s.top_p)}
 
 
