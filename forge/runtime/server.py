@@ -17,8 +17,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from forge.errors import ForgeError
 from forge.functions.api import GenerateParams
+from forge.runtime.http_errors import error_body, install_error_handlers, scrub_paths
 
 MAX_BATCH_REQUESTS = 1024        # requests in one POST /v1/generate
+MAX_BODY_BYTES = 32 * 2**20      # a bigger body is refused with 413 (from Content-Length, or while it streams in)
 
 
 class GenerateItem(BaseModel):
@@ -74,8 +76,7 @@ class TokenAuth:
         if path.startswith(self.protected) and not path.startswith(self.public):
             got = dict(scope.get("headers") or []).get(b"authorization", b"")
             if not hmac.compare_digest(got, self.expected):
-                body = json.dumps({"error": {"type": "Unauthorized",
-                                             "message": "missing or wrong bearer token"}}).encode()
+                body = json.dumps(error_body(401, "Unauthorized", "missing or wrong bearer token")).encode()
                 await send({"type": "http.response.start", "status": 401,
                             "headers": [(b"content-type", b"application/json"), (b"www-authenticate", b"Bearer")]})
                 await send({"type": "http.response.body", "body": body})
@@ -147,7 +148,7 @@ def control_router(node: Any) -> APIRouter:
             try:
                 gen, result = await node.submit(item.prompt, params)
             except ForgeError as e:
-                return {"error": {"type": type(e).__name__, "message": str(e)}}
+                return {"error": {"type": type(e).__name__, "message": scrub_paths(str(e))}}
             out = {"text": gen.text, "output_tokens": gen.output_tokens, "input_tokens": gen.input_tokens,
                    "finish_reason": gen.finish_reason, "card": gen.card}
             if item.embed:
@@ -165,9 +166,11 @@ def control_router(node: Any) -> APIRouter:
     return router
 
 
-def build_app(node: Any, *, token: Optional[str] = None) -> FastAPI:
+def build_app(node: Any, *, token: Optional[str] = None, max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
     """node: a NodeRuntime (submit/describe/engine_stats/broker_stats)."""
-    app = FastAPI(title=f"forge node {node.name}", version="1", docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(title=f"forge node {node.name}", version="1", docs_url=None, redoc_url=None, openapi_url=None,
+                  max_body_size=max_body_bytes)
     app.include_router(control_router(node))
+    install_error_handlers(app)
     app.add_middleware(TokenAuth, token=token)
     return app

@@ -14,6 +14,7 @@ from fastapi.responses import JSONResponse
 from forge.broker.types import QueueFull
 from forge.errors import ForgeError, NodeDown, RequestRejected
 from forge.functions.api import GenerateParams, Generation
+from forge.runtime import http_errors
 from forge.runtime.server import ClientGone, until_disconnected
 from forge.serve.limits import BadDeadline, EndpointGate, Overloaded, ONLINE_PRIORITY, Slot
 
@@ -49,9 +50,9 @@ class OnlineNode:
         return list(result.hidden)
 
 
-def error_response(status: int, kind: str, message: str, headers: Optional[dict] = None) -> JSONResponse:
-    return JSONResponse({"error": {"message": message, "type": kind, "code": status}}, status_code=status,
-                        headers=headers)
+def error_response(status: int, kind: str, message: str, headers: Optional[dict] = None, *,
+                   param: Optional[str] = None) -> JSONResponse:
+    return http_errors.error_response(status, kind, message, param=param, headers=headers)
 
 
 def describe_failure(exc: BaseException, node: Any, gate: EndpointGate) -> JSONResponse:
