@@ -17,6 +17,7 @@ from forge.config.load import LoadedNode
 from forge.config.plan import CardPlan
 from forge.engines.interface import Engine, EngineResult, Guide, Sampling
 from forge.errors import ForgeError, NodeDown, RequestRejected
+from forge.runtime.schema_check import schema_problem
 from forge.runtime.prompt_bounds import OFF_LOOP_CHARS, check_text_prompt, prompt_chars_limit
 from forge.functions.api import GenerateParams, Generation
 from forge.runtime.admission import AdmissionRuntime
@@ -282,6 +283,9 @@ class NodeRuntime:
         if not any(kind in e.supports_guides for e in self.engines.values()):
             have = ", ".join(f"{cid}: {sorted(e.supports_guides) or 'none'}" for cid, e in self.engines.items())
             raise RequestRejected(f"no card on node {self.name} supports guided output of kind {kind} ({have})")
+        problem = schema_problem(guide.json_schema) if guide.json_schema is not None else None
+        if problem:
+            raise RequestRejected(problem)
 
     def _abandon(self, req: BrokerRequest) -> None:
         """The caller stopped waiting: admission drops the request if it is still queued; the runtime that holds

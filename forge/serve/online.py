@@ -73,8 +73,8 @@ def describe_failure(exc: BaseException, node: Any, gate: EndpointGate) -> JSONR
         return error_response(503, "unavailable", str(exc))
     if isinstance(exc, RequestRejected):
         return error_response(400, "invalid_request_error", str(exc))
-    if isinstance(exc, ForgeError):
-        return error_response(500, "engine_error", str(exc))
+    if isinstance(exc, ForgeError):       # the first line: engines may append their internal state
+        return error_response(500, "engine_error", (str(exc).splitlines() or [type(exc).__name__])[0])
     from forge.functions.runner import error_row
 
     return error_response(500, "function_error", error_row(0, exc)["error"]["message"])
