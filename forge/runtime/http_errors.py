@@ -71,7 +71,8 @@ def validation_message(errors: list[dict]) -> tuple[str, Optional[str]]:
         return f"the body is not valid JSON: {ctx.get('error', 'decode error')}" + \
             (f" at position {pos}" if pos is not None else ""), None
     if "param" in ctx:           # forge's own refusals (unsupported or unknown parameters) name their field
-        return first.get("msg", "invalid"), ctx["param"]
+        where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
+        return first.get("msg", "invalid"), f"{where}.{ctx['param']}" if where else ctx["param"]
     where = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or None
     more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
     msg = str(first.get("msg", "invalid")).removeprefix("Value error, ")

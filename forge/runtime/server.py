@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from forge.errors import ForgeError
 from forge.functions.api import GenerateParams
 from forge.runtime.http_errors import error_body, install_error_handlers, scrub_paths
+from forge.runtime.stops import StopRule, apply_stop, tokenizer_of
 
 MAX_BATCH_REQUESTS = 1024        # requests in one POST /v1/generate
 MAX_BODY_BYTES = 32 * 2**20      # a bigger body is refused with 413 (from Content-Length, or while it streams in)
@@ -36,6 +37,8 @@ class GenerateItem(BaseModel):
     embed: bool = False
     priority: int = 0
     deadline_s: Optional[float] = Field(None, gt=0)
+    stop: Optional[list[str]] = Field(None, max_length=16)      # cut here, counted with the node's tokenizer
+    include_stop_str_in_output: bool = False
 
 
 class GenerateBatch(BaseModel):
@@ -149,8 +152,13 @@ def control_router(node: Any) -> APIRouter:
                 gen, result = await node.submit(item.prompt, params)
             except ForgeError as e:
                 return {"error": {"type": type(e).__name__, "message": scrub_paths(str(e))}}
+            if item.stop:
+                gen, matched = apply_stop(gen, StopRule(tuple(item.stop), item.include_stop_str_in_output),
+                                          tokenizer_of(node, gen.card))
             out = {"text": gen.text, "output_tokens": gen.output_tokens, "input_tokens": gen.input_tokens,
                    "finish_reason": gen.finish_reason, "card": gen.card}
+            if item.stop:
+                out["stop_reason"] = matched
             if item.embed:
                 out["hidden"] = result.hidden
             return out

@@ -15,6 +15,7 @@ from forge.broker.types import QueueFull
 from forge.errors import ForgeError, NodeDown, RequestRejected
 from forge.functions.api import GenerateParams, Generation
 from forge.runtime import http_errors
+from forge.runtime.stops import StopRule, apply_stop, tokenizer_of
 from forge.runtime.server import ClientGone, until_disconnected
 from forge.serve.limits import BadDeadline, EndpointGate, Overloaded, ONLINE_PRIORITY, Slot
 
@@ -42,6 +43,16 @@ class OnlineNode:
 
     async def generate(self, prompt: str | Sequence[int], params: GenerateParams) -> Generation:
         return (await self.submit(prompt, params))[0]
+
+    async def complete(self, prompt: str | Sequence[int], params: GenerateParams,
+                       stop: StopRule) -> tuple[Generation, Optional[str]]:
+        """A generation cut at its stop strings, and the string matched. A remote node cuts it there (its
+        tokenizer counts the tokens); a node in this process, here."""
+        if hasattr(self.node, "complete"):
+            params = replace(params, priority=ONLINE_PRIORITY, deadline_s=self.remaining_s())
+            return await self.node.complete(prompt, params, stop)
+        gen, _ = await self.submit(prompt, params)
+        return apply_stop(gen, stop, tokenizer_of(self.node, gen.card))
 
     async def embed(self, prompt: str | Sequence[int]) -> list[float]:
         gen, result = await self.submit(prompt, GenerateParams(max_tokens=1, embed=True))
