@@ -40,3 +40,22 @@ def test_bad_schemas_are_400_not_500(served, field, schema):
     assert r.status_code == 400, r.text
     err = r.json()["error"]
     assert err["type"] == "invalid_request_error" and "json_schema" in err["message"] and "\n" not in err["message"]
+
+
+def test_a_chat_template_refusal_is_the_clients_mistake():
+    """A template that raises (Llama-2-style ones require alternating roles) is a 400 naming the messages, not a
+    500. The tiny model has no template, so the tokenizer here is a stand-in holding one."""
+    from forge.serve.chat import prompt_from_messages
+
+    class Templated:
+        chat_template = "{{ raise_exception('Conversation roles must alternate user/assistant') }}"
+
+        def apply_chat_template(self, msgs, **kw):
+            from transformers import AutoTokenizer  # noqa: F401 - the real renderer: jinja with raise_exception
+            from transformers.utils.chat_template_utils import render_jinja_template
+
+            return render_jinja_template(conversations=[msgs], chat_template=self.chat_template, **kw)[0][0]
+
+    node = type("N", (), {"tokenizers": {"k": Templated()}})()
+    with pytest.raises(ValueError, match="the model's chat template refused them: Conversation roles must alternate"):
+        prompt_from_messages(node, [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}])
