@@ -4,7 +4,8 @@ A flood of idle connections must not take the file descriptors the server needs 
 included). So, per server:
 
 - at most `per_client` open connections per client address, and at most `total` in all (by default well below
-  the process's file-descriptor limit, leaving a reserve for the node's own files);
+  the process's file-descriptor limit, leaving a reserve for the node's own files and room for one burst of
+  accepts);
 - at either bound, a new connection evicts the oldest *idle* connection (no request in progress) of the address
   holding the most connections; if none of them is idle, the new connection is closed at once;
 - a connection that has not sent a whole request head within `first_request_s` is closed (uvicorn's keep-alive
@@ -32,9 +33,12 @@ class ConnectionLimits:
     first_request_s: float = FIRST_REQUEST_S
 
 
-def fd_budget() -> int:
-    """Connections this process can hold: its descriptor limit (raised to the hard limit first, as servers do)
-    minus a reserve."""
+def fd_budget(backlog: int) -> tuple[int, int]:
+    """(connections this process can hold, the listen backlog to use). The descriptor limit is raised to the hard
+    limit first, as servers do. asyncio accepts up to `backlog` sockets in one go before any of them reaches
+    this book, and the sockets evicted to make room for them close only on the loop's next turn. So the backlog is
+    capped at an eighth of the limit and twice it is kept free besides the reserve: a burst of accepts then never
+    meets EMFILE (which stops all accepting for a second)."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     want = hard if hard != resource.RLIM_INFINITY else 1 << 20
     if soft != resource.RLIM_INFINITY and soft < want:
@@ -44,7 +48,9 @@ def fd_budget() -> int:
         except (ValueError, OSError):
             pass
     soft = min(soft if soft != resource.RLIM_INFINITY else 1 << 20, 1 << 20)
-    return max(16, soft - max(FD_RESERVE_MIN, soft // FD_RESERVE_FRACTION))
+    backlog = max(16, min(backlog, soft // 8))
+    # two bursts: the sockets evicted to make room for one burst close on the loop's next turn
+    return max(16, soft - max(FD_RESERVE_MIN, soft // FD_RESERVE_FRACTION) - 2 * backlog), backlog
 
 
 def _idle(proto: Any) -> bool:
@@ -60,9 +66,10 @@ def _address(proto: Any) -> str:
 class ConnectionBook:
     """The server's open connections by client address, oldest first."""
 
-    def __init__(self, limits: ConnectionLimits):
+    def __init__(self, limits: ConnectionLimits, backlog: int = 2048):
         self.limits = limits
-        self.total = limits.total if limits.total is not None else fd_budget()
+        budget, self.backlog = fd_budget(backlog)
+        self.total = limits.total if limits.total is not None else budget
         self.by_client: dict[str, OrderedDict[Any, None]] = {}
         self.open = 0
         self.evicted = self.refused = self.timed_out = 0

@@ -24,7 +24,8 @@ class QuietServer:
             def capture_signals(self):
                 yield
 
-        self.connections = ConnectionBook(limits or ConnectionLimits())
+        self.connections = ConnectionBook(limits or ConnectionLimits(), backlog=config.pop("backlog", 2048))
+        config.update(backlog=self.connections.backlog)
         config.setdefault("h11_max_incomplete_event_size", MAX_REQUEST_HEAD_BYTES)
         self.server = Quiet(uvicorn.Config(ErrorShape(app), host=host, port=port, log_level="warning",
                                            lifespan="off", access_log=False,

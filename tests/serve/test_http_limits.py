@@ -137,7 +137,8 @@ def test_body_over_the_limit_gets_413(server):
 @pytest.mark.parametrize("command", ["provision", "serve"])
 def test_idle_socket_flood_leaves_health_answering(tmp_path, command):
     """1,500 idle connections against a server allowed 1,024 descriptors: without a bound, accept() fails
-    (EMFILE) and /health stops answering; with it, the oldest idle sockets are closed to make room."""
+    (EMFILE, which stops accepting for a second each time) and /health stops answering; with it, the oldest idle
+    sockets are closed to make room, and a burst of accepts stays within the descriptors kept free for it."""
     s = Server(tmp_path, command, fds=1024)
     socks = []
     try:
@@ -153,14 +154,15 @@ def test_idle_socket_flood_leaves_health_answering(tmp_path, command):
                 closed += c.recv(1) == b""
             except BlockingIOError:
                 pass
-        assert closed >= 1500 - 768, closed                            # at most 1024 - 256 (reserve) stay open
+        assert closed >= 1500 - 512, closed              # at most 1024 - 256 (reserve) - 256 (backlog) stay open
         if command == "serve":
             book = httpx.get(s.url + "/v1/serve").json()["connections"]
-            assert book["open"] <= book["limit_total"] == 768 and book["evicted"] >= closed, book
+            assert book["open"] <= book["limit_total"] == 512 and book["evicted"] >= closed, book
     finally:
         for c in socks:
             c.close()
         assert s.stop() == 0, s.err.read_text()
+    assert "Too many open files" not in s.err.read_text()           # accept() never ran out of descriptors
 
 
 def test_per_client_bound_and_silent_sockets_closed():
