@@ -115,9 +115,6 @@ class ErrorShape:
     def __init__(self, app: Any):
         self.app = app
 
-    def __getattr__(self, name: str) -> Any:     # the wrapped app's state, routes, ... stay reachable
-        return getattr(self.app, name)
-
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)

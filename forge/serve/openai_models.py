@@ -4,7 +4,7 @@ the parameter; accepted no-effect ones are dropped. What is left is checked here
 from __future__ import annotations
 
 import json
-from typing import Any, ClassVar, Literal, Optional, Union
+from typing import Any, ClassVar, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 

@@ -51,8 +51,7 @@ def test_a_chat_template_refusal_is_the_clients_mistake():
         chat_template = "{{ raise_exception('Conversation roles must alternate user/assistant') }}"
 
         def apply_chat_template(self, msgs, **kw):
-            from transformers import AutoTokenizer  # noqa: F401 - the real renderer: jinja with raise_exception
-            from transformers.utils.chat_template_utils import render_jinja_template
+            from transformers.utils.chat_template_utils import render_jinja_template   # the real renderer
 
             return render_jinja_template(conversations=[msgs], chat_template=self.chat_template, **kw)[0][0]
 

@@ -197,3 +197,17 @@ def test_per_client_bound_and_silent_sockets_closed():
             c.close()
         web.server.should_exit = True
         thread.join(10)
+
+
+def test_scrub_paths_keeps_routes_and_urls():
+    import os
+
+    from forge.runtime.http_errors import scrub_paths
+
+    site = next(p for p in sys.path if p.endswith("site-packages"))
+    msg = (f"boom (at {site}/transformers/x.py:12 in f); tokenizer {os.getcwd()}/forge/embedded/tiny-llama; "
+           f"other /usr/lib/nowhere-forge/python; /v1/completions: full; Invalid URL (GET /no/such/route); "
+           f"see http://127.0.0.1:8471/v1/models")
+    assert scrub_paths(msg) == ("boom (at transformers/x.py:12 in f); tokenizer forge/embedded/tiny-llama; "
+                                "other python; /v1/completions: full; Invalid URL (GET /no/such/route); "
+                                "see http://127.0.0.1:8471/v1/models")
