@@ -22,6 +22,13 @@ from forge.runtime.stops import StopRule, apply_stop, tokenizer_of
 
 MAX_BATCH_REQUESTS = 1024        # requests in one POST /v1/generate
 MAX_BODY_BYTES = 32 * 2**20      # a bigger body is refused with 413 (from Content-Length, or while it streams in)
+UTF8_MAX = 4                     # bytes per character, at most
+
+
+def control_body_limit(node: Any) -> int:
+    """The control endpoint's body limit: 32 MiB, or more where a batch of the longest prompts the node can take
+    needs it (a bulk client must never meet 413 with prompts the node would accept)."""
+    return max(MAX_BODY_BYTES, MAX_BATCH_REQUESTS * UTF8_MAX * int(getattr(node, "prompt_chars_limit", 0) or 0))
 
 
 class GenerateItem(BaseModel):
@@ -174,10 +181,10 @@ def control_router(node: Any) -> APIRouter:
     return router
 
 
-def build_app(node: Any, *, token: Optional[str] = None, max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
+def build_app(node: Any, *, token: Optional[str] = None, max_body_bytes: Optional[int] = None) -> FastAPI:
     """node: a NodeRuntime (submit/describe/engine_stats/broker_stats)."""
     app = FastAPI(title=f"forge node {node.name}", version="1", docs_url=None, redoc_url=None, openapi_url=None,
-                  max_body_size=max_body_bytes)
+                  max_body_size=max_body_bytes or control_body_limit(node))
     app.include_router(control_router(node))
     install_error_handlers(app)
     app.add_middleware(TokenAuth, token=token)
