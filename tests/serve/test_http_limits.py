@@ -211,3 +211,12 @@ def test_scrub_paths_keeps_routes_and_urls():
     assert scrub_paths(msg) == ("boom (at transformers/x.py:12 in f); tokenizer forge/embedded/tiny-llama; "
                                 "other python; /v1/completions: full; Invalid URL (GET /no/such/route); "
                                 "see http://127.0.0.1:8471/v1/models")
+
+
+def test_control_endpoint_body_limit_fits_a_full_batch_of_the_longest_prompts():
+    from types import SimpleNamespace
+
+    from forge.runtime.server import MAX_BATCH_REQUESTS, MAX_BODY_BYTES, control_body_limit
+
+    assert control_body_limit(SimpleNamespace(prompt_chars_limit=4_992)) == MAX_BODY_BYTES      # the tiny node
+    assert control_body_limit(SimpleNamespace(prompt_chars_limit=61_440)) == MAX_BATCH_REQUESTS * 4 * 61_440
