@@ -37,8 +37,8 @@ class GenerateItem(BaseModel):
     max_tokens: int = Field(gt=0)
     temperature: float = Field(0.0, ge=0)
     top_p: float = Field(1.0, gt=0, le=1)
-    top_k: int = Field(0, ge=0)
-    seed: Optional[int] = None
+    top_k: int = Field(0, ge=0, le=2**31 - 1)         # what an engine's int32 can hold
+    seed: Optional[int] = Field(None, ge=-2**63, lt=2**64)
     choice: Optional[list[str]] = None
     json_schema: Optional[dict] = None
     embed: bool = False
@@ -150,11 +150,14 @@ def control_router(node: Any) -> APIRouter:
     @router.post("/v1/generate")
     async def generate(batch: GenerateBatch, request: Request) -> dict:
         async def one(item: GenerateItem) -> dict:
-            params = GenerateParams(max_tokens=item.max_tokens, temperature=item.temperature, top_p=item.top_p,
-                                    top_k=item.top_k, seed=item.seed,
-                                    choice=tuple(item.choice) if item.choice is not None else None,
-                                    json_schema=item.json_schema, embed=item.embed, priority=item.priority,
-                                    deadline_s=item.deadline_s)
+            try:
+                params = GenerateParams(max_tokens=item.max_tokens, temperature=item.temperature, top_p=item.top_p,
+                                        top_k=item.top_k, seed=item.seed,
+                                        choice=tuple(item.choice) if item.choice is not None else None,
+                                        json_schema=item.json_schema, embed=item.embed, priority=item.priority,
+                                        deadline_s=item.deadline_s)
+            except ValueError as e:          # a value the parameters refuse: this item's mistake, not the batch's
+                return {"error": {"type": "RequestRejected", "message": scrub_paths(str(e))}}
             try:
                 gen, result = await node.submit(item.prompt, params)
             except ForgeError as e:

@@ -86,6 +86,9 @@ def test_every_error_answers_in_one_shape(server):
     err = shaped(httpx.post(u + "/v1/generate", json={"requests": [{"prompt": "x", "max_tokens": 0}]}), 400)
     assert err["param"] == "requests.0.max_tokens" and "greater than 0" in err["message"]
     shaped(httpx.post(u + "/v1/generate", json={"requests": []}), 400)
+    err = shaped(httpx.post(u + "/v1/generate", json={"requests": [{"prompt": "x", "max_tokens": 2,
+                                                                   "top_k": 2**31}]}), 400)
+    assert err["param"] == "requests.0.top_k"                      # beyond an engine's int32: refused at the edge
 
 
 def test_error_messages_show_no_server_paths(server):

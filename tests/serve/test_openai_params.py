@@ -85,6 +85,12 @@ def test_each_parameter_not_supported_is_refused_by_name(served, endpoint, p):
     assert err["message"].startswith(f"{p.name} is not supported by forge serve: "), err
 
 
+def test_numbers_beyond_what_an_engine_holds_are_refused(served):
+    for name, value in (("top_k", 2**31), ("seed", 2**64), ("n", 257), ("temperature", 2.5)):
+        r = post(served, COMPLETIONS, body(COMPLETIONS, **{name: value}))
+        assert r.status_code == 400 and r.json()["error"]["param"] == name, r.text
+
+
 def test_unrecognized_arguments_are_refused_as_openai_does(client):
     with pytest.raises(openai.BadRequestError, match="Unrecognized request argument supplied: frobnicate") as e:
         client.completions.create(model=MODEL, prompt="x", max_tokens=1, extra_body={"frobnicate": 1})
