@@ -30,11 +30,16 @@ def register(cli: click.Group) -> None:
                   help="requests in progress per endpoint before 429; default: 2 x the node's slots")
     @click.option("--deadline-s", type=click.FloatRange(0.001, 600), default=60.0, show_default=True,
                   help="a request's deadline when it names none (X-Forge-Deadline header / deadline_s field)")
+    @click.option("--max-body-mb", type=click.FloatRange(0.001, 4096), default=32.0, show_default=True,
+                  help="largest request body accepted; a bigger one gets 413")
+    @click.option("--max-connections-per-client", type=click.IntRange(0, 1_000_000), default=1024,
+                  show_default=True, help="open connections per client address (0: no bound); at the bound a new "
+                  "connection closes that address's oldest idle one")
     @click.option("--strict", is_flag=True, help="treat validation warnings as errors")
     @click.option("--ready-file", type=click.Path(dir_okay=False), default=None,
                   help="write the server's URL to this file once it accepts requests")
     def serve_cmd(targets, node_path, remote, node_token_env, host, port, token_env, max_concurrency, deadline_s,
-                  strict, ready_file) -> int:
+                  max_body_mb, max_connections_per_client, strict, ready_file) -> int:
         """Serve functions (one POST /v1/functions/NAME each) and OpenAI-compatible /v1/completions and
         /v1/chat/completions, with an OpenAPI document at /docs."""
         from forge.config.load import load_node
@@ -51,7 +56,9 @@ def register(cli: click.Group) -> None:
         require_token(host, token, token_env, what="forge serve")
         specs = [load_function(t)[0] for t in targets]
         opts = ServeOptions(host=host, port=port, token=token, max_concurrency=max_concurrency,
-                            default_deadline_s=deadline_s, ready_file=ready_file)
+                            default_deadline_s=deadline_s, ready_file=ready_file,
+                            max_body_bytes=int(max_body_mb * 2**20),
+                            max_connections_per_client=max_connections_per_client)
         if remote is not None:
             from forge.runtime.registry import resolve
 

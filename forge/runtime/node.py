@@ -17,6 +17,8 @@ from forge.config.load import LoadedNode
 from forge.config.plan import CardPlan
 from forge.engines.interface import Engine, EngineResult, Guide, Sampling
 from forge.errors import ForgeError, NodeDown, RequestRejected
+from forge.runtime.schema_check import schema_problem
+from forge.runtime.prompt_bounds import OFF_LOOP_CHARS, check_text_prompt, prompt_chars_limit
 from forge.functions.api import GenerateParams, Generation
 from forge.runtime.admission import AdmissionRuntime
 from forge.stats import BrokerStats, EngineStats
@@ -96,6 +98,7 @@ class NodeRuntime:
         self.engines: dict[str, Engine] = {}
         self.runtimes: dict[str, AdmissionRuntime] = {}
         self.tokenizers: dict[str, Any] = {}          # tokenizer_key -> tokenizer
+        self.prompt_chars_limit = 0                   # longer text prompts fit no card (prompt_bounds.py)
         self.broker: Optional[Broker] = None
         self._futures: dict[str, tuple[asyncio.Future, int]] = {}   # request_id -> (future, prompt length)
         # Request ids: a random per-node prefix + a counter. uuid4 per request cost ~9 % of the control plane's CPU
@@ -146,6 +149,8 @@ class NodeRuntime:
             self.runtimes[p.card_id] = rt
             self._tasks.append(asyncio.create_task(rt.run(), name=f"admission-{p.card_id}"))
         self._tasks.append(asyncio.create_task(self._watch_health(), name="node-health"))
+        self.prompt_chars_limit = prompt_chars_limit((g.max_input_len, self.tokenizers[g.tokenizer_key])
+                                                     for g in geoms)
         self.started_at = time.time()
         log.info("node %s: %d engine(s) up in %.1f s", self.name, len(self.engines), time.monotonic() - t0)
 
@@ -223,7 +228,10 @@ class NodeRuntime:
         guide = guide_of(params)
         if guide is not None:
             self._check_guide_support(guide)
-        prompts = self.encode(prompt)
+        if isinstance(prompt, str):
+            check_text_prompt(prompt, self.prompt_chars_limit, self.name)
+        prompts = await asyncio.to_thread(self.encode, prompt) if isinstance(prompt, str) and \
+            len(prompt) > OFF_LOOP_CHARS else self.encode(prompt)
         rid = f"{self._rid_prefix}{next(self._rid_seq):x}"
         payload = NodePayload(sampling=Sampling(temperature=params.temperature, top_p=params.top_p,
                                                 top_k=params.top_k, seed=params.seed),
@@ -275,6 +283,9 @@ class NodeRuntime:
         if not any(kind in e.supports_guides for e in self.engines.values()):
             have = ", ".join(f"{cid}: {sorted(e.supports_guides) or 'none'}" for cid, e in self.engines.items())
             raise RequestRejected(f"no card on node {self.name} supports guided output of kind {kind} ({have})")
+        problem = schema_problem(guide.json_schema) if guide.json_schema is not None else None
+        if problem:
+            raise RequestRejected(problem)
 
     def _abandon(self, req: BrokerRequest) -> None:
         """The caller stopped waiting: admission drops the request if it is still queued; the runtime that holds

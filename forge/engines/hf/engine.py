@@ -53,7 +53,7 @@ class TransformersEngine(Engine):
     supports_guides: frozenset[str] = frozenset()     # set per instance from the guide support it was built with
 
     def __init__(self, plan: CardPlan, section, model, tokenizer, manager, *, device: str, eos, info: dict[str, Any],
-                 guides=None, no_guides_why: str = ""):
+                 guides=None, no_guides_why: str = "", seeds=None):
         self.plan, self.section, self.model, self.tokenizer = plan, section, model, tokenizer
         self._manager = manager
         self._device = device
@@ -62,7 +62,8 @@ class TransformersEngine(Engine):
         self.supports_guides = guides[0].kinds if guides is not None else frozenset()
         self._limits = dict(max_input_len=lim.max_input_len, max_output_len=lim.max_output_len,
                             vocab_size=plan.contract.model.vocab_size, sampling_mode=section.sampling,
-                            guides=self.supports_guides, no_guides_why=no_guides_why)
+                            guides=self.supports_guides, no_guides_why=no_guides_why, seeds=seeds is not None)
+        self._seeds = seeds                        # SeededSampler (forge/engines/hf/seeded.py) or None
         eos_ids = eos if isinstance(eos, (list, tuple)) else [eos]
         self._eos_set = {int(e) for e in eos_ids if e is not None and int(e) >= 0}
         self._eos_arg = sorted(self._eos_set) if len(self._eos_set) > 1 else (next(iter(self._eos_set), -1))
@@ -202,6 +203,8 @@ class TransformersEngine(Engine):
             self._guides[1].add(entry.internal_id, state, len(req.prompt_ids), req.max_new_tokens)
         self._pending[req.request_id] = entry
         self._by_internal[entry.internal_id] = req.request_id
+        if self._seeds is not None and req.sampling.seed is not None and not reqs.is_greedy(req.sampling):
+            self._seeds.add(entry.internal_id, req.sampling.seed)
         if req.want_hidden:
             self._hidden.submit(entry.internal_id, req.prompt_ids, lambda e=entry: e.cancelled)
         if req.max_new_tokens > 0:
@@ -297,8 +300,11 @@ class TransformersEngine(Engine):
         self._ready.append(EngineResult(rid, tokens, reason, hidden=entry.hidden))
 
     def _unguide(self, entry: _Pending) -> None:
+        """Forget the request's per-request processor state (its guide, its seed)."""
         if entry.guide is not None and self._guides is not None:
             self._guides[1].remove(entry.internal_id)
+        if self._seeds is not None:
+            self._seeds.remove(entry.internal_id)
 
     def _loop_dead(self) -> Optional[str]:
         if self._closed:

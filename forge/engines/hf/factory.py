@@ -75,6 +75,11 @@ def build_engine(contract, plan: CardPlan):
 
             eos_ids = eos if isinstance(eos, (list, tuple)) else [eos]
             guides = install(manager, tokenizer, vocab, [int(e) for e in eos_ids if e is not None and int(e) >= 0])
+        seeds = None
+        if not no_guides_why and section.sampling == "per_request":   # per-request seeds: the same eager loop
+            from forge.engines.hf.seeded import install as install_seeds
+
+            seeds = install_seeds(manager)
         # Builds the paged cache and the scheduler now, in this thread, so a sizing error is raised here and not
         # inside the loop thread (on CPU nothing is captured or compiled).
         manager.warmup()
@@ -101,6 +106,6 @@ def build_engine(contract, plan: CardPlan):
         "generation_config": gen_kwargs,
     }
     engine = TransformersEngine(plan, section, model, tokenizer, manager, device=device, eos=eos, info=info,
-                                guides=guides, no_guides_why=no_guides_why)
+                                guides=guides, no_guides_why=no_guides_why, seeds=seeds)
     manager.start()
     return engine

@@ -3,12 +3,14 @@
 transformers' continuous batching picks tokens with one engine-wide rule: `do_sample` and the logits processors
 are fixed when the manager is built. With `per_request_processors` the temperature, top-k and top-p processors
 read each request's own values, but only if the engine-wide generation config created them; and there is one
-random generator per engine, so a per-request seed cannot be honoured. Hence:
+random generator per engine; a per-request seed is honoured by a processor of forge's (seeded.py) that draws
+a seeded request's tokens with its own generator, on the eager loop. Hence:
 
 - sampling "per_request": do_sample on, the three processors created with placeholder defaults, and every
   request passes all three values (greedy requests as top_k=1), so the placeholders are never used by a request;
 - sampling "greedy": no processors, argmax; requests asking for temperature > 0 are refused;
-- a sampled request (temperature > 0) with a seed is refused in both modes.
+- a sampled request (temperature > 0) with a seed is refused where the seeded processor is not installed
+  (greedy mode, or a CUDA graph / compiled / async loop).
 """
 from __future__ import annotations
 
@@ -28,7 +30,8 @@ def is_greedy(s: Sampling) -> bool:
 
 
 def refusal(req: EngineRequest, *, max_input_len: int, max_output_len: int, vocab_size: int,
-            sampling_mode: str, guides: frozenset = frozenset(), no_guides_why: str = "") -> Optional[str]:
+            sampling_mode: str, guides: frozenset = frozenset(), no_guides_why: str = "",
+            seeds: bool = False) -> Optional[str]:
     """Why this engine cannot take the request as asked, or None. Refused requests come back as error results."""
     n = len(req.prompt_ids)
     if n == 0:
@@ -59,9 +62,9 @@ def refusal(req: EngineRequest, *, max_input_len: int, max_output_len: int, voca
     if sampling_mode == "greedy":
         return (f"temperature {s.temperature} asked, but this engine decodes greedily (transformers.sampling: greedy); "
                 "use temperature 0 or a contract with sampling: per_request")
-    if s.seed is not None:
-        return ("a per-request seed cannot be honoured: transformers' continuous batching has one random generator "
-                "per engine (transformers.seed); leave seed unset or use temperature 0")
+    if s.seed is not None and not seeds:
+        return ("a per-request seed cannot be honoured here: per-request seeds need the eager loop "
+                f"({no_guides_why or 'this engine has no seeded sampler'}); leave seed unset or use temperature 0")
     return None
 
 
