@@ -2,7 +2,7 @@
 the contract (never from transformers' defaults), check it holds what the plan says, start its loop."""
 from __future__ import annotations
 
-from forge.config.plan import CardPlan
+from forge.config.plan import CardPlan, one_engine
 from forge.engines.hf import requests as reqs
 from forge.engines.hf.sizing import cb_config_kwargs, device_of, dtype_of, section_of, where
 from forge.errors import EngineUnavailable, ForgeError
@@ -29,6 +29,8 @@ def build_engine(contract, plan: CardPlan):
     if contract is not plan.contract and contract != plan.contract:
         raise ForgeError(f"{where(plan)}: the card plan was made for contract {plan.contract.contract}, "
                          f"not {contract.contract}")
+    if one_engine(plan):
+        raise ForgeError(one_engine(plan))
     section = section_of(plan)
     device = device_of(plan)
     if device.startswith("cuda") and (not torch.cuda.is_available() or plan.card.index >= torch.cuda.device_count()):
