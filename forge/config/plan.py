@@ -13,6 +13,11 @@ from typing import Iterable, Optional
 from forge.config import kvmath
 from forge.config.models import Card, Contract
 
+# True once the runtime starts one engine worker per replica (from engine_plans) and the broker sees each as an
+# engine of its card. Until then a node with replicas validates and plans, the transformers factory refuses a
+# card plan of N > 1 replicas (one_engine), and `forge bench sweep` lists N > 1 as skipped.
+RUNTIME_RUNS_REPLICAS = False
+
 
 @dataclass(frozen=True)
 class CardPlan:
