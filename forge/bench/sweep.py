@@ -114,7 +114,6 @@ class Sweep:
             self._combine()
             self._confirm()
         except Stopped:
-            self._kill()
             for c in self.candidates:
                 if c.status in ("pending", "running"):
                     c.status, c.reason = "cut", "the sweep was stopped (SIGTERM) before this finished"
@@ -281,6 +280,9 @@ class Sweep:
             except subprocess.TimeoutExpired:
                 self._kill()
                 return None, time.monotonic() - started, True
+            except BaseException:         # SIGTERM (Stopped), Ctrl-C: the child and its process group go too
+                self._kill()
+                raise
             finally:
                 self._proc = None
 
