@@ -153,6 +153,13 @@ def tier_bounds(plan, requests, peaks: Optional[dict] = None) -> dict:
                   budget=lim.max_num_tokens, slots=lim.max_batch_size, peak=peak)
 
 
+def _si(value: float, unit: str) -> str:
+    for scale, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M")):
+        if value >= scale:
+            return f"{value / scale:.2f} {prefix}{unit}"
+    return f"{value:.0f} {unit}"
+
+
 def bounds_line(b: dict, window_s: Optional[float]) -> str:
     """One Markdown sentence: the measured window beside both bounds."""
     if "unavailable" in b:
@@ -160,7 +167,7 @@ def bounds_line(b: dict, window_s: Optional[float]) -> str:
     measured = "" if not window_s else (f"measured {window_s:.2f} s = {window_s / b['bound_s']:.1f} x the larger "
                                         "bound; ")
     return (f"Bounds of the hardware: {measured}compute bound {b['compute_s']:.2f} s "
-            f"({b['compute']['flops'] / 1e15:.2f} PFLOP at {b['peak']['dense_bf16_tflops']:g} TFLOP/s), memory "
-            f"bound {b['memory_s']:.2f} s ({b['memory']['bytes'] / 1e12:.2f} TB: weights x {b['memory']['steps']:,} "
+            f"({_si(b['compute']['flops'], 'FLOP')} at {b['peak']['dense_bf16_tflops']:g} TFLOP/s), memory "
+            f"bound {b['memory_s']:.2f} s ({_si(b['memory']['bytes'], 'B')}: weights x {b['memory']['steps']:,} "
             f"steps + KV, at {b['peak']['hbm_tbps']:g} TB/s). Peaks: {b['peak']['source']}.")
 

@@ -43,8 +43,9 @@ def _quiet_engines() -> None:
 
 
 def do_run(workload: Path, node_path: Optional[Path], out: Path, modes: str, direct: str, records: Optional[int],
-           warmup: int, repeat: int, concurrency: Optional[int]) -> list[Path]:
+           warmup: int, repeat: int, concurrency: Optional[int], peaks: Optional[dict] = None) -> list[Path]:
     from forge.bench import env as envmod
+    from forge.bench.bounds import tier_bounds
     from forge.bench.direct import parse_variants
     from forge.bench.modes import BenchPlan, ratios, run_modes, single_card
     from forge.bench.report import card_info, write_bench
@@ -60,7 +61,8 @@ def do_run(workload: Path, node_path: Optional[Path], out: Path, modes: str, dir
         env = dict(envmod.describe(), date=started)   # described once torch is loaded (GPUs, versions)
         data = {"kind": "forge-bench", "env": env, "card": card_info(plan),
                 "workload": {"file": str(workload), "spec": spec.model_dump(), "summary": summary(requests)},
-                "results": [r.to_dict() for r in results], "ratios": ratios(results)}
+                "results": [r.to_dict() for r in results], "ratios": ratios(results),
+                "bounds": tier_bounds(plan, requests, peaks)}
         return write_bench(out, data)
 
     bp = BenchPlan(loaded=loaded, spec=spec, workdir=out / "work", records=records, warmup=warmup, repeat=repeat,
@@ -261,9 +263,11 @@ def register(cli: click.Group) -> None:
                   help="run the modes this many times, interleaved")
     @click.option("--concurrency", type=click.IntRange(1, 100_000), default=None,
                   help="function invocations in flight in forge modes (default: forge's)")
-    def run_cmd(workload, node_path, records, warmup, direct, out, modes, repeat, concurrency):
+    @_peak_options
+    def run_cmd(workload, node_path, records, warmup, direct, out, modes, repeat, concurrency, peak_tflops, hbm_tbps):
         """Run WORKLOAD.yaml in each mode on the node's one card and write the report."""
-        _report(do_run(workload, node_path, out, modes, direct, records, warmup, repeat, concurrency))
+        _report(do_run(workload, node_path, out, modes, direct, records, warmup, repeat, concurrency,
+                       _peaks(peak_tflops, hbm_tbps)))
 
     @bench.command("sweep")
     @click.argument("contract")

@@ -39,6 +39,7 @@ def test_quick_mode_writes_every_report(tmp_path):
     assert bench["env"]["software"]["transformers"] and bench["env"]["date"]
     md = (tmp_path / "bench.md").read_text()
     assert "forge ÷ direct" in md and "forge bench quick" in md
+    assert "Bounds of the hardware: no peak figures for card model 'cpu'" in md      # no datasheet for a CPU
 
     sweep = json.loads((tmp_path / "sweep.json").read_text())
     assert [(c["key"], c["status"]) for c in sweep["candidates"]] == [("base", "ran"),
