@@ -10,9 +10,6 @@ one child process (`forge bench compare`), and the winner of the confirm is writ
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -21,11 +18,12 @@ from typing import Callable, Optional
 
 from forge.bench.candidates import (Candidate, apply, best_of, dimensions, folder_name, key_of, single_changes,
                                     winners)
-from forge.bench.tierfile import load_tier, write_contract, write_node, write_tier
+from forge.bench.child import ChildProcess, last_line
+from forge.bench.tierfile import load_tier, write_tier
+from forge.bench.winner import pick_winner, write_winner
 from forge.config.load import LoadedNode, load_paths
-from forge.errors import ConfigError, ForgeError, UsageError
+from forge.errors import ConfigError, UsageError
 
-KILL_GRACE_S = 10.0
 MIN_CANDIDATE_S = 5.0
 
 
@@ -72,14 +70,6 @@ def plan_of(loaded: LoadedNode, name: str):
     return plan
 
 
-def _last_line(path: Path) -> str:
-    try:
-        lines = [ln.strip() for ln in path.read_text(encoding="utf-8", errors="replace").splitlines() if ln.strip()]
-    except OSError:
-        return ""
-    return lines[-1][:300] if lines else ""
-
-
 class Sweep:
     def __init__(self, loaded: LoadedNode, name: str, opts: SweepOptions, out: Path,
                  progress: Callable[[str], None] = lambda line: None, on_change: Callable[[], None] = lambda: None):
@@ -97,7 +87,6 @@ class Sweep:
         self.confirm: dict = {"status": "pending"}
         self.combine_note = ""
         self.child_env: Optional[dict] = None
-        self._proc: Optional[subprocess.Popen] = None
         self._reserve = 0.0
 
     # ------------------------------------------------------------------ the three stages
@@ -187,7 +176,7 @@ class Sweep:
         if ratio is None:
             self.confirm.update(status="cut" if cut else "failed",
                                 reason=(f"cut after {wall:.0f} s (limit {limit:.0f} s)" if cut else
-                                        f"exit code {rc}: {_last_line(out / 'log.txt')}"))
+                                        f"exit code {rc}: {last_line(out / 'log.txt')}"))
             return
         self.confirm.update(status="ran", summary=summary, ratio_mean=ratio["mean"], ratio_best=ratio["best"],
                             note="cut before every repeat finished" if cut else "")
@@ -214,8 +203,9 @@ class Sweep:
             return
         limit = self._limit(cand)
         if limit is None:
-            cand.status, cand.reason = "cut", (f"not started: the deadline is near ({self._left():.0f} s left, "
-                                               f"{self._reserve:.0f} s of it kept for the confirm)")
+            kept = f", {self._reserve:.0f} s of it kept for the confirm" if best_of(self.candidates) not in (
+                None, self.candidates[0]) else ""
+            cand.status, cand.reason = "cut", f"not started: the deadline is near ({self._left():.0f} s left{kept})"
             self.progress(f"{cand.key}: {cand.reason}")
             self.on_change()
             return
@@ -233,10 +223,11 @@ class Sweep:
         if env is not None and self.child_env is None:
             self.child_env = env
         if cut:
-            cand.status, cand.reason = "cut", (f"exceeded its {limit:.0f} s limit (load, warm-up and window); last "
-                                               f"output: {_last_line(Path(cand.folder) / 'log.txt')}")
+            tail = last_line(Path(cand.folder) / "log.txt")
+            cand.status, cand.reason = "cut", (f"exceeded its {limit:.0f} s limit (load, warm-up and window)"
+                                               + (f"; last output: {tail}" if tail else ""))
         elif result is None:
-            cand.status, cand.reason = "failed", f"exit code {rc}: {_last_line(Path(cand.folder) / 'log.txt')}"
+            cand.status, cand.reason = "failed", f"exit code {rc}: {last_line(Path(cand.folder) / 'log.txt')}"
         elif result["completed"] != result["requests"]:
             cand.status, cand.result = "failed", result
             cand.reason = f"completed {result['completed']} of {result['requests']}: {'; '.join(result['notes'])}"
@@ -260,46 +251,23 @@ class Sweep:
         return None if self.deadline is None else self.deadline - time.monotonic()
 
     def _limit(self, cand: Candidate) -> Optional[float]:
+        """This candidate's time limit, or None when it should not start: less time is left than the shipped tier
+        took (it would most likely be cut). The confirm's time is kept back once some candidate beats the shipped
+        tier (before that there is nothing to confirm)."""
         left = self._left()
         if left is None:
             return self.opts.candidate_limit_s
-        left -= 0.0 if cand is self.candidates[0] else self._reserve
-        base_wall = self.candidates[0].wall_s
-        if left < max(MIN_CANDIDATE_S, 0.5 * base_wall if base_wall else 0.0):
+        base = self.candidates[0]
+        best = best_of(self.candidates)
+        if best is not None and best is not base:
+            left -= self._reserve
+        if left < max(MIN_CANDIDATE_S, base.wall_s or 0.0):
             return None
         return min(self.opts.candidate_limit_s, left)
 
-    def _child(self, argv: list[str], limit: float, log: Path) -> tuple[Optional[int], float, bool]:
-        log.parent.mkdir(parents=True, exist_ok=True)
-        started = time.monotonic()
-        with log.open("wb") as fh:
-            self._proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                          start_new_session=True)
-            try:
-                return self._proc.wait(timeout=limit), time.monotonic() - started, False
-            except subprocess.TimeoutExpired:
-                self._kill()
-                return None, time.monotonic() - started, True
-            except BaseException:         # SIGTERM (Stopped), Ctrl-C: the child and its process group go too
-                self._kill()
-                raise
-            finally:
-                self._proc = None
-
-    def _kill(self) -> None:
-        proc = self._proc
-        if proc is None or proc.poll() is not None:
-            return
-        for sig, wait in ((signal.SIGTERM, KILL_GRACE_S), (signal.SIGKILL, KILL_GRACE_S)):
-            try:
-                os.killpg(proc.pid, sig)
-            except ProcessLookupError:
-                return
-            try:
-                proc.wait(timeout=wait)
-                return
-            except subprocess.TimeoutExpired:
-                continue
+    @staticmethod
+    def _child(argv: list[str], limit: float, log: Path) -> tuple[Optional[int], float, bool]:
+        return ChildProcess(argv, log).wait(limit)
 
     def _peak_args(self) -> list[str]:
         out = []
@@ -310,40 +278,9 @@ class Sweep:
 
     # ------------------------------------------------------------------ the winner
     def winner(self) -> tuple[Optional[Candidate], str]:
-        """The tier to write and why: the best if the confirm found it faster (mean of the interleaved repeats),
-        the shipped tier if it did not; the best unconfirmed when the confirm could not run."""
-        base, best = self.candidates[0], best_of(self.candidates)
-        if best is None:
-            return None, "no candidate completed the workload"
-        if best is base:
-            return base, "the shipped tier was the fastest candidate"
-        c = self.confirm
-        if c.get("status") == "ran":
-            if c["ratio_mean"] > 1.0:
-                return best, f"confirmed: {c['ratio_mean']:.3f} x the shipped tier (mean of {c['repeat']} repeats)"
-            return base, (f"not confirmed: the best candidate ran {c['ratio_mean']:.3f} x the shipped tier in the "
-                          f"interleaved repeats; the shipped tier stays")
-        return best, f"NOT confirmed ({c.get('status')}: {c.get('reason', '')}); sweep figure only"
+        return pick_winner(self.candidates, self.confirm)
 
     def write_best(self, path: Path, node_path: Optional[Path], new_name: Optional[str], comments: list[str]
                    ) -> list[Path]:
         cand, why = self.winner()
-        if cand is None:
-            raise ForgeError(f"--write-best: nothing to write ({why})")
-        got = load_tier(Path(cand.folder) / "node.yaml")[0]
-        contract, card = got.plans[0].contract, got.plans[0].card
-        if new_name:
-            contract = contract.model_copy(update={"contract": new_name})
-            card = card.model_copy(update={"engine": new_name})
-        lines = comments + [f"winner: {cand.key} ({why})"]
-        if card.replicas > 1:
-            lines.append(f"replicas are a card field: this tier ran as {card.replicas} replicas on {card.model} "
-                         f"(cards[].replicas: {card.replicas}); --write-best-node writes that node")
-        written = [write_contract(contract, path, lines)]
-        if node_path is not None:
-            written.append(write_node(self.loaded, card, path, node_path, lines))
-        check = load_paths(written)
-        if not check.ok:
-            raise ForgeError("the written tier does not validate (a bug): "
-                             + "; ".join(p.render() for p in check.errors))
-        return written
+        return write_winner(self.loaded, cand, why, path, node_path, new_name, comments)

@@ -147,3 +147,42 @@ def test_a_written_contract_validates_anywhere_its_paths_rebased(tmp_path, gpu_l
     assert out.returncode == 0, out.stdout + out.stderr
     c = got.contracts["h200-llama-1p5b"]
     assert c.resolve(c.artifact.checkpoint) == (H200 / "llama-1p5b").resolve()
+
+
+def test_the_winner_is_what_the_confirm_backs():
+    from forge.bench.winner import pick_winner
+
+    def ran(key, tps):
+        c = Candidate(key, {} if key == "base" else {"a.x": key}, "base" if key == "base" else "one", status="ran")
+        c.result = {"completed": 4, "requests": 4, "tokens_per_s": tps}
+        return c
+
+    base, fast = ran("base", 100.0), ran("fast", 150.0)
+    assert pick_winner([base, fast], {"status": "ran", "ratio_mean": 1.2, "repeat": 2})[0] is fast
+    cand, why = pick_winner([base, fast], {"status": "ran", "ratio_mean": 0.98, "repeat": 2})
+    assert cand is base and "the shipped tier stays" in why
+    cand, why = pick_winner([base, fast], {"status": "cut", "reason": "no time left"})
+    assert cand is fast and why.startswith("NOT confirmed (cut: no time left)")
+    assert pick_winner([ran("base", 200.0), fast], {"status": "skipped"})[1] == "the shipped tier was the fastest candidate"
+    assert pick_winner([Candidate("base", {}, "base", status="cut")], {})[0] is None
+
+
+def test_a_candidate_starts_only_with_time_for_it_and_the_confirm(cpu_plan, tmp_path, monkeypatch):
+    from forge.bench.sweep import Sweep, SweepOptions
+
+    loaded = load_node(ROOT / "node_descriptions" / "local.yaml")
+    sweep = Sweep(loaded, "tiny-llama-cpu", SweepOptions(workload=ROOT / "docs/bench/workloads/quick.yaml",
+                                                         deadline_s=100, candidate_limit_s=30), tmp_path)
+    base, other = sweep.candidates[0], next(c for c in sweep.candidates if c.status == "pending" and c.stage == "one")
+    base.status, base.wall_s, base.result = "ran", 20.0, {"completed": 4, "requests": 4, "tokens_per_s": 100.0}
+    sweep._reserve = 60.0
+    clock = [sweep.t0]
+    monkeypatch.setattr("forge.bench.sweep.time.monotonic", lambda: clock[0])
+    assert sweep._limit(other) == 30.0                    # 100 s left, nothing to confirm yet: the candidate limit
+    clock[0] = sweep.t0 + 75                              # 25 s left >= the shipped tier's 20 s
+    assert sweep._limit(other) == 25.0
+    other.status, other.result = "ran", {"completed": 4, "requests": 4, "tokens_per_s": 150.0}
+    nxt = next(c for c in sweep.candidates if c.status == "pending" and c.stage == "one")
+    assert sweep._limit(nxt) is None                      # a winner exists: 60 s are kept for the confirm
+    clock[0] = sweep.t0 + 10
+    assert sweep._limit(nxt) == 30.0
