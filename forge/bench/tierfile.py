@@ -7,6 +7,7 @@ rebased onto the folder the copy is written to."""
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -34,9 +35,11 @@ def contract_data(contract: Contract, dest_dir: Path) -> dict:
     return data
 
 
-def node_data(loaded: LoadedNode, card: Card, contract_file: str) -> dict:
+def node_data(loaded: LoadedNode, card: Card, contract_file: str, name: Optional[str] = None) -> dict:
     """The node with only this card, whose contracts list is the one contract file."""
     data = loaded.node.model_dump(mode="json", exclude_none=True)
+    if name:
+        data["node"] = name
     data["contracts"] = [contract_file]
     data["cards"] = [card.model_dump(mode="json", exclude_none=True)]
     if card.replicas == 1:
@@ -67,9 +70,11 @@ def write_tier(loaded: LoadedNode, contract: Contract, card: Card, folder: Path,
 
 
 def write_node(loaded: LoadedNode, card: Card, contract_path: Path, path: Path, comments: Sequence[str] = ()) -> Path:
+    """A one-card node named after its file (so it can sit beside the node it came from), running the contract."""
     path.parent.mkdir(parents=True, exist_ok=True)
     rel = os.path.relpath(contract_path.resolve(), path.parent.resolve())
-    path.write_text(_text(node_data(loaded, card, rel), comments), encoding="utf-8")
+    name = path.stem if re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}", path.stem) else f"{loaded.node.node}-best"
+    path.write_text(_text(node_data(loaded, card, rel, name), comments), encoding="utf-8")
     return path
 
 

@@ -186,3 +186,21 @@ def test_a_candidate_starts_only_with_time_for_it_and_the_confirm(cpu_plan, tmp_
     assert sweep._limit(nxt) is None                      # a winner exists: 60 s are kept for the confirm
     clock[0] = sweep.t0 + 10
     assert sweep._limit(nxt) == 30.0
+
+
+def test_a_written_winner_sits_beside_the_shipped_tiers(tmp_path, gpu_loaded):
+    """What the sweep stage writes into docs/bench/h200/: a new contract name and a node named after its file, so
+    `forge validate docs/bench/h200/` holds both tiers without a name clash."""
+    from forge.bench.tierfile import write_node
+
+    folder = tmp_path / "h200"
+    sections = from_plugins().sections
+    contract, card, _ = apply(gpu_loaded.plans[0], {"transformers.use_cuda_graph": True}, sections)
+    contract = contract.model_copy(update={"contract": "h200-llama-1p5b-fast"})
+    cpath = write_contract(contract, folder / "h200-llama-1p5b-fast.yaml")
+    npath = write_node(gpu_loaded, card.model_copy(update={"engine": "h200-llama-1p5b-fast"}), cpath,
+                       folder / "node-llama-1p5b-fast.yaml")
+    assert "- h200-llama-1p5b-fast.yaml" in npath.read_text() and "node: node-llama-1p5b-fast" in npath.read_text()
+    got = load_paths([H200, cpath, npath])
+    assert got.ok, [p.render() for p in got.errors]
+    assert got.nodes["node-llama-1p5b-fast"].cards[0].engine == "h200-llama-1p5b-fast"

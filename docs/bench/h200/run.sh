@@ -39,18 +39,23 @@ stage() {  # name limit_s command...
 }
 
 # The sweep (forge bench sweep) of one tier: every candidate in its own process under --candidate-limit, the whole
-# sweep under a --deadline taken from the time this stage has left, so it ends with its report (and the winner
-# written into the capture folder, named CONTRACT-fast) before `timeout` would stop it.
+# sweep under a --deadline taken from the time this stage has left, so it ends with its report before `timeout`
+# would stop it. The winner is written as CONTRACT-fast.yaml + node-…-fast.yaml into $TIERS (default: beside the
+# shipped tiers, so its paths are right for docs/bench/h200/ and the confirm stages of this call find it) and
+# copied into the capture folder.
 sweep() {  # name limit_s contract node records confirm_records [extra sweep flags...]
   local name=$1 limit=$2 contract=$3 node=$4 recs=$5 crecs=$6; shift 6
+  local tiers=${TIERS:-$H} newnode
+  newnode=node-${contract#h200-}-fast.yaml
   local left=$((DEADLINE - SECONDS)); [ "$left" -gt "$limit" ] && left=$limit
   left=$((left - 20))
   [ "$left" -lt 30 ] && { echo "=== $name: skipped, no time left"; return; }
-  mkdir -p "$R/$name"
+  mkdir -p "$R/$name" "$tiers"
   stage "$name" "$limit" $F bench sweep "$contract" --workload "$WL" --node "$node" --records "$recs" \
     --confirm-records "$crecs" --confirm-repeat 2 --candidate-limit "${CANDIDATE_LIMIT:-75}" --deadline "$left" \
-    --out "$R/$name" --write-best "$R/$name/$contract-fast.yaml" --best-name "$contract-fast" \
-    --write-best-node "$R/$name/node-$contract-fast.yaml" "$@"
+    --out "$R/$name" --write-best "$tiers/$contract-fast.yaml" --best-name "$contract-fast" \
+    --write-best-node "$tiers/$newnode" "$@"
+  cp "$tiers/$contract-fast.yaml" "$tiers/$newnode" "$R/$name/" 2>/dev/null; pack
 }
 # New vs shipped tier, interleaved in one process, through forge and direct (same switches): the ratios
 # (new ÷ shipped through forge, forge ÷ direct on the new tier) and each tier's time beside the hardware bounds.
@@ -60,9 +65,9 @@ compare() {  # name limit_s records shipped_node new_node
   stage "$name" "$limit" $F bench compare "$WL" --node "$shipped" --label shipped --node "$new" --label new \
     --modes forge,direct --repeat 2 --records "$recs" --out "$R/$name"
 }
-# the new tiers: committed beside the shipped ones once the lead adopts them, else this call's sweep winners
-NEW_1P5B=${NEW_1P5B:-$H/node-llama-1p5b-fast.yaml}; [ -f "$NEW_1P5B" ] || NEW_1P5B=$R/sweep-1p5b/node-h200-llama-1p5b-fast.yaml
-NEW_8B=${NEW_8B:-$H/node-llama-8b-fast.yaml}; [ -f "$NEW_8B" ] || NEW_8B=$R/sweep-8b/node-h200-llama-8b-fast.yaml
+# the new tiers: written beside the shipped ones by this call's sweep stage, or committed there by the lead
+NEW_1P5B=${NEW_1P5B:-$H/node-llama-1p5b-fast.yaml}
+NEW_8B=${NEW_8B:-$H/node-llama-8b-fast.yaml}
 WL=$W/gpu-mixed.yaml
 
 for s in "$@"; do case $s in
@@ -131,11 +136,12 @@ for n in ('node-llama-1p5b', 'node-llama-8b', 'node-llama-1p5b-small-pool'):
     compare confirm-8b 280 "${CONFIRM_RECORDS_8B:-128}" $H/node-llama-8b.yaml "$NEW_8B" ;;
   # the same commands on the embedded CPU tier (tiny model, quick workload): flags parse, children start, reports
   cpu-check)
-    WL=$W/quick.yaml
+    WL=$W/quick.yaml TIERS=$R/cpu-tiers
     sweep sweep-cpu 200 tiny-llama-cpu node_descriptions/local.yaml 8 8 --set transformers.compile_level=1 \
       --skip transformers.attn_implementation --skip limits.max_batch_size \
       --try transformers.use_cuda_graph=true,transformers.compile_level=1
-    compare confirm-cpu 150 8 node_descriptions/local.yaml "$R/sweep-cpu/node-tiny-llama-cpu-fast.yaml" ;;
+    compare confirm-cpu 150 8 node_descriptions/local.yaml "$R/cpu-tiers/node-tiny-llama-cpu-fast.yaml"
+    WL=$W/gpu-mixed.yaml; unset TIERS ;;
   *) echo "unknown stage $s" ;;
 esac; done
 pack
