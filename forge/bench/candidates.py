@@ -18,8 +18,7 @@ skipped with the validator's own message (each candidate is written as files and
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
 import pydantic
@@ -247,6 +246,3 @@ def best_of(candidates: list[Candidate]) -> Optional[Candidate]:
     ran = [c for c in candidates if c.tokens_per_s is not None]
     return max(ran, key=lambda c: c.tokens_per_s, default=None)
 
-
-def workdir_of(out: Path) -> Path:
-    return out / "candidates"

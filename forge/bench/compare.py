@@ -17,7 +17,6 @@ from forge.bench.direct import DirectEngine
 from forge.bench.forge_mode import run_forge, write_records
 from forge.bench.modes import check_fits, single_card, warmup_requests
 from forge.bench.report import _fmt, header, mode_rows, write_json
-from forge.bench.results import ModeResult
 from forge.bench.workload import WorkloadSpec, generate
 from forge.config.load import LoadedNode
 from forge.errors import UsageError
@@ -138,6 +137,3 @@ def write_compare(out: Path, data: dict) -> list[Path]:
     md.write_text(compare_markdown(data), encoding="utf-8")
     return [write_json(out / "compare.json", data), md]
 
-
-def result_of(row: dict) -> ModeResult:
-    return ModeResult(**{k: v for k, v in row.items() if k in ModeResult.__dataclass_fields__})

@@ -4,7 +4,6 @@ SIGTERM that ends with a report, and a written winner that `forge validate` acce
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
