@@ -17,7 +17,7 @@ DPI = 110
 COLORS = {"direct": "#7f7f7f", "forge": "#1f3b73", "fifo": "#d62728", "sweep": "#1f77b4", "control-plane": "#2ca02c"}
 
 
-BENCH_STEMS = ("bench", "sweep", "control-plane")     # what forge bench writes into --out, and work/ below it
+BENCH_STEMS = ("bench", "sweep", "compare", "control-plane")     # what forge bench writes into --out, and work/ below it
 
 
 def _is_bench_json(path: Path) -> bool:
@@ -95,6 +95,13 @@ def bench_markdown(data: dict) -> str:
               f"| {_fmt(rt['forge_over_direct'], '.3f')} | {_fmt(rt['forge_over_fifo'], '.3f')} | "
               f"{_fmt(rt['fifo_over_direct'], '.3f')} | {rt['best']['direct'] or '—'} |", "",
               "## Every run", ""]
+    if data.get("bounds"):        # the hardware's bounds beside the best run's window (forge/bench/bounds.py)
+        from forge.bench.bounds import bounds_line
+
+        done = [r for r in data["results"] if r["completed"] == r["requests"] and r["window_s"]]
+        fastest = min(done, key=lambda r: r["window_s"], default=None)
+        lines[-2:-2] = [bounds_line(data["bounds"], fastest and fastest["window_s"])
+                        + (f" (measured: {fastest['mode']} {fastest['variant']})" if fastest else ""), ""]
     lines += mode_rows(data["results"])
     lines += ["", "Window: from the first request handed in to the last result out (forge and fifo: to the "
               "ledger's last commit); engine load and warm-up excluded. Tokens: prompt + generated (a final EOS "

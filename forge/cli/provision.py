@@ -15,17 +15,25 @@ def plan_table(loaded):
 
     from forge.config.units import fmt_bytes
 
+    from forge.config.plan import engine_plans
+
     node = loaded.node
-    table = Table(title=f"node {node.node}: {len(node.cards)} card(s), host {node.host.memory_gib:g} GiB / "
-                        f"{node.host.cpu_cores} cores", title_justify="left")
-    for col in ("card", "model", "engine", "backend", "weights", "KV pool", "blocks",
-                "full-length slots", "token budget", "slots"):
+    engines = [p.engine_id for p in engine_plans(loaded.plans)]
+    caption = "weights, KV pool, blocks and slots are per engine"
+    if len(engines) > len(loaded.plans):
+        caption += f"; engines (one process each): {', '.join(engines)}"
+    table = Table(title=f"node {node.node}: {len(node.cards)} card(s), {len(engines)} engine(s), host "
+                        f"{node.host.memory_gib:g} GiB / {node.host.cpu_cores} cores", title_justify="left",
+                  caption=caption, caption_justify="left")
+    for col in ("card", "model", "engine", "backend", "replicas", "weights", "KV pool", "blocks",
+                "full-length slots", "token budget", "slots", "card memory"):
         table.add_column(col, justify="right" if col not in ("card", "model", "engine", "backend") else "left")
     for p in loaded.plans:
         kv = p.contract.kv_cache
-        table.add_row(p.card_id, p.card.model, p.contract.contract, p.contract.backend, fmt_bytes(p.weights_bytes),
-                      fmt_bytes(p.kv_pool_bytes), f"{p.num_blocks:,} x {kv.tokens_per_block}",
-                      f"{p.full_length_slots:,}", f"{p.token_budget:,}", f"{p.slots:,}")
+        table.add_row(p.card_id, p.card.model, p.contract.contract, p.contract.backend, str(p.replicas),
+                      fmt_bytes(p.weights_bytes), fmt_bytes(p.kv_pool_bytes), f"{p.num_blocks:,} x {kv.tokens_per_block}",
+                      f"{p.full_length_slots:,}", f"{p.token_budget:,}", f"{p.slots:,}",
+                      f"{fmt_bytes(p.card_bytes)} of {fmt_bytes(p.card_memory_bytes)}")
     return table
 
 

@@ -68,3 +68,17 @@ def forge_register_backends(register):
 @hookimpl
 def forge_register_contract_sections(register):
     register(BACKEND, TransformersSection)
+
+
+@hookimpl
+def forge_register_tunables(register):
+    from forge.engines.hf.tunables import transformers_tunables
+
+    register(BACKEND, transformers_tunables)
+
+
+@hookimpl
+def forge_validation_rules(register):
+    from forge.engines.hf.tunables import gpu_only_switches
+
+    register(gpu_only_switches)

@@ -18,11 +18,11 @@ def forge(*args, timeout=120):
 
 
 @pytest.mark.engine
-@pytest.mark.timeout(150)
+@pytest.mark.timeout(300)
 def test_quick_mode_writes_every_report(tmp_path):
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    proc = forge("bench", "quick", "--out", tmp_path, "--records", 8)
+    proc = forge("bench", "quick", "--out", tmp_path, "--records", 8, timeout=280)
     assert proc.returncode == 0, proc.stderr[-3000:]
     for name in ("bench.json", "bench.md", "bench.png", "sweep.json", "sweep.md", "sweep.png",
                  "control-plane.json", "control-plane.md"):
@@ -39,11 +39,12 @@ def test_quick_mode_writes_every_report(tmp_path):
     assert bench["env"]["software"]["transformers"] and bench["env"]["date"]
     md = (tmp_path / "bench.md").read_text()
     assert "forge ÷ direct" in md and "forge bench quick" in md
+    assert "Bounds of the hardware: no peak figures for card model 'cpu'" in md      # no datasheet for a CPU
 
     sweep = json.loads((tmp_path / "sweep.json").read_text())
-    assert [(t["max_num_tokens"], t["max_batch_size"]) for t in sweep["tiers"]] == [(384, 16), (384, 32),
-                                                                                (768, 16), (768, 32)]
-    assert sweep["summary"]["best"] is not None
+    assert [(c["key"], c["status"]) for c in sweep["candidates"]] == [("base", "ran"),
+                                                                      ("limits.max_num_tokens=768", "ran")]
+    assert sweep["winner"]["key"] in ("base", "limits.max_num_tokens=768")
 
     cp = json.loads((tmp_path / "control-plane.json").read_text())["control_plane"]
     assert cp["runs"][0]["completed"] == cp["records"] and cp["best_tasks_per_s"] > 0

@@ -259,6 +259,23 @@ def test_bad_section_and_precision_are_refused():
         start(contract(TINY, sections={"transformers": {"dtype": "bfloat16"}}))
 
 
+def test_a_card_plan_of_several_replicas_is_refused_one_replica_plan_loads():
+    """Until the runtime starts one engine worker per replica, handing the factory the card's plan would start one
+    engine where the node declares two: refused before any load. A replica's own plan builds its engine."""
+    from forge.config.plan import replica_plans
+    from forge.engines.transformers_backend import _factory
+
+    c = contract(TINY)
+    card_plan = plan_card(Card(index=0, kind="cpu", model="cpu", memory_gib=2, engine=c.contract, replicas=2), c)
+    with pytest.raises(ForgeError, match="declares replicas: 2.*not one replica's"):
+        _factory(c, card_plan)
+    eng = _factory(c, replica_plans(card_plan)[1])
+    try:
+        assert eng.describe()["card"] == "cpu0"
+    finally:
+        eng.shutdown(5)
+
+
 def test_backend_module_imports_without_torch():
     code = ("import sys; import forge.engines.transformers_backend as m; "
             "assert 'torch' not in sys.modules and 'transformers' not in sys.modules; print(m.BACKEND)")
