@@ -131,7 +131,7 @@ def _workload_line(w: dict) -> str:
     s = w["summary"]
     return (f"Workload: {s['requests']} requests, {s['prompt_tokens']:,} prompt tokens (mean {s['mean_prompt']:.0f}), up "
             f"to {s['max_new_tokens']:,} new tokens (mean {s['mean_max_new']:.0f}); {s['with_shared_prefix']} start "
-            f"with one of {s['distinct_prefixes']} shared prefixes. {w['spec'].get('description') or ''}")
+            f"with one of {s['distinct_prefixes']} shared prefixes. {(w['spec'].get('description') or '').rstrip('.')}.")
 
 
 def cards_markdown(data: dict) -> str:

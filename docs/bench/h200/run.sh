@@ -3,6 +3,8 @@
 #   bash docs/bench/h200/run.sh STAGE [STAGE...]      (stages: the case labels below)
 # call 1: env demo mixed-1p5b prefix-1p5b; call 2: mixed-1p5b-gate prefix-1p5b-gate prefix-short-1p5b mixed-8b
 # sweep-1p5b; call 3: mixed-1p5b-repeat; call 4: prefix-1p5b-credit prefix-short-1p5b-credit
+# issue 14: scaling-cpu (the device's CPUs, no GPU used; one call), cards-2x1p5b and cards-1p5b-8b (two H200s,
+# kind nvidia-h200-x2; one call each). CARD_TRANSPORT=thread|process picks where the engines run (default process).
 # forge's own Python dependencies missing from the device image travel as wheels in .whl/ (see the README of
 # the device tool); transformers 5.24.0 travels too (the image has 5.17). Results go to $OUT/results.tgz,
 # the log to $OUT/log.txt. Every stage has its own time limit, so one stuck stage cannot eat the call.
@@ -91,8 +93,20 @@ for n in ('node-llama-1p5b', 'node-llama-8b', 'node-llama-1p5b-small-pool'):
   prefix-short-1p5b-credit)
     stage prefix-short-1p5b-credit 150 $F bench run $W/gpu-prefix-heavy-short.yaml \
       --node $H/node-llama-1p5b-small-pool.yaml --out "$R/prefix-short-1p5b-credit" --modes forge,fifo ;;
+  # issue 14: several cards. The CPU-scaling harness (N = 1, 2, 4, 8 CPU-bound instant cards, engines in the
+  # node's process vs worker processes, 3:1 shares, control plane per transport) and two-H200 nodes.
+  scaling-cpu)
+    stage scaling-cpu 540 $F bench scaling --out "$R/scaling-cpu" ;;
+  cards-2x1p5b)
+    stage cards-2x1p5b 540 $F bench run $W/gpu-mixed.yaml --node $H/node-2x-llama-1p5b.yaml --records 256 \
+      --together-records 512 --repeats 2 --card-transport "${CARD_TRANSPORT:-process}" --out "$R/cards-2x1p5b" ;;
+  cards-1p5b-8b)
+    stage cards-1p5b-8b 540 $F bench run $W/gpu-mixed.yaml --node $H/node-llama-1p5b-8b.yaml --records 256 \
+      --together-records 384 --repeats 2 --card-transport "${CARD_TRANSPORT:-process}" --out "$R/cards-1p5b-8b" ;;
   *) echo "unknown stage $s" ;;
 esac; done
 pack
 echo "=== summary"
 for f in "$R"/*/bench.md "$R"/*/sweep.md; do [ -f "$f" ] && { echo "--- $f"; grep -A3 "^| forge ÷\|^\*\*Best" "$f"; }; done
+for f in "$R"/cards-*/bench.md; do [ -f "$f" ] && { echo "--- $f"; grep -A1 "^together ÷ Σ alone" "$f"; }; done
+[ -f "$R/scaling-cpu/scaling.md" ] && { echo "--- scaling"; sed -n '/^## Equal/,$p' "$R/scaling-cpu/scaling.md"; }
