@@ -129,9 +129,10 @@ def card_info(plan) -> dict:
 # ---------------------------------------------------------------- several cards: alone, then together
 def _workload_line(w: dict) -> str:
     s = w["summary"]
-    return (f"Workload: {s['requests']} requests, {s['prompt_tokens']:,} prompt tokens (mean {s['mean_prompt']:.0f}), up "
-            f"to {s['max_new_tokens']:,} new tokens (mean {s['mean_max_new']:.0f}); {s['with_shared_prefix']} start "
-            f"with one of {s['distinct_prefixes']} shared prefixes. {(w['spec'].get('description') or '').rstrip('.')}.")
+    desc = (w["spec"].get("description") or "").rstrip(".")
+    return (f"Workload: {s['requests']} requests, {s['prompt_tokens']:,} prompt tokens (mean {s['mean_prompt']:.0f}), "
+            f"up to {s['max_new_tokens']:,} new tokens (mean {s['mean_max_new']:.0f}); {s['with_shared_prefix']} "
+            f"start with one of {s['distinct_prefixes']} shared prefixes. {desc}.")
 
 
 def cards_markdown(data: dict) -> str:
@@ -208,8 +209,9 @@ def cards_plot(data: dict, path: Path) -> Path:
     return path
 
 
-def write_cards_bench(out: Path, data: dict, stem: str = "bench") -> list[Path]:
+def write_cards_bench(out: Path, data: dict, stem: str = "bench", plot: bool = True) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     md = out / f"{stem}.md"
     md.write_text(cards_markdown(data), encoding="utf-8")
-    return [write_json(out / f"{stem}.json", data), md, cards_plot(data, out / f"{stem}.png")]
+    paths = [write_json(out / f"{stem}.json", data), md]
+    return paths + [cards_plot(data, out / f"{stem}.png")] if plot else paths

@@ -109,7 +109,7 @@ def run_scaling(sp: ScalingPlan) -> dict:
             for r in got:
                 r.repeat = rep + 1
             c["results"] += got
-            write_cards_bench(c["dir"], _cards_report(c, sp, work))
+            write_cards_bench(c["dir"], _cards_report(c, sp, work), plot=False)   # no PNG per cell: device minutes go to runs
             publish()
     from forge.bench.control_plane import run_control_plane
 

@@ -31,7 +31,8 @@ def targets(data: dict) -> list[tuple[str, Optional[bool], str]]:
     offs = cell and cell.get("points_off_nominal")
     speeds = ":".join(f"{s:g}" for s in data["settings"]["speeds"])
     out.append((f"cards at {speeds}, worker processes: shares within {t['share_points']:g} points of nominal",
-                None if not offs else max(offs) <= t["share_points"], f"{max(offs):.1f} points at most" if offs else "—"))
+                None if not offs else max(offs) <= t["share_points"],
+                f"{max(offs):.1f} points at most" if offs else "—"))
     cp = next((c for c in data["control_plane"] if c.get("card_transport") == "process"), None)
     out.append((f"control plane, engine in a worker process: ≥ {t['tasks_per_cpu_s']:,} tasks per CPU-second of the "
                 "node process", None if cp is None else cp["best_tasks_per_cpu_s"] >= t["tasks_per_cpu_s"],
@@ -47,9 +48,11 @@ def scaling_markdown(data: dict) -> str:
     lines += [f"Cards: `instant: {{step_cpu_ms: {s['step_cpu_ms']:g}}}`, 32 slots, 256 tokens per step; workload "
               f"`{s['workload']}`, {s['records']} records per card alone, together runs scaled to the same window; "
               f"{s['repeat']} interleaved repeat(s); grouped (forge) mode. Transports: thread = engines in the node's "
-              f"process (before), process = one worker process per card (after). Took {data.get('elapsed_s', 0):.0f} s.",
+              f"process (before), process = one worker process per card (after). "
+              f"Took {data.get('elapsed_s', 0):.0f} s.",
               "", "## Equal cards: together ÷ (N × alone)", "",
-              "| N | " + " | ".join(s["transports"]) + " |", "| ---: | " + " | ".join("---:" for _ in s["transports"]) + " |"]
+              "| N | " + " | ".join(s["transports"]) + " |",
+              "| ---: | " + " | ".join("---:" for _ in s["transports"]) + " |"]
     for n in s["cards"]:
         row = []
         for t in s["transports"]:
@@ -67,8 +70,8 @@ def scaling_markdown(data: dict) -> str:
                 lines.append(f"| {c['key']} | {c['transport']} | {r['repeat']} | incomplete | | | {c['report']} |")
     speeds = ":".join(f"{x:g}" for x in s["speeds"])
     lines += ["", f"## Unequal cards at {speeds} (step_cpu_ms {', '.join(f'{x:g}' for x in s['unequal_step_cpu_ms'])})",
-              "", "| transport | repeat | share, per card | speed share (alone) | points off nominal | points off speed "
-              "| together ÷ Σ alone |", "| --- | ---: | --- | --- | ---: | ---: | ---: |"]
+              "", "| transport | repeat | share, per card | speed share (alone) | points off nominal | "
+              "points off speed | together ÷ Σ alone |", "| --- | ---: | --- | --- | ---: | ---: | ---: |"]
     for c in (c for c in data["cells"] if c["kind"] == "unequal"):
         done = [r for r in c["repeats"] if r["complete"]]
         for r, off_n, off_s in zip(done, c.get("points_off_nominal", []), c.get("points_off_speed", [])):
