@@ -187,7 +187,8 @@ class BrokerCore:
 
     def record_delivery(self, engine_id: str, tokens: int, elapsed_s: float, occupancy: float = 1.0) -> None:
         """Tokens (input + output) the engine delivered over the last `elapsed_s` seconds of work, with
-        `occupancy` (0..1) of its slots in use on average over them (1.0 when the caller does not know)."""
+        `occupancy` (0..1): the mean share of its slots or KV blocks (whichever was fuller) in use over them,
+        1.0 when the caller does not know. The broker weighs the engine by tokens / (elapsed_s x occupancy)."""
         self._bal.record(self._engine(engine_id), tokens, elapsed_s, occupancy)
 
     def set_engine_healthy(self, engine_id: str, healthy: bool) -> None:
