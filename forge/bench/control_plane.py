@@ -58,7 +58,7 @@ def pin_to_core(core: Optional[int]) -> Optional[int]:
 
 
 def run_control_plane(workdir: Path, *, records: int, core: Optional[int], repeat: int = 1,
-                      slots: int = 1024) -> dict:
+                      slots: int = 1024, card_transport: str = "thread") -> dict:
     pinned = pin_to_core(core)
     loaded = instant_node(slots)
     reqs = [BenchRequest(index=i, prompt=tuple(3 + (i * 7 + j) % 2000 for j in range(PROMPT_TOKENS)),
@@ -67,14 +67,15 @@ def run_control_plane(workdir: Path, *, records: int, core: Optional[int], repea
     runs = []
     for _ in range(repeat):
         started = time.perf_counter()
-        r = run_forge(loaded, path, records, workdir, grouping=True, label="control-plane")
+        r = run_forge(loaded, path, records, workdir, grouping=True, label="control-plane",
+                      card_transport=card_transport)
         r.variant = "instant (no model)"
         d = r.to_dict()
         d["wall_s"] = round(time.perf_counter() - started, 3)
         runs.append(d)
     top = max(runs, key=lambda d: d["requests_per_s"])
     per_cpu = max((d.get("requests_per_cpu_s") or 0.0) for d in runs)
-    return {"label": LABEL, "records": records, "pinned_core": pinned, "slots": slots,
+    return {"label": LABEL, "records": records, "pinned_core": pinned, "slots": slots, "card_transport": card_transport,
             "prompt_tokens": PROMPT_TOKENS, "new_tokens": NEW_TOKENS, "runs": runs,
             "best_tasks_per_s": top["requests_per_s"], "best_tasks_per_cpu_s": per_cpu,
             "target_tasks_per_s": TARGET_TASKS_PER_S,
@@ -86,6 +87,7 @@ def control_plane_markdown(data: dict) -> str:
     lines = header("forge bench control-plane: forge's own ceiling", data["env"],
                    label=f"{cp['label']}. This measures forge, not an engine.")
     core = f"pinned to CPU core {cp['pinned_core']}" if cp["pinned_core"] is not None else "not pinned"
+    core += f"; engine {'in a worker process' if cp.get('card_transport') == 'process' else 'in this process'}"
     lines += [f"{cp['records']:,} records, {cp['prompt_tokens']} prompt token ids and {cp['new_tokens']} new token "
               f"each, through records → functions → broker → admission → engine driver → results → ledger "
               f"(SQLite) → output JSONL; process {core}; {cp['slots']} slots.", "",

@@ -39,6 +39,7 @@ class BenchPlan:
     concurrency: Optional[int] = None
     progress: Callable[[str], None] = field(default=lambda line: None)
     on_result: Callable[[list[BenchRequest], list[ModeResult]], None] = field(default=lambda reqs, res: None)
+    card_transport: str = "thread"
 
 
 def single_card(loaded: LoadedNode):
@@ -77,6 +78,7 @@ def run_modes(bp: BenchPlan) -> tuple[list[BenchRequest], list[ModeResult]]:
     results: list[ModeResult] = []
     direct: Optional[DirectEngine] = None
     kw = {"concurrency": bp.concurrency} if bp.concurrency else {}
+    kw["card_transport"] = bp.card_transport
     try:
         for rep in range(bp.repeat):
             for mode in bp.modes:

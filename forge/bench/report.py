@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import statistics
 from pathlib import Path
 from typing import Optional
 
@@ -17,7 +18,7 @@ DPI = 110
 COLORS = {"direct": "#7f7f7f", "forge": "#1f3b73", "fifo": "#d62728", "sweep": "#1f77b4", "control-plane": "#2ca02c"}
 
 
-BENCH_STEMS = ("bench", "sweep", "compare", "control-plane")     # what forge bench writes into --out, and work/ below it
+BENCH_STEMS = ("bench", "sweep", "compare", "control-plane", "scaling")     # what forge bench writes into --out, and work/ below it
 
 
 def _is_bench_json(path: Path) -> bool:
@@ -158,3 +159,94 @@ def card_info(plan) -> dict:
             "kv_blocks": plan.num_blocks, "tokens_per_block": c.kv_cache.tokens_per_block,
             "full_length_slots": plan.full_length_slots, "block_reuse": c.kv_cache.block_reuse,
             "precision": c.precision.model_dump()}
+
+
+# ---------------------------------------------------------------- several cards: alone, then together
+def _workload_line(w: dict) -> str:
+    s = w["summary"]
+    desc = (w["spec"].get("description") or "").rstrip(".")
+    return (f"Workload: {s['requests']} requests, {s['prompt_tokens']:,} prompt tokens (mean {s['mean_prompt']:.0f}), "
+            f"up to {s['max_new_tokens']:,} new tokens (mean {s['mean_max_new']:.0f}); {s['with_shared_prefix']} "
+            f"start with one of {s['distinct_prefixes']} shared prefixes. {desc}.")
+
+
+def cards_markdown(data: dict) -> str:
+    env, w = data["env"], data["workload"]
+    cards = data["cards"]
+    lines = header(f"forge bench: {w['spec']['workload']} on {len(cards)} cards of node {data['node']}", env)
+    lines += ["| card | model | contract | backend | slots | token budget | KV blocks |",
+              "| --- | --- | --- | --- | ---: | ---: | ---: |"]
+    lines += [f"| {c['card']} | {c['model']} | `{c['contract']}` | {c['backend']} | {c['slots']} | "
+              f"{c['token_budget']:,} | {c['kv_blocks']:,} |" for c in cards]
+    tr = data.get("together_records")
+    lines += ["", _workload_line(w) + (f" The together run takes {tr} records." if tr else ""), "",
+              f"Card transport: {data.get('card_transport', 'thread')}. Each card runs the workload alone (a node "
+              "of that card), then all cards take it from one queue; runs interleaved per repeat.", ""]
+    ids = [c["card"] for c in cards]
+    for mode, m in data["summary"].items():
+        lines += [f"## {mode} ({'grouped' if mode == 'forge' else 'FIFO'})", "",
+                  "| repeat | " + " | ".join(f"{c} alone tok/s" for c in ids) + " | Σ alone | together tok/s | "
+                  "together ÷ Σ alone | share ÷ speed share, per card | affinity hits / spills | prefix reuse "
+                  "broker est. / engine |",
+                  "| ---: | " + " | ".join("---:" for _ in ids) + " | ---: | ---: | ---: | --- | ---: | ---: |"]
+        for r in m["repeats"]:
+            if not r["complete"]:
+                lines.append(f"| {r['repeat']} | incomplete: see Every run |")
+                continue
+            sh = ", ".join(f"{c} {100 * s['share']:.1f} % / {100 * s['speed_share']:.1f} %"
+                           for c, s in r["shares"].items())
+            lines.append(f"| {r['repeat']} | " + " | ".join(_fmt(r["alone_tokens_per_s"][c]) for c in ids) +
+                         f" | {_fmt(r['sum_alone_tokens_per_s'])} | {_fmt(r['together_tokens_per_s'])} | "
+                         f"**{_fmt(r['together_over_sum'], '.3f')}** | {sh} | {_fmt(r['affinity_hits'])} / "
+                         f"{_fmt(r['affinity_spills'])} | {_pct(r['broker_prefix_reuse_ratio'])} / "
+                         f"{_pct(r['engine_prefix_reuse_ratio'])} |")
+        t, off = m["together_over_sum"], m["worst_share_points_off"]
+        if t:
+            lines += ["", f"together ÷ Σ alone: min {t['min']:.3f}, median {t['median']:.3f}, max {t['max']:.3f} "
+                      f"({t['n']} repeat(s)); worst card's share off its speed share: "
+                      f"{off['max']:.1f} points at most.", ""]
+        else:
+            lines.append("")
+    lines += ["## Every run", ""]
+    lines += mode_rows([dict(r, variant=f"{r['variant']} · {r['scope']} · rep {r['repeat']}")
+                        for r in data["results"]])
+    lines += ["", "Speed share: the card's alone tokens/s over Σ alone in the same repeat and mode. Share: its part "
+              "of the together run's tokens (prompt + generated), as its admission runtime counted them. Prefix "
+              "reuse (engine): prompt tokens the engines served from reused KV blocks, as they counted them (— "
+              "where the engine reports none).", ""]
+    return "\n".join(lines)
+
+
+def cards_plot(data: dict, path: Path) -> Path:
+    modes = list(data["summary"])
+    ids = [c["card"] for c in data["cards"]]
+    fig = Figure(figsize=(4 + 2.2 * len(modes), 4.2), dpi=DPI)
+    axes = fig.subplots(1, len(modes), squeeze=False)[0]
+    for ax, mode in zip(axes, modes):
+        rows = [r for r in data["summary"][mode]["repeats"] if r["complete"]]
+        if not rows:
+            continue
+        alone = [statistics.median(r["alone_tokens_per_s"][c] for r in rows) for c in ids]
+        tog = statistics.median(r["together_tokens_per_s"] for r in rows)
+        bottom = 0.0
+        for c, v in zip(ids, alone):
+            ax.bar(0, v, bottom=bottom, label=f"{c} alone", alpha=0.8)
+            bottom += v
+        ax.bar(1, tog, color=COLORS.get(mode, "#999999"), label="together")
+        ax.set_xticks([0, 1], ["Σ alone", "together"])
+        ax.set_title(f"{mode}: together ÷ Σ alone {tog / bottom:.3f}" if bottom else mode, fontsize=9)
+        ax.set_ylabel("tokens/s (median over repeats)")
+        ax.legend(fontsize=6)
+    fig.suptitle(f"{data['workload']['spec']['workload']} on {len(ids)} cards ({data.get('card_transport', 'thread')})",
+                 fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path)
+    return path
+
+
+def write_cards_bench(out: Path, data: dict, stem: str = "bench", plot: bool = True) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    md = out / f"{stem}.md"
+    md.write_text(cards_markdown(data), encoding="utf-8")
+    paths = [write_json(out / f"{stem}.json", data), md]
+    return paths + [cards_plot(data, out / f"{stem}.png")] if plot else paths

@@ -1,9 +1,11 @@
 """`forge bench`: measured throughput, side by side (docs/benchmarks.md says how to read the reports).
 
-    forge bench run WORKLOAD.yaml      direct engine vs forge vs forge with FIFO, same engine, same work
+    forge bench run WORKLOAD.yaml      direct engine vs forge vs forge with FIFO, same engine, same work;
+                                       with a several-card --node: each card alone, then all together
     forge bench sweep CONTRACT         the engine-tier sweep: the backend's switches, budget, slots, replicas
     forge bench compare WORKLOAD       tiers side by side, interleaved in one process (the sweep's confirm)
     forge bench control-plane          forge's own ceiling in tasks/s with the instant engine (no model)
+    forge bench scaling                N CPU-bound cards alone and together, engines in threads vs processes
     forge bench quick                  all three, small, on the embedded CPU node (CI)"""
 from __future__ import annotations
 
@@ -42,12 +44,13 @@ def _quiet_engines() -> None:
         logging.getLogger(name).setLevel(logging.ERROR)
 
 
-def do_run(workload: Path, node_path: Optional[Path], out: Path, modes: str, direct: str, records: Optional[int],
-           warmup: int, repeat: int, concurrency: Optional[int], peaks: Optional[dict] = None) -> list[Path]:
+def do_run(workload: Path, node_path: Optional[Path], out: Path, modes: Optional[str], direct: str,
+           records: Optional[int], warmup: int, repeat: int, concurrency: Optional[int], peaks: Optional[dict] = None,
+           card_transport: str = "thread", together_records: Optional[int] = None) -> list[Path]:
     from forge.bench import env as envmod
     from forge.bench.bounds import tier_bounds
     from forge.bench.direct import parse_variants
-    from forge.bench.modes import BenchPlan, ratios, run_modes, single_card
+    from forge.bench.modes import MODES, BenchPlan, ratios, run_modes, single_card
     from forge.bench.report import card_info, check_out_folder, write_bench
     from forge.bench.workload import load_workload, summary
 
@@ -55,6 +58,12 @@ def do_run(workload: Path, node_path: Optional[Path], out: Path, modes: str, dir
     _quiet_engines()
     spec = load_workload(workload)
     loaded = _node(node_path)
+    if len(loaded.plans) > 1:
+        return do_run_cards(workload, spec, loaded, out, modes, records, warmup, repeat, concurrency,
+                            card_transport, together_records)
+    if together_records is not None:
+        raise UsageError("--together-records: this node has one card (it applies to several-card nodes)")
+    modes = modes or ",".join(MODES)
     plan = single_card(loaded)
     started = envmod.describe()["date"]
 
@@ -69,9 +78,34 @@ def do_run(workload: Path, node_path: Optional[Path], out: Path, modes: str, dir
     bp = BenchPlan(loaded=loaded, spec=spec, workdir=out / "work", records=records, warmup=warmup, repeat=repeat,
                    modes=[m.strip() for m in modes.split(",") if m.strip()], concurrency=concurrency,
                    direct_variants=parse_variants(direct, plan.contract.limits.max_batch_size), progress=_say,
-                   on_result=report)
+                   on_result=report, card_transport=card_transport)
     requests, results = run_modes(bp)
     return report(requests, results)
+
+
+def do_run_cards(workload: Path, spec, loaded, out: Path, modes: Optional[str], records: Optional[int], warmup: int,
+                 repeat: int, concurrency: Optional[int], card_transport: str,
+                 together_records: Optional[int]) -> list[Path]:
+    """A node of several cards: each alone, then together, per mode and repeat (forge/bench/cards.py)."""
+    from forge.bench import env as envmod
+    from forge.bench.cards import CARD_MODES, CardsPlan, cards_data, run_cards
+    from forge.bench.report import write_cards_bench
+    from forge.bench.workload import generate, summary
+
+    started = envmod.describe()["date"]
+    vocab = min(p.contract.model.vocab_size for p in loaded.plans)
+    work = {"file": str(workload), "spec": spec.model_dump(), "summary": summary(generate(spec, vocab, records))}
+
+    def report(results) -> list[Path]:       # rewritten after every run: a cut-off bench keeps its runs
+        return write_cards_bench(out, cards_data(env=dict(envmod.describe(), date=started), loaded=loaded,
+                                                 workload=work, card_transport=card_transport,
+                                                 together_records=together_records, results=results))
+
+    cp = CardsPlan(loaded=loaded, spec=spec, workdir=out / "work", records=records, together_records=together_records,
+                   warmup=warmup, repeat=repeat, concurrency=concurrency, card_transport=card_transport,
+                   modes=[m.strip() for m in (modes or ",".join(CARD_MODES)).split(",") if m.strip()],
+                   progress=_say, on_result=report)
+    return report(run_cards(cp))
 
 
 def do_sweep(contract: str, node_path: Optional[Path], out: Path, opts, write_best: Optional[Path] = None,
@@ -191,15 +225,46 @@ def do_compare(workload: Path, node_paths: list[Path], labels: list[str], out: P
     return report(requests, results)
 
 
-def do_control_plane(out: Path, records: int, cpu: Optional[int], repeat: int) -> list[Path]:
+def do_control_plane(out: Path, records: int, cpu: Optional[int], repeat: int,
+                     card_transport: str = "thread") -> list[Path]:
     from forge.bench import env as envmod
     from forge.bench.control_plane import run_control_plane, write_control_plane
     from forge.bench.report import check_out_folder
 
     check_out_folder(out)
-    cp = run_control_plane(out / "work", records=records, core=cpu, repeat=repeat)
+    cp = run_control_plane(out / "work", records=records, core=cpu, repeat=repeat, card_transport=card_transport)
     return write_control_plane(out, {"kind": "forge-bench-control-plane", "env": envmod.describe(load_torch=False),
                                      "control_plane": cp})
+
+
+def do_scaling(out: Path, cards: str, transports: str, speeds: str, step_cpu_ms: float, records: int, repeat: int,
+               control_plane_records: int) -> list[Path]:
+    from forge.bench import env as envmod
+    from forge.bench.cpu_nodes import speeds_of
+    from forge.bench.scaling import ScalingPlan, card_counts, run_scaling
+    from forge.bench.scaling_report import write_scaling
+    from forge.bench.report import check_out_folder
+    from forge.bench.workload import load_workload
+
+    check_out_folder(out)
+    workload = REPO / "docs" / "bench" / "workloads" / "cpu-steps.yaml"
+    if not workload.is_file():
+        raise UsageError(f"{workload} is not here: `forge bench scaling` runs from a forge checkout")
+    try:
+        ratio = speeds_of(speeds)
+    except ValueError as e:
+        raise UsageError(f"--speeds: {e}") from None
+    kinds = [t.strip() for t in transports.split(",") if t.strip()]
+    bad = [t for t in kinds if t not in ("thread", "process")]
+    if bad or not kinds:
+        raise UsageError(f"--transports: {', '.join(bad) or 'none given'} (choose from thread, process)")
+    started = envmod.describe(load_torch=False)["date"]
+    sp = ScalingPlan(out=out, spec=load_workload(workload), workload_file=workload.relative_to(REPO),
+                     cards=card_counts(cards), transports=kinds, speeds=ratio, step_cpu_ms=step_cpu_ms,
+                     records=records, repeat=repeat, control_plane_records=control_plane_records, progress=_say,
+                     on_update=lambda data: write_scaling(out, data),
+                     env=lambda: dict(envmod.describe(load_torch=False), date=started))
+    return write_scaling(out, run_scaling(sp))
 
 
 def _report(paths: list[Path]) -> None:
@@ -233,7 +298,7 @@ def _peak_options(f):
 def _common_run(f):
     opts = [
         click.option("--node", "node_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
-                     help="node description with ONE card; default: the embedded CPU node"),
+                     help="node description; default: the embedded CPU node"),
         click.option("--records", type=click.IntRange(1, 1_000_000), default=None,
                      help="use this many of the workload's records (default: the file's count)"),
         click.option("--warmup", type=click.IntRange(0, 1024), default=8, show_default=True,
@@ -265,16 +330,23 @@ def register(cli: click.Group) -> None:
     @_common_run
     @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("forge-bench"),
                   show_default=True, help="folder for bench.{json,md,png} and the runs' files")
-    @click.option("--modes", default="direct,forge,fifo", show_default=True, help="modes to run, in this order")
-    @click.option("--repeat", type=click.IntRange(1, 20), default=1, show_default=True,
+    @click.option("--modes", default=None, help="modes to run, in this order [default: direct,forge,fifo; with "
+                  "several cards: forge,fifo]")
+    @click.option("--repeat", "--repeats", "repeat", type=click.IntRange(1, 20), default=1, show_default=True,
                   help="run the modes this many times, interleaved")
     @click.option("--concurrency", type=click.IntRange(1, 100_000), default=None,
                   help="function invocations in flight in forge modes (default: forge's)")
     @_peak_options
-    def run_cmd(workload, node_path, records, warmup, direct, out, modes, repeat, concurrency, peak_tflops, hbm_tbps):
-        """Run WORKLOAD.yaml in each mode on the node's one card and write the report."""
+    @click.option("--card-transport", type=click.Choice(["thread", "process"]), default="thread", show_default=True,
+                  help="where each card's engine runs: a thread of the node process, or its own worker process")
+    @click.option("--together-records", type=click.IntRange(1, 1_000_000), default=None,
+                  help="several cards: records for the all-cards run (default: the same as each card alone)")
+    def run_cmd(workload, node_path, records, warmup, direct, out, modes, repeat, concurrency, peak_tflops, hbm_tbps,
+                card_transport, together_records):
+        """Run WORKLOAD.yaml in each mode and write the report. One card: direct vs forge vs fifo. Several cards:
+        each card alone, then all cards on one queue (together ÷ Σ alone, shares against speed, affinity)."""
         _report(do_run(workload, node_path, out, modes, direct, records, warmup, repeat, concurrency,
-                       _peaks(peak_tflops, hbm_tbps)))
+                       _peaks(peak_tflops, hbm_tbps), card_transport, together_records))
 
     @bench.command("sweep")
     @click.argument("contract")
@@ -363,12 +435,36 @@ def register(cli: click.Group) -> None:
     @click.option("--records", type=click.IntRange(1, 10_000_000), default=100_000, show_default=True)
     @click.option("--cpu", type=click.IntRange(0, 4096), default=0, show_default=True,
                   help="pin the process to this core (the figure is per core)")
+    @click.option("--no-pin", is_flag=True, help="do not pin (e.g. with --card-transport process, whose worker "
+                  "would inherit the pin); the per-CPU-second figure still counts this process only")
     @click.option("--repeat", type=click.IntRange(1, 20), default=3, show_default=True)
     @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("forge-bench"),
                   show_default=True)
-    def control_plane_cmd(records, cpu, repeat, out):
+    @click.option("--card-transport", type=click.Choice(["thread", "process"]), default="thread", show_default=True,
+                  help="where the instant engine runs: a thread of the node process, or its own worker process")
+    def control_plane_cmd(records, cpu, no_pin, repeat, out, card_transport):
         """forge's own ceiling in tasks/s: the full path with the instant engine (NO model)."""
-        _report(do_control_plane(out, records, cpu, repeat))
+        _report(do_control_plane(out, records, None if no_pin else cpu, repeat, card_transport))
+
+    @bench.command("scaling")
+    @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("forge-bench-scaling"),
+                  show_default=True, help="folder for scaling.{json,md}, the node files and one report per node")
+    @click.option("--cards", default="1,2,4,8", show_default=True, help="card counts N, comma-separated")
+    @click.option("--transports", default="thread,process", show_default=True,
+                  help="card transports to compare: thread (engines in the node process), process (one per card)")
+    @click.option("--speeds", default="3:1", show_default=True, help="relative speeds of the unequal-cards run")
+    @click.option("--step-cpu-ms", type=click.FloatRange(0.1, 100.0), default=4.0, show_default=True,
+                  help="Python CPU per engine step of the fastest card")
+    @click.option("--records", type=click.IntRange(50, 100_000), default=600, show_default=True,
+                  help="records per card alone (together runs scale them to the same window)")
+    @click.option("--repeat", "--repeats", "repeat", type=click.IntRange(1, 10), default=2, show_default=True,
+                  help="interleaved repeats of every cell")
+    @click.option("--control-plane-records", type=click.IntRange(1000, 10_000_000), default=50_000,
+                  show_default=True)
+    def scaling_cmd(out, cards, transports, speeds, step_cpu_ms, records, repeat, control_plane_records):
+        """N = 1, 2, 4, 8 CPU-bound instant cards (no model), each alone and together, engines in the node's process
+        vs in worker processes; cards at speeds 3:1; the control plane per transport. One report."""
+        _report(do_scaling(out, cards, transports, speeds, step_cpu_ms, records, repeat, control_plane_records))
 
     @bench.command("quick")
     @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("forge-bench"),

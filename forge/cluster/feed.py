@@ -112,7 +112,8 @@ class Feed:
     def on_done(self, engine_id: str, req: BrokerRequest) -> None:
         self.broker.on_done(engine_id, req)
 
-    def record_delivery(self, engine_id: str, tokens: int, elapsed_s: float) -> None:
+    def record_delivery(self, engine_id: str, tokens: int, elapsed_s: float, occupancy: float = 1.0) -> None:
+        # occupancy (share of slots busy) does not cross to the job's broker yet: it reads this card at 1.0
         for s in self.sessions.values():
             s.tokens += tokens
             s.elapsed_s += elapsed_s

@@ -16,7 +16,7 @@ from forge.broker import Broker, BrokerCore, BrokerRequest, EngineGeometry, NoEn
 from forge.config.load import LoadedNode
 from forge.config.plan import CardPlan
 from forge.engines.interface import Engine, EngineResult, Guide, Sampling
-from forge.errors import ForgeError, NodeDown, RequestRejected
+from forge.errors import ForgeError, NodeDown, RequestRejected, UsageError
 from forge.runtime.schema_check import schema_problem
 from forge.runtime.prompt_bounds import OFF_LOOP_CHARS, check_text_prompt, prompt_chars_limit
 from forge.functions.api import GenerateParams, Generation
@@ -89,7 +89,10 @@ def guided_output_problem(text: str, guide: Guide) -> Optional[str]:
 
 class NodeRuntime:
     def __init__(self, loaded: LoadedNode, *, grouping: bool = True,
-                 stall_window_s: float = constants.STALL_WINDOW_S):
+                 stall_window_s: float = constants.STALL_WINDOW_S, card_transport: str = "thread"):
+        if card_transport != "thread":      # "process" (one worker process per card) lands with issue 14 items 1-3
+            raise UsageError(f"card_transport {card_transport!r}: this build runs engines in the node's process only "
+                             "(\"thread\")")
         self.loaded = loaded
         self.name = loaded.node.node
         self.plans = list(loaded.plans)

@@ -4,6 +4,8 @@
 # call 1: env demo mixed-1p5b prefix-1p5b; call 2: mixed-1p5b-gate prefix-1p5b-gate prefix-short-1p5b mixed-8b
 # sweep-1p5b (then: budget x slots only, `--records 96 --tokens 2048,8192,16384 --slots 64,128`); call 3: mixed-1p5b-repeat; call 4: prefix-1p5b-credit
 # prefix-short-1p5b-credit. Issue 16 (one call each): sweep-1p5b, sweep-8b, confirm-1p5b, confirm-8b.
+# issue 14: scaling-cpu (the device's CPUs, no GPU used; one call). Issue 17: cards-2x1p5b and cards-1p5b-8b (two H200s,
+# kind nvidia-h200-x2; one call each). CARD_TRANSPORT=thread|process picks where the engines run (default process).
 # forge's own Python dependencies missing from the device image travel as wheels in .whl/ (see the README of
 # the device tool); transformers 5.24.0 travels too (the image has 5.17). Results go to $OUT/results.tgz,
 # the log to $OUT/log.txt. Every stage has its own time limit, so one stuck stage cannot eat the call.
@@ -142,9 +144,21 @@ for n in ('node-llama-1p5b', 'node-llama-8b', 'node-llama-1p5b-small-pool'):
       --try transformers.use_cuda_graph=true,transformers.compile_level=1
     compare confirm-cpu 150 8 node_descriptions/local.yaml "$R/cpu-tiers/node-tiny-llama-cpu-fast.yaml"
     WL=$W/gpu-mixed.yaml; unset TIERS ;;
+  # issue 14: several cards. The CPU-scaling harness (N = 1, 2, 4, 8 CPU-bound instant cards, engines in the
+  # node's process vs worker processes, 3:1 shares, control plane per transport) and two-H200 nodes.
+  scaling-cpu)
+    stage scaling-cpu 540 $F bench scaling --out "$R/scaling-cpu" ;;
+  cards-2x1p5b)
+    stage cards-2x1p5b 540 $F bench run $W/gpu-mixed.yaml --node docs/bench/h200x2/node-equal-1p5b.yaml --records 256 \
+      --together-records 512 --repeats 2 --card-transport "${CARD_TRANSPORT:-process}" --out "$R/cards-2x1p5b" ;;
+  cards-1p5b-8b)
+    stage cards-1p5b-8b 540 $F bench run $W/gpu-mixed.yaml --node docs/bench/h200x2/node-1p5b-8b.yaml --records 256 \
+      --together-records 384 --repeats 2 --card-transport "${CARD_TRANSPORT:-process}" --out "$R/cards-1p5b-8b" ;;
   *) echo "unknown stage $s" ;;
 esac; done
 pack
 echo "=== summary"
 for f in "$R"/*/bench.md "$R"/*/sweep.md "$R"/*/compare.md; do
   [ -f "$f" ] && { echo "--- $f"; grep -A3 "^| forge ÷\|^\*\*Best\|^\*\*Winner\|^Confirm\|^| tier" "$f"; }; done
+for f in "$R"/cards-*/bench.md; do [ -f "$f" ] && { echo "--- $f"; grep -A1 "^together ÷ Σ alone" "$f"; }; done
+[ -f "$R/scaling-cpu/scaling.md" ] && { echo "--- scaling"; sed -n '/^## Equal/,$p' "$R/scaling-cpu/scaling.md"; }
