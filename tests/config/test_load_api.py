@@ -33,7 +33,7 @@ def test_strict_turns_the_slots_warning_into_an_error(write):
 
 def test_load_node_refuses_a_contract_file():
     with pytest.raises(ConfigError, match=r"::\$: expected a node description"):
-        load_node(REPO / "engine_contracts" / "tiny-llama-cpu.yaml")
+        load_node(REPO / "forge" / "embedded" / "tiny-llama-cpu.yaml")
 
 
 def test_load_node_reports_every_problem_of_the_file(write):
