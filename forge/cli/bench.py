@@ -7,28 +7,26 @@
 from __future__ import annotations
 
 import logging
-import sys
 from pathlib import Path
 from typing import Optional
 
 import click
 
-from forge.errors import UsageError
 
 QUICK_RECORDS = 32
 QUICK_CONTROL_PLANE_RECORDS = 3000
-REPO = Path(__file__).resolve().parents[2]
+QUICK_WORKLOAD = Path(__file__).resolve().parents[1] / "bench" / "quick.yaml"     # package data
 
 
 def _say(line: str) -> None:
     click.echo(f"forge bench: {line}", err=True)
 
 
-def _node(node_path: Optional[Path]):
+def _node(node: Optional[str]):
+    from forge.cli.node_arg import description_path
     from forge.config.load import load_node
-    from forge.embedded import default_node_path
 
-    loaded = load_node(node_path or default_node_path())
+    loaded = load_node(description_path(None if node is None else str(node), "bench"))
     for w in loaded.warnings:
         click.echo(w.render(), err=True)
     return loaded
@@ -112,8 +110,9 @@ def _report(paths: list[Path]) -> None:
 
 def _common_run(f):
     opts = [
-        click.option("--node", "node_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
-                     help="node description with ONE card; default: the embedded CPU node"),
+        click.option("--node", "node_path", default=None, metavar="NODE",
+                     help="the node to provision in this process, with ONE card: a node description (NODE.yaml) or "
+                     "the name of one shipped with forge; default: local, the embedded CPU node"),
         click.option("--records", type=click.IntRange(1, 1_000_000), default=None,
                      help="use this many of the workload's records (default: the file's count)"),
         click.option("--warmup", type=click.IntRange(0, 1024), default=8, show_default=True,
@@ -147,10 +146,11 @@ def register(cli: click.Group) -> None:
 
     @bench.command("sweep")
     @click.argument("contract")
-    @click.option("--workload", required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path))
+    @click.option("--workload", required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path),
+                  help="the bench workload (YAML: record count, seed, length mixes, shared prefixes)")
     @_common_run
     @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("forge-bench"),
-                  show_default=True)
+                  show_default=True, help="folder for sweep.{json,md,png} and the runs' files")
     @click.option("--tokens", default=None, help="max_num_tokens values, comma-separated (default: ½, 1, 2 x)")
     @click.option("--slots", default=None, help="max_batch_size values, comma-separated (default: ½, 1, 2 x)")
     @click.option("--mode", type=click.Choice(["forge", "direct"]), default="forge", show_default=True,
@@ -161,28 +161,31 @@ def register(cli: click.Group) -> None:
         _report(do_sweep(contract, workload, node_path, out, tokens, slots, mode, variant, records, warmup))
 
     @bench.command("control-plane")
-    @click.option("--records", type=click.IntRange(1, 10_000_000), default=100_000, show_default=True)
+    @click.option("--records", type=click.IntRange(1, 10_000_000), default=100_000, show_default=True,
+                  help="tasks per run")
     @click.option("--cpu", type=click.IntRange(0, 4096), default=0, show_default=True,
                   help="pin the process to this core (the figure is per core)")
-    @click.option("--repeat", type=click.IntRange(1, 20), default=3, show_default=True)
+    @click.option("--repeat", type=click.IntRange(1, 20), default=3, show_default=True,
+                  help="runs; the report keeps every run and names the best")
     @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("forge-bench"),
-                  show_default=True)
+                  show_default=True, help="folder for control-plane.{json,md} and the runs' files")
     def control_plane_cmd(records, cpu, repeat, out):
         """forge's own ceiling in tasks/s: the full path with the instant engine (NO model)."""
         _report(do_control_plane(out, records, cpu, repeat))
 
     @bench.command("quick")
-    @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("forge-bench"),
-                  show_default=True)
-    @click.option("--records", type=click.IntRange(4, 10_000), default=QUICK_RECORDS, show_default=True)
+    @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
+                  help="folder for the reports; default: a new temporary folder (printed at the end)")
+    @click.option("--records", type=click.IntRange(4, 10_000), default=QUICK_RECORDS, show_default=True,
+                  help="requests per mode (the sweep's tiers run half as many each)")
     def quick_cmd(out, records):
-        """CI-sized: docs/bench/workloads/quick.yaml in the three modes, a 2x2 sweep and the control plane, on CPU."""
-        workload = REPO / "docs" / "bench" / "workloads" / "quick.yaml"
-        if not workload.is_file():
-            raise UsageError(f"{workload} is not here: `forge bench quick` runs from a forge checkout")
-        paths = do_run(workload, None, out, "direct,forge,fifo", "sorted,depth", records, 2, 1, None)
-        paths += do_sweep("tiny-llama-cpu", workload, None, out, "384,768", "16,32", "forge", "depth",
+        """CI-sized: forge's quick workload in the three modes, a 2x2 sweep and the control plane, on CPU."""
+        if out is None:
+            import tempfile
+
+            out = Path(tempfile.mkdtemp(prefix="forge-bench-quick-"))
+        paths = do_run(QUICK_WORKLOAD, None, out, "direct,forge,fifo", "sorted,depth", records, 2, 1, None)
+        paths += do_sweep("tiny-llama-cpu", QUICK_WORKLOAD, None, out, "384,768", "16,32", "forge", "depth",
                           max(4, records // 2), 2)
         paths += do_control_plane(out, QUICK_CONTROL_PLANE_RECORDS, None, 1)
-        _say("wrote " + ", ".join(str(p) for p in paths))
-        sys.stdout.flush()
+        _report(paths)

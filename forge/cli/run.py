@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from forge.cli.node_arg import HELP_DESCRIPTION, HELP_PROVISIONED
 from forge.errors import UsageError
 
 
@@ -38,19 +39,18 @@ def _ledger_default(output_path: Path, ledger_path: Path | None) -> Path:
 def register(cli: click.Group) -> None:
     @cli.command("run")
     @click.argument("target", metavar="FILE.py[:NAME]")
-    @click.option("--node", "node_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
-                  help="node description to provision in-process; default: the embedded CPU node")
+    @click.option("--node", "node_arg", default=None, metavar="NODE", help=HELP_DESCRIPTION)
     @click.option("--grouping/--no-grouping", default=True, help="broker prefix/length grouping (off = FIFO)")
     @click.option("--strict", is_flag=True, help="treat validation warnings as errors")
     @_common
-    def run_cmd(target, node_path, grouping, strict, input_path, output_path, ledger_path, restart,
+    def run_cmd(target, node_arg, grouping, strict, input_path, output_path, ledger_path, restart,
                 concurrency, metrics_port, progress, report):
         """Run a function over records on a node provisioned in this process."""
+        from forge.cli.node_arg import description_path
         from forge.config.load import load_node
-        from forge.embedded import default_node_path
         from forge.functions.job import JobOptions, run_embedded
 
-        loaded = load_node(node_path or default_node_path(), strict=strict)
+        loaded = load_node(description_path(node_arg, "run"), strict=strict)
         for w in loaded.warnings:
             click.echo(w.render(), err=True)
         opts = JobOptions(target=target, input_path=input_path, output_path=output_path,
@@ -60,8 +60,7 @@ def register(cli: click.Group) -> None:
 
     @cli.command("deploy")
     @click.argument("target", metavar="FILE.py[:NAME]")
-    @click.option("--node", "node", default=None,
-                  help="a provisioned node's name on this machine or its URL; default: the only one running")
+    @click.option("--node", "node", default=None, metavar="NODE", help=HELP_PROVISIONED)
     @click.option("--token-env", default="FORGE_TOKEN", show_default=True,
                   help="environment variable holding the node's bearer token, if it needs one")
     @click.option("--cluster", default=None, metavar="ADDRESS",
@@ -86,7 +85,8 @@ def register(cli: click.Group) -> None:
             return run_cluster(cluster, opts, grouping=grouping)
         if not grouping:
             raise UsageError("--no-grouping applies to --cluster jobs (a provisioned node's broker is its own)")
-        from forge.runtime.registry import resolve
+        from forge.cli.node_arg import provisioned, require_answer
 
-        info = resolve(node)
+        info = provisioned(node)
+        require_answer(info)
         return run_remote(info["control_url"], os.environ.get(token_env), opts)
