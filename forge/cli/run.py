@@ -19,6 +19,9 @@ def _common(f):
         click.option("--ledger", "ledger_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
                      help="task ledger (SQLite); default: beside the output, OUTPUT.ledger.sqlite"),
         click.option("--restart", is_flag=True, help="discard an existing output and ledger and start over"),
+        click.option("--accept-changed-function", is_flag=True,
+                     help="the function file changed since the run started, compatibly: keep the rows already "
+                     "written and run the rest with the new code"),
         click.option("--concurrency", type=click.IntRange(1, 100_000), default=None,
                      help="records in flight (bounded async pool); default: the function's, else 1024"),
         click.option("--metrics-port", type=click.IntRange(0, 65535), default=None,
@@ -44,7 +47,7 @@ def register(cli: click.Group) -> None:
     @click.option("--strict", is_flag=True, help="treat validation warnings as errors")
     @_common
     def run_cmd(target, node_arg, grouping, strict, input_path, output_path, ledger_path, restart,
-                concurrency, metrics_port, progress, report):
+                accept_changed_function, concurrency, metrics_port, progress, report):
         """Run a function over records on a node provisioned in this process."""
         from forge.cli.node_arg import description_path
         from forge.config.load import load_node
@@ -55,7 +58,8 @@ def register(cli: click.Group) -> None:
             click.echo(w.render(), err=True)
         opts = JobOptions(target=target, input_path=input_path, output_path=output_path,
                           ledger_path=_ledger_default(output_path, ledger_path), restart=restart,
-                          concurrency=concurrency, metrics_port=metrics_port, progress=progress, report=report)
+                          accept_changed_function=accept_changed_function, concurrency=concurrency,
+                          metrics_port=metrics_port, progress=progress, report=report)
         return run_embedded(loaded, opts, grouping=grouping)
 
     @cli.command("deploy")
@@ -69,14 +73,15 @@ def register(cli: click.Group) -> None:
                   help="with --cluster: broker prefix/length grouping (off = FIFO)")
     @_common
     def deploy_cmd(target, node, token_env, cluster, grouping, input_path, output_path, ledger_path, restart,
-                   concurrency, metrics_port, progress, report):
+                   accept_changed_function, concurrency, metrics_port, progress, report):
         """Run a function over records against a node provisioned with `forge provision` (or, with
         --cluster, across every node provisioned on a Ray cluster)."""
         from forge.functions.job import JobOptions, run_remote
 
         opts = JobOptions(target=target, input_path=input_path, output_path=output_path,
                           ledger_path=_ledger_default(output_path, ledger_path), restart=restart,
-                          concurrency=concurrency, metrics_port=metrics_port, progress=progress, report=report)
+                          accept_changed_function=accept_changed_function, concurrency=concurrency,
+                          metrics_port=metrics_port, progress=progress, report=report)
         if cluster is not None:
             if node is not None:
                 raise UsageError("give --node or --cluster, not both")
@@ -89,4 +94,4 @@ def register(cli: click.Group) -> None:
 
         info = provisioned(node)
         require_answer(info)
-        return run_remote(info["control_url"], os.environ.get(token_env), opts)
+        return run_remote(info["control_url"], os.environ.get(token_env), opts, node_label=info["node"])

@@ -28,44 +28,69 @@ class JobOptions:
     metrics_port: Optional[int] = None
     progress: str = "auto"
     report: bool = True
+    accept_changed_function: bool = False     # the user declares the changed function compatible with done rows
 
 
 def run_embedded(loaded: LoadedNode, opts: JobOptions, *, grouping: bool = True) -> int:
     from forge.runtime.node import NodeRuntime
 
-    return run_with_node(lambda: NodeRuntime(loaded, grouping=grouping), opts)
+    return run_with_node(lambda: NodeRuntime(loaded, grouping=grouping), opts, node_label=loaded.node.node)
 
 
-def run_remote(url: str, token: Optional[str], opts: JobOptions) -> int:
-    from forge.functions.remote import RemoteNode
+def run_remote(url: str, token: Optional[str], opts: JobOptions, *, node_label: str = "") -> int:
+    from forge.functions.remote_stats import StatsRemoteNode
 
-    return run_with_node(lambda: RemoteNode(url, token=token), opts)
-
-
-def run_with_node(make_node: Callable[[], Any], opts: JobOptions) -> int:
-    """Load the function, start the node `make_node()` builds (in-process, remote or cluster), run the job,
-    and stop the node whatever happens. A node exposing engine/broker stats feeds the report with them."""
-    spec, digest = load_function(opts.target)
-
-    async def main() -> int:
-        node = make_node()
-        await node.start()
-        try:
-            return await _run(spec, digest, node, opts, node_label=node.name,
-                              engine_stats=getattr(node, "engine_stats", None),
-                              broker_stats=getattr(node, "broker_stats", None))
-        finally:
-            await (node.stop() if hasattr(node, "stop") else node.close())
-
-    return asyncio.run(main())
+    return run_with_node(lambda: StatsRemoteNode(url, token=token), opts, node_label=node_label or url)
 
 
-async def _run(spec, digest: str, node: Any, opts: JobOptions, *, node_label: str, engine_stats, broker_stats) -> int:
+def run_with_node(make_node: Callable[[], Any], opts: JobOptions, *, node_label: str = "") -> int:
+    """Load the function and open the job's input, ledger and output, then start the node `make_node()` builds
+    (in-process, remote or cluster), run the job, and stop the node whatever happens. Everything that can
+    refuse the job is checked before the node starts (an engine takes seconds to load, or minutes); a run
+    already complete answers without starting one. A node exposing engine/broker stats feeds the report."""
     from forge.functions.store import open_store
 
+    spec, digest = load_function(opts.target)
     stats = RunStats()
     store = open_store(opts, function_name=spec.name, function_file=spec.fn.__code__.co_filename, node=node_label,
                        stats=stats)
+    try:
+        if store.run.report.complete:
+            return _already_complete(store, opts)
+
+        async def main() -> int:
+            node = make_node()
+            await node.start()
+            try:
+                return await _run(spec, digest, node, opts, node_label=node.name,
+                                  engine_stats=getattr(node, "engine_stats", None),
+                                  broker_stats=getattr(node, "broker_stats", None), store=store, stats=stats)
+            finally:
+                await (node.stop() if hasattr(node, "stop") else node.close())
+
+        return asyncio.run(main())
+    finally:
+        store.run.close()
+
+
+def _already_complete(store, opts: JobOptions) -> int:
+    from forge.errors import display_path
+
+    c = store.counts()
+    print(f"forge: {display_path(opts.output_path)} is already complete: all {store.run.total:,} records are in it "
+          f"({c.written_errors:,} of them error rows); nothing to do (--restart runs it again)", file=sys.stderr)
+    return 0
+
+
+async def _run(spec, digest: str, node: Any, opts: JobOptions, *, node_label: str, engine_stats, broker_stats,
+               store=None, stats: Optional[RunStats] = None) -> int:
+    from forge.functions.store import open_store
+
+    stats = stats or RunStats()
+    stats.started_at = time.time()          # the run's clock starts once the node is up
+    if store is None:
+        store = open_store(opts, function_name=spec.name, function_file=spec.fn.__code__.co_filename,
+                           node=node_label, stats=stats)
     metrics = None
     try:
         if opts.metrics_port is not None:
@@ -88,6 +113,8 @@ async def _run(spec, digest: str, node: Any, opts: JobOptions, *, node_label: st
             async with store:
                 outcome: RunOutcome = await run_records(spec=spec, node=node, records=store.records(), sink=store,
                                                         stats=stats, concurrency=concurrency, on_tick=tick)
+        if hasattr(node, "refresh_stats"):
+            await node.refresh_stats()
         summary = _summary(spec.name, node_label, opts, outcome, engine_stats, broker_stats)
         _print_summary(summary)
         if opts.report:

@@ -149,8 +149,10 @@ async def run_records(*, spec: FunctionSpec, node: Any, records, sink, stats: Ru
                     stats.failed += 1
                     await sink.error(index, row["type"], row["message"])
                 else:
-                    stats.done += 1
-                    await sink.result(index, result)
+                    if await sink.result(index, result) is False:   # not serialisable: an error row went in
+                        stats.failed += 1
+                    else:
+                        stats.done += 1
             finally:
                 stats.in_flight -= 1
 

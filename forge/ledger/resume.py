@@ -91,9 +91,11 @@ class Run:
     async def aput_attempt(self, index: int) -> None:
         await self._committer().aput_attempt(index)
 
-    async def aput_result(self, index: int, result: object) -> None:
+    async def aput_result(self, index: int, result: object) -> bool:
+        """False when the result could not be serialised and went in as an error row instead."""
         line, is_error = encode_result(index, result)
         await self._committer().aput_row(index, line, is_error)
+        return not is_error
 
     async def aput_error(self, index: int, type_: str, message: str) -> None:
         await self._committer().aput_row(index, encode_error(index, type_, message), True)
@@ -146,13 +148,14 @@ class Run:
 
 def open_run(output: str | os.PathLike, *, run_key: dict[str, object], total: int,
              ledger_path: str | os.PathLike | None = None, restart: bool = False,
-             info: dict[str, object] | None = None) -> Run:
+             info: dict[str, object] | None = None, accept_changes: tuple[str, ...] = ()) -> Run:
     """Open (or resume) the run writing `output` over an input of `total` records. `run_key` must
-    match the ledger's (make_run_key); `info` is recorded only (node, input path, ...)."""
+    match the ledger's (make_run_key) but for the keys in `accept_changes`; `info` is recorded only."""
     output = Path(output)
     if _is_parquet(output):
         parquet_out.require_parquet()
-    ledger = Ledger(ledger_path or default_ledger_path(output), run_key=run_key, restart=restart, info=info)
+    ledger = Ledger(ledger_path or default_ledger_path(output), run_key=run_key, restart=restart, info=info,
+                    accept_changes=accept_changes)
     try:
         if restart and _is_parquet(output):
             output.unlink(missing_ok=True)
