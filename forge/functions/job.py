@@ -113,6 +113,8 @@ async def _run(spec, digest: str, node: Any, opts: JobOptions, *, node_label: st
             async with store:
                 outcome: RunOutcome = await run_records(spec=spec, node=node, records=store.records(), sink=store,
                                                         stats=stats, concurrency=concurrency, on_tick=tick)
+        stats.retried = store.counts().retried - store.retried_before     # records whose function ran again
+        stats.writer_queue = 0                                            # closed: every row is written
         if hasattr(node, "refresh_stats"):
             await node.refresh_stats()
         summary = _summary(spec.name, node_label, opts, outcome, engine_stats, broker_stats)
@@ -120,7 +122,8 @@ async def _run(spec, digest: str, node: Any, opts: JobOptions, *, node_label: st
         if opts.report:
             from forge.report import write_report
 
-            paths = write_report(opts.output_path, summary, sampler)
+            paths = write_report(opts.output_path, summary, sampler, run_id=store.run_id,
+                                 resumed=store.run.report.resumed)
             print(f"forge: report {', '.join(str(p) for p in paths)}", file=sys.stderr)
         if outcome.fatal:
             print(f"forge: stopped: {outcome.fatal}; unfinished records stay in the ledger — run the same "
@@ -143,11 +146,11 @@ def _summary(name: str, node: str, opts: JobOptions, outcome: RunOutcome, engine
     wall = max(outcome.wall_s, 1e-9)
     engines = engine_stats() if engine_stats else []
     b = broker_stats() if broker_stats else None
-    retried = sum(e.requests_requeued for e in engines)
     return {
         "function": name, "node": node, "input": str(opts.input_path), "output": str(opts.output_path),
         "records_total": s.total, "records_done": s.done, "records_failed": s.failed,
-        "records_resumed": s.skipped, "retried": retried,
+        "records_resumed": s.skipped, "retried": s.retried,
+        "requeued": sum(e.requests_requeued for e in engines),
         "input_tokens": s.input_tokens, "output_tokens": s.output_tokens,
         "tokens_per_s": (s.input_tokens + s.output_tokens) / wall, "output_tokens_per_s": s.output_tokens / wall,
         "wall_s": wall, "interrupted": outcome.interrupted,
@@ -162,5 +165,6 @@ def _summary(name: str, node: str, opts: JobOptions, outcome: RunOutcome, engine
 
 def _print_summary(s: dict) -> None:
     print(f"forge: {s['function']} on {s['node']}: {s['records_done']} done, {s['records_failed']} failed, "
-          f"{s['records_resumed']} resumed, {s['retried']} retried | tokens in {s['input_tokens']:,} "
+          f"{s['records_resumed']} resumed, {s['retried']} retried"
+          + (f", {s['requeued']} requeued" if s.get("requeued") else "") + f" | tokens in {s['input_tokens']:,} "
           f"out {s['output_tokens']:,} | {s['tokens_per_s']:,.0f} tok/s | {s['wall_s']:.1f} s", file=sys.stderr)

@@ -94,13 +94,14 @@ def test_a_compatible_change_keeps_the_finished_rows_and_runs_the_rest(tmp_path)
     import signal
     import time
 
-    from tests.reliability._rel import kill9, run_argv, start
+    from tests.reliability._rel import forge_argv, kill9, start
 
     fn = tmp_path / "fn.py"
     fn.write_text(SLOW_THEN_FIXED.format(slow=True, version=1))
     inp = write_echo_input(tmp_path / "in.jsonl", 30)
     out = tmp_path / "out.jsonl"
-    proc = start(run_argv(fn, inp, out, NODES / "instant.yaml", "--concurrency", 4), stderr_path=tmp_path / "e")
+    proc = start(forge_argv("run", fn, "--node", NODES / "instant.yaml", "--input", inp, "--output", out,
+                            "--concurrency", 4, "--progress", "off"), stderr_path=tmp_path / "e")
     try:
         t0 = time.monotonic()
         while (not out.exists() or len(out.read_text().splitlines()) < 4) and time.monotonic() - t0 < 60:
@@ -121,8 +122,12 @@ def test_a_compatible_change_keeps_the_finished_rows_and_runs_the_rest(tmp_path)
     assert kept.returncode == 0, kept.message
     assert "the function file changed; keeping the 4 record(s) already settled, as --accept-changed-function asks" \
         in kept.message
-    assert ": 26 done, 0 failed, 4 resumed" in kept.message
+    assert ": 26 done, 0 failed, 4 resumed, 4 retried" in kept.message   # the 4 in flight at Ctrl-C ran again
     rows = {r["index"]: r["result"] for r in read_rows(out)}
     assert sorted(rows) == list(range(30))
     assert [rows[i]["version"] for i in range(30)] == [1] * 4 + [2] * 26
     assert_complete(out, out.with_name("out.jsonl.ledger.sqlite"), 30)
+    report = json.loads(out.with_name("out.jsonl.report.json").read_text())     # both starts, added up
+    assert (report["summary"]["records_done"], report["summary"]["records_resumed"]) == (30, 0)
+    assert [r["done"] for r in report["runs"]] == [4, 26] and report["runs"][0]["interrupted"] == "SIGINT"
+    assert report["totals"]["done"] == 30 and len(report["series"]["resumes_t_s"]) == 1

@@ -1,6 +1,7 @@
 """A provisioned node as a newcomer meets it: a busy port and a taken name are refused in one line before any
 engine loads; `forge status` keeps the URL whole at 80 columns and says plainly when a node was killed;
 `forge deploy` to a node that is gone or stuck says what to do. Real processes, real signals, real HTTP."""
+import json
 import os
 import signal
 import socket
@@ -10,6 +11,7 @@ import time
 
 import pytest
 
+from forge.report.report import rate_series
 from tests.e2e.helpers import REPO, forge
 
 pytestmark = pytest.mark.engine
@@ -65,6 +67,22 @@ def test_one_name_per_machine_status_at_80_columns_and_kill_9(home, tmp_path):
         assert st.returncode == 0, st.stderr
         assert max(len(line) for line in st.stdout.splitlines()) <= 80
         assert f"local: pid {proc.pid} {url}" in st.stdout and "tiny-llama-cpu" in st.stdout
+
+        # a deploy's report has per-card data and a plot with points, as `forge run`'s has
+        inp = tmp_path / "in.jsonl"
+        inp.write_text("".join((REPO / "functions/data/summarize.jsonl").read_text().splitlines(True)[:12]))
+        out = tmp_path / "deployed.jsonl"
+        dep = forge("deploy", "functions/summarize.py", "--node", "local", "--input", inp, "--output", out,
+                    "--progress", "off", env=home)
+        assert dep.returncode == 0, dep.stderr
+        report = json.loads(out.with_name("deployed.jsonl.report.json").read_text())
+        [card] = report["cards"]
+        assert (card["node"], card["card"], card["tier"]) == ("local", "cpu0", "tiny-llama-cpu")
+        assert card["input_tokens"] == report["totals"]["input_tokens"] > 0 and card["requests"]["ok"] == 12
+        assert report["summary"]["cards"][0]["requests"] == 12
+        rates = rate_series(report["series"]["t_s"], [None if a is None else a + b for a, b in zip(
+            report["series"]["cards"][0]["series"]["input_tokens"], report["series"]["cards"][0]["series"]["output_tokens"])])
+        assert sum(1 for r in rates if r) >= 1, report["series"]
 
         os.kill(proc.pid, signal.SIGSTOP)          # alive but not answering
         stuck = forge("deploy", "functions/summarize.py", "--input", "functions/data/summarize.jsonl",
