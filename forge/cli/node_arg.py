@@ -42,23 +42,25 @@ def description_path(value: Optional[str], command: str) -> Path:
 
     if value is None:
         return default_node_path()
+    shown = value if command == "provision" else f"--node {value}"      # provision takes it as an argument
     if is_url(value):
-        raise UsageError(f"--node {value}: `forge {command}` provisions its node in this process from a "
-                         "description; to use the node provisioned at that URL, run `forge deploy --node URL`")
+        raise UsageError(f"{shown}: `forge {command}` provisions its node in this process from a description; "
+                         "to use the node provisioned at that URL, run `forge deploy --node URL`")
     path = Path(value)
     if is_path(value) or path.is_file():
         if path.is_dir():
-            raise UsageError(f"--node {value}: is a folder; give the node description file (NODE.yaml)")
+            raise UsageError(f"{shown}: is a folder; give the node description file (NODE.yaml)")
         if not path.is_file():
-            raise UsageError(f"--node {value}: no such node description file")
+            raise UsageError(f"{shown}: no such node description file")
         return path
     if value in PACKAGED_NODES:
         return PACKAGED_NODES[value]
-    running = _provisioned(value)
-    hint = (f"; a node named {value!r} is provisioned on this machine: `forge deploy --node {value}` runs a job "
-            "against it" + (", `forge serve --remote` serves it" if command == "serve" else "")) if running else ""
-    raise UsageError(f"--node {value}: not a file, nor a node shipped with forge ({', '.join(sorted(PACKAGED_NODES))}); "
-                     f"`forge {command}` provisions the node it is given in this process: pass NODE.yaml{hint}")
+    hint = ""
+    if command != "provision" and _provisioned(value):
+        hint = (f"; a node named {value!r} is provisioned on this machine: `forge deploy --node {value}` runs a job "
+                "against it" + (", `forge serve --remote` serves it" if command == "serve" else ""))
+    raise UsageError(f"{shown}: not a file, nor a node shipped with forge ({', '.join(sorted(PACKAGED_NODES))}); "
+                     f"give a node description (NODE.yaml){hint}")
 
 
 def provisioned(value: Optional[str]) -> dict:

@@ -39,10 +39,14 @@ def test_busy_port_is_refused_before_any_engine_loads(home):
         port = s.getsockname()[1]
         r = forge_no_engine("provision", "node_descriptions/local.yaml", "--port", port, env=home)
         m = forge_no_engine("provision", "local", "--port", 0, "--metrics-port", port, env=home)
+        sv = forge_no_engine("serve", "functions/classify.py", "--port", port, env=home)
     assert r.returncode == 1 and not r.torch_loaded
     assert r.message == (f"forge: control endpoint: port {port} on 127.0.0.1 is already in use; pass --port with "
                          "another port (0 picks a free one), or stop what holds it")
     assert m.returncode == 1 and not m.torch_loaded and "metrics endpoint" in m.message and "--metrics-port" in m.message
+    assert sv.returncode == 1 and not sv.torch_loaded
+    assert sv.message == f"forge: forge serve: port {port} on 127.0.0.1 is already in use; pass --port with another " \
+                         "port (0 picks a free one), or stop what holds it"
 
 
 def test_one_name_per_machine_status_at_80_columns_and_kill_9(home, tmp_path):
@@ -104,8 +108,9 @@ def test_one_name_per_machine_status_at_80_columns_and_kill_9(home, tmp_path):
 
 @pytest.mark.parametrize("args, expected", [
     (("run", "functions/summarize.py", "--node", "nothere"),
-     "forge: --node nothere: not a file, nor a node shipped with forge (local); `forge run` provisions the node it "
-     "is given in this process: pass NODE.yaml"),
+     "forge: --node nothere: not a file, nor a node shipped with forge (local); give a node description (NODE.yaml)"),
+    (("provision", "nothere"),
+     "forge: nothere: not a file, nor a node shipped with forge (local); give a node description (NODE.yaml)"),
     (("run", "functions/summarize.py", "--node", "http://127.0.0.1:1"),
      "forge: --node http://127.0.0.1:1: `forge run` provisions its node in this process from a description; to use "
      "the node provisioned at that URL, run `forge deploy --node URL`"),
@@ -118,7 +123,8 @@ def test_one_name_per_machine_status_at_80_columns_and_kill_9(home, tmp_path):
      "`forge provision` running there, on that port?"),
 ])
 def test_node_option_means_one_thing_everywhere(home, tmp_path, args, expected):
-    r = forge_no_engine(*args, "--input", "functions/data/summarize.jsonl", "--output", tmp_path / "o.jsonl", env=home)
+    job = () if args[0] == "provision" else ("--input", "functions/data/summarize.jsonl", "--output", tmp_path / "o.jsonl")
+    r = forge_no_engine(*args, *job, env=home)
     assert r.returncode == 2 and not r.torch_loaded
     assert r.message == expected
 
