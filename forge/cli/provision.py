@@ -104,6 +104,9 @@ def register(cli: click.Group) -> None:
         except ImportError as e:
             raise ForgeError(f"provisioning runtime not available: {e}") from e
         _check_before_loading(loaded, host, port, metrics_port)
+        from forge.cli.interrupt import exit_at_once_until_draining
+
+        exit_at_once_until_draining(f"while node {loaded.node.node} starts")
         options = {"host": host, "port": port, "metrics_port": metrics_port, "token_env": token_env,
                    "ready_file": ready_file}
         rv = provision_and_serve(loaded, **{k: v for k, v in options.items() if v is not None})

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from forge.cli.interrupt import exit_at_once_until_draining
 from forge.cli.node_arg import HELP_DESCRIPTION, HELP_PROVISIONED
 from forge.errors import UsageError
 
@@ -53,6 +54,7 @@ def register(cli: click.Group) -> None:
         from forge.config.load import load_node
         from forge.functions.job import JobOptions, run_embedded
 
+        exit_at_once_until_draining("before any record ran (the output is as it was)")
         loaded = load_node(description_path(node_arg, "run"), strict=strict)
         for w in loaded.warnings:
             click.echo(w.render(), err=True)
@@ -77,6 +79,8 @@ def register(cli: click.Group) -> None:
         """Run a function over records against a node provisioned with `forge provision` (or, with
         --cluster, across every node provisioned on a Ray cluster)."""
         from forge.functions.job import JobOptions, run_remote
+
+        exit_at_once_until_draining("before any record ran (the output is as it was)")
 
         opts = JobOptions(target=target, input_path=input_path, output_path=output_path,
                           ledger_path=_ledger_default(output_path, ledger_path), restart=restart,

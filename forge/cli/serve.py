@@ -51,6 +51,9 @@ def register(cli: click.Group) -> None:
         from forge.runtime.ports import check_free
 
         check_free(host, port, "forge serve", "--port")      # before any engine loads
+        from forge.cli.interrupt import exit_at_once_until_draining
+
+        exit_at_once_until_draining("while the node starts")
         specs = [load_function(t)[0] for t in targets]
         opts = ServeOptions(host=host, port=port, token=token, max_concurrency=max_concurrency,
                             default_deadline_s=deadline_s, ready_file=ready_file)

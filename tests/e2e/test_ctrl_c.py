@@ -45,3 +45,25 @@ def test_first_ctrl_c_says_what_is_happening_and_the_second_stops_now(tmp_path):
     assert rc == 130, text
     assert "forge: SIGINT again: stopping now; 16 record(s) in flight go back to the ledger" in text
     assert "Traceback" not in text
+
+
+@pytest.mark.engine
+@pytest.mark.timeout(120)
+def test_ctrl_c_while_the_engine_loads_stops_at_once(tmp_path):
+    """The ledger is opened before the node starts; a Ctrl-C then lands while the real engine loads in its
+    thread. Python's own handling would wait for that thread (it hung: the engine's threads never stopped)."""
+    inp = write_echo_input(tmp_path / "in.jsonl", 20)
+    out, err = tmp_path / "out.jsonl", tmp_path / "run.err"
+    proc = start(run_argv(FIXTURE, inp, out, None), stderr_path=err)
+    try:
+        ledger = out.with_name("out.jsonl.ledger.sqlite")
+        t0 = time.monotonic()
+        while not ledger.exists() and time.monotonic() - t0 < 60:
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGINT)
+        rc = proc.wait(timeout=10)
+    finally:
+        kill9(proc)
+    assert rc == 130
+    assert err.read_text().strip() == "forge: SIGINT before any record ran (the output is as it was): stopping now"
+    assert not out.exists() or out.read_text() == ""
