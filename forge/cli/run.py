@@ -36,6 +36,15 @@ def _common(f):
     return f
 
 
+def _before_loading(metrics_port: int | None) -> None:
+    """Refusals that need no engine come before one loads; Ctrl-C until then stops at once."""
+    exit_at_once_until_draining("before any record ran (the output is as it was)")
+    if metrics_port:
+        from forge.runtime.ports import check_free
+
+        check_free("127.0.0.1", metrics_port, "metrics endpoint", "--metrics-port")
+
+
 def _ledger_default(output_path: Path, ledger_path: Path | None) -> Path:
     return ledger_path or output_path.with_name(output_path.name + ".ledger.sqlite")
 
@@ -54,7 +63,7 @@ def register(cli: click.Group) -> None:
         from forge.config.load import load_node
         from forge.functions.job import JobOptions, run_embedded
 
-        exit_at_once_until_draining("before any record ran (the output is as it was)")
+        _before_loading(metrics_port)
         loaded = load_node(description_path(node_arg, "run"), strict=strict)
         for w in loaded.warnings:
             click.echo(w.render(), err=True)
@@ -80,7 +89,7 @@ def register(cli: click.Group) -> None:
         --cluster, across every node provisioned on a Ray cluster)."""
         from forge.functions.job import JobOptions, run_remote
 
-        exit_at_once_until_draining("before any record ran (the output is as it was)")
+        _before_loading(metrics_port)
 
         opts = JobOptions(target=target, input_path=input_path, output_path=output_path,
                           ledger_path=_ledger_default(output_path, ledger_path), restart=restart,

@@ -40,10 +40,13 @@ def test_busy_port_is_refused_before_any_engine_loads(home):
         r = forge_no_engine("provision", "node_descriptions/local.yaml", "--port", port, env=home)
         m = forge_no_engine("provision", "local", "--port", 0, "--metrics-port", port, env=home)
         sv = forge_no_engine("serve", "functions/classify.py", "--port", port, env=home)
+        rn = forge_no_engine("run", "functions/summarize.py", "--input", "functions/data/summarize.jsonl", "--output",
+                             "/nonexistent-dir-i15a/o.jsonl", "--metrics-port", port, env=home)
     assert r.returncode == 1 and not r.torch_loaded
     assert r.message == (f"forge: control endpoint: port {port} on 127.0.0.1 is already in use; pass --port with "
                          "another port (0 picks a free one), or stop what holds it")
     assert m.returncode == 1 and not m.torch_loaded and "metrics endpoint" in m.message and "--metrics-port" in m.message
+    assert rn.returncode == 1 and not rn.torch_loaded and "--metrics-port with another port" in rn.message
     assert sv.returncode == 1 and not sv.torch_loaded
     assert sv.message == f"forge: forge serve: port {port} on 127.0.0.1 is already in use; pass --port with another " \
                          "port (0 picks a free one), or stop what holds it"
