@@ -60,7 +60,8 @@ def register(cli: click.Group) -> None:
         Console().print(table)
         for n in rows:
             where = "" if n["live"].get("error") == "dead" else f" {n['control_url']}"
-            click.echo(f"{n['node']}: pid {n.get('pid')}{where}" + (f" — {n['live']['why']}" if "why" in n["live"] else ""))
+            why = f" — {n['live']['why']}" if "why" in n["live"] else ""
+            click.echo(f"{n['node']}: pid {n.get('pid')}{where}{why}")
         return 0
 
 

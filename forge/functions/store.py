@@ -22,8 +22,8 @@ class JobStore:
                             restart=opts.restart, info={"node": node, "input": str(opts.input_path)},
                             accept_changes=accept)
         rep = self.run.report
-        self.run_id = self.run.ledger.get_meta("created")
-        self.retried_before = self.run.counts().retried        # records invoked more than once, before this start      # the run's identity (a --restart makes a new one)
+        self.run_id = self.run.ledger.get_meta("created")      # the run's identity (a --restart makes a new one)
+        self.retried_before = self.run.counts().retried        # records invoked more than once, before this start
         stats.total = total
         stats.skipped = len(self.run.settled)
         self.stats = stats

@@ -83,7 +83,8 @@ def _merge_broker(prev: Optional[dict], cur: Optional[dict]) -> Optional[dict]:
     else:                     # a report of an older forge has no raw counts: weight the ratios by dispatches
         n = (prev.get("dispatched") or 0) + (cur.get("dispatched") or 0)
         for k in ("padding_ratio", "prefix_reuse_ratio"):
-            out[k] = _ratio((prev[k] or 0) * (prev.get("dispatched") or 0) + (cur[k] or 0) * (cur.get("dispatched") or 0), n)
+            weighted = sum((r[k] or 0) * (r.get("dispatched") or 0) for r in (prev, cur))
+            out[k] = _ratio(weighted, n)
     return out
 
 
@@ -151,7 +152,8 @@ def merge_reports(prev: dict, cur: dict) -> dict:
         totals[k] = _add(prev["totals"].get(k), cur["totals"].get(k))
     totals["skipped"] = prev["totals"].get("skipped")
     tin, tout = totals.get("input_tokens") or 0, totals.get("output_tokens") or 0
-    totals["tokens_per_s"], totals["output_tokens_per_s"] = _ratio(tin + tout, totals["wall_s"]), _ratio(tout, totals["wall_s"])
+    totals["tokens_per_s"] = _ratio(tin + tout, totals["wall_s"])
+    totals["output_tokens_per_s"] = _ratio(tout, totals["wall_s"])
     broker = _merge_broker(prev.get("broker"), cur.get("broker"))
     if broker is not None:
         summary["padding_ratio"], summary["prefix_reuse_ratio"] = broker["padding_ratio"], broker["prefix_reuse_ratio"]

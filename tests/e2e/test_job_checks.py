@@ -3,7 +3,6 @@ a result that cannot be serialised is a failed record, not a done one; everythin
 checked before any engine loads; a finished rerun answers at once; a changed function is refused with a path
 that keeps the finished rows."""
 import json
-import os
 import subprocess
 import sys
 
