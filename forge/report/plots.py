@@ -123,10 +123,11 @@ def _tokens_per_s(report, x, xlabel, path: Path) -> None:
         rates = rate_series(t, delivered)
         total = [tot + (r or 0.0) for tot, r in zip(total, rates)]
         color = COLORS[i % len(COLORS)]
-        ax.plot(x, _nan(rates), color=color, lw=1.4, label=_card_label(card), **_style(len(x)))
+        # a rate belongs to the interval before its point: drawn as a step, one interval (a short run) still shows
+        ax.plot(x, _nan(rates), color=color, lw=1.4, label=_card_label(card), drawstyle="steps-pre")
         _mark_events(ax, x, rates, col, color, f"{card['node']}/{card['card']}")
     if len(cards) > 1:
-        ax.plot(x[1:], total[1:], color="black", lw=1.2, ls="--", label="all cards")
+        ax.plot(x, [math.nan] + total[1:], color="black", lw=1.2, ls="--", label="all cards", drawstyle="steps-pre")
     ax.set_title(_title(report, "Delivered tokens/s per card (input + output)"))
     ax.set_ylabel("tokens/s")
     ax.set_xlabel(xlabel)
