@@ -35,6 +35,8 @@ def test_a_result_that_cannot_be_serialised_is_counted_failed(tmp_path):
     assert ": 5 done, 5 failed," in r.message, r.message
     report = json.loads(out.with_name("out.jsonl.report.json").read_text())
     assert (report["summary"]["records_done"], report["summary"]["records_failed"]) == (5, 5)
+    run = report["series"]["run"]
+    assert run["producer_queue"][-1] == 0 and run["writer_queue"][-1] == 0      # read and written: queues empty
 
 
 @pytest.mark.engine
