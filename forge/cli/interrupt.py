@@ -22,4 +22,5 @@ def exit_at_once_until_draining(what: str) -> None:
             os._exit(130 if signum == signal.SIGINT else 143)
 
     for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, stop)
+        if signal.getsignal(sig) is not signal.SIG_IGN:      # a shell's background job ignores Ctrl-C: keep it so
+            signal.signal(sig, stop)
