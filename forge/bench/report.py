@@ -89,7 +89,9 @@ def bench_markdown(data: dict) -> str:
               f"Workload: {w['summary']['requests']} requests, {w['summary']['prompt_tokens']:,} prompt tokens "
               f"(mean {w['summary']['mean_prompt']:.0f}), up to {w['summary']['max_new_tokens']:,} new tokens "
               f"(mean {w['summary']['mean_max_new']:.0f}); {w['summary']['with_shared_prefix']} start with one of "
-              f"{w['summary']['distinct_prefixes']} shared prefixes. {w['spec'].get('description') or ''}", "",
+              f"{w['summary']['distinct_prefixes']} shared prefixes."
+              + (f" The workload file's description: “{w['spec']['description']}”." if w['spec'].get('description')
+                 else ""), "",
               "## Ratios (best run of each mode, same process, same work)", "",
               "| forge ÷ direct | forge ÷ fifo | fifo ÷ direct | best direct variant |",
               "| ---: | ---: | ---: | --- |",

@@ -10,7 +10,6 @@
 from __future__ import annotations
 
 import logging
-import sys
 import time
 from pathlib import Path
 from typing import Optional
@@ -21,18 +20,19 @@ from forge.errors import ForgeError, UsageError
 
 QUICK_RECORDS = 32
 QUICK_CONTROL_PLANE_RECORDS = 3000
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[2]       # a checkout: `forge bench scaling` reads its workload there
+QUICK_WORKLOAD = Path(__file__).resolve().parents[1] / "bench" / "quick.yaml"     # package data
 
 
 def _say(line: str) -> None:
     click.echo(f"forge bench: {line}", err=True)
 
 
-def _node(node_path: Optional[Path]):
+def _node(node: Optional[str]):
+    from forge.cli.node_arg import description_path
     from forge.config.load import load_node
-    from forge.embedded import default_node_path
 
-    loaded = load_node(node_path or default_node_path())
+    loaded = load_node(description_path(None if node is None else str(node), "bench"))
     for w in loaded.warnings:
         click.echo(w.render(), err=True)
     return loaded
@@ -297,8 +297,9 @@ def _peak_options(f):
 
 def _common_run(f):
     opts = [
-        click.option("--node", "node_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
-                     help="node description; default: the embedded CPU node"),
+        click.option("--node", "node_path", default=None, metavar="NODE",
+                     help="the node to provision in this process, with ONE card: a node description (NODE.yaml) or "
+                     "the name of one shipped with forge; default: local, the embedded CPU node"),
         click.option("--records", type=click.IntRange(1, 1_000_000), default=None,
                      help="use this many of the workload's records (default: the file's count)"),
         click.option("--warmup", type=click.IntRange(0, 1024), default=8, show_default=True,
@@ -350,9 +351,11 @@ def register(cli: click.Group) -> None:
 
     @bench.command("sweep")
     @click.argument("contract")
-    @click.option("--workload", required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path))
-    @click.option("--node", "node_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
-                  help="node description with ONE card running CONTRACT; default: the embedded CPU node")
+    @click.option("--workload", required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path),
+                  help="the bench workload (YAML: record count, seed, length mixes, shared prefixes)")
+    @click.option("--node", "node_path", default=None, metavar="NODE",
+                  help="the node with ONE card running CONTRACT: a node description (NODE.yaml) or the name of one "
+                  "shipped with forge; default: local, the embedded CPU node")
     @click.option("--records", type=click.IntRange(1, 1_000_000), default=None,
                   help="requests per candidate (default: the workload file's count)")
     @click.option("--warmup", type=click.IntRange(0, 1024), default=8, show_default=True,
@@ -421,7 +424,8 @@ def register(cli: click.Group) -> None:
                   help="interleaved repeats: every tier runs every mode once per repeat")
     @click.option("--records", type=click.IntRange(1, 1_000_000), default=None,
                   help="use this many of the workload's records (default: the file's count)")
-    @click.option("--warmup", type=click.IntRange(0, 1024), default=8, show_default=True)
+    @click.option("--warmup", type=click.IntRange(0, 1024), default=8, show_default=True,
+                  help="warm-up requests before each window (own prompts, no shared prefix)")
     @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("forge-bench"),
                   show_default=True, help="folder for compare.{json,md} and the runs' files")
     @_peak_options
@@ -432,14 +436,16 @@ def register(cli: click.Group) -> None:
                            _peaks(peak_tflops, hbm_tbps)))
 
     @bench.command("control-plane")
-    @click.option("--records", type=click.IntRange(1, 10_000_000), default=100_000, show_default=True)
+    @click.option("--records", type=click.IntRange(1, 10_000_000), default=100_000, show_default=True,
+                  help="tasks per run")
     @click.option("--cpu", type=click.IntRange(0, 4096), default=0, show_default=True,
                   help="pin the process to this core (the figure is per core)")
     @click.option("--no-pin", is_flag=True, help="do not pin (e.g. with --card-transport process, whose worker "
                   "would inherit the pin); the per-CPU-second figure still counts this process only")
-    @click.option("--repeat", type=click.IntRange(1, 20), default=3, show_default=True)
+    @click.option("--repeat", type=click.IntRange(1, 20), default=3, show_default=True,
+                  help="runs; the report keeps every run and names the best")
     @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("forge-bench"),
-                  show_default=True)
+                  show_default=True, help="folder for control-plane.{json,md} and the runs' files")
     @click.option("--card-transport", type=click.Choice(["thread", "process"]), default="thread", show_default=True,
                   help="where the instant engine runs: a thread of the node process, or its own worker process")
     def control_plane_cmd(records, cpu, no_pin, repeat, out, card_transport):
@@ -460,29 +466,29 @@ def register(cli: click.Group) -> None:
     @click.option("--repeat", "--repeats", "repeat", type=click.IntRange(1, 10), default=2, show_default=True,
                   help="interleaved repeats of every cell")
     @click.option("--control-plane-records", type=click.IntRange(1000, 10_000_000), default=50_000,
-                  show_default=True)
+                  show_default=True, help="tasks per control-plane run (one per transport)")
     def scaling_cmd(out, cards, transports, speeds, step_cpu_ms, records, repeat, control_plane_records):
         """N = 1, 2, 4, 8 CPU-bound instant cards (no model), each alone and together, engines in the node's process
         vs in worker processes; cards at speeds 3:1; the control plane per transport. One report."""
         _report(do_scaling(out, cards, transports, speeds, step_cpu_ms, records, repeat, control_plane_records))
 
     @bench.command("quick")
-    @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("forge-bench"),
-                  show_default=True)
-    @click.option("--records", type=click.IntRange(4, 10_000), default=QUICK_RECORDS, show_default=True)
+    @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
+                  help="folder for the reports; default: a new temporary folder (printed at the end)")
+    @click.option("--records", type=click.IntRange(4, 10_000), default=QUICK_RECORDS, show_default=True,
+                  help="requests per mode (the sweep's tiers run half as many each)")
     def quick_cmd(out, records):
-        """CI-sized: docs/bench/workloads/quick.yaml in the three modes, a one-change sweep and the control plane, on
-        CPU."""
-        workload = REPO / "docs" / "bench" / "workloads" / "quick.yaml"
-        if not workload.is_file():
-            raise UsageError(f"{workload} is not here: `forge bench quick` runs from a forge checkout")
-        paths = do_run(workload, None, out, "direct,forge,fifo", "sorted,depth", records, 2, 1, None)
+        """CI-sized: forge's quick workload in the three modes, a one-change sweep and the control plane, on CPU."""
+        if out is None:
+            import tempfile
+
+            out = Path(tempfile.mkdtemp(prefix="forge-bench-quick-"))
+        paths = do_run(QUICK_WORKLOAD, None, out, "direct,forge,fifo", "sorted,depth", records, 2, 1, None)
         from forge.bench.candidates import TOKENS
         from forge.bench.sweep import SweepOptions
 
-        quick = SweepOptions(workload=workload, records=max(4, records // 2), warmup=2, confirm_repeat=1,
+        quick = SweepOptions(workload=QUICK_WORKLOAD, records=max(4, records // 2), warmup=2, confirm_repeat=1,
                              overrides={TOKENS: [768]}, skip=_quick_skips(), candidate_limit_s=120)
         paths += do_sweep("tiny-llama-cpu", None, out, quick)
         paths += do_control_plane(out, QUICK_CONTROL_PLANE_RECORDS, None, 1)
-        _say("wrote " + ", ".join(str(p) for p in paths))
-        sys.stdout.flush()
+        _report(paths)

@@ -1,7 +1,6 @@
 """`forge provision NODE.yaml`: validate, then bring the node up (or, with --dry-run, print the plan)."""
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Optional
 
 import click
@@ -37,9 +36,23 @@ def plan_table(loaded):
     return table
 
 
+def _check_before_loading(loaded, host: Optional[str], port: Optional[int], metrics_port: Optional[int]) -> None:
+    """What can be refused before an engine loads: the node's name is taken on this machine (held for this
+    process's life from here on), or a port it must listen on is busy."""
+    from forge.runtime import registry
+    from forge.runtime.ports import check_free
+
+    node = loaded.node
+    registry.claim(node.node)
+    check_free(host or node.control.host, node.control.port if port is None else port, "control endpoint",
+               "--port")
+    check_free(node.metrics.host, node.metrics.port if metrics_port is None else metrics_port, "metrics endpoint",
+               "--metrics-port")
+
+
 def register(cli: click.Group) -> None:
     @cli.command("provision")
-    @click.argument("node_path", metavar="NODE.yaml", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+    @click.argument("node_arg", metavar="NODE")
     @click.option("--dry-run", is_flag=True, help="validate and print the per-card plan; load no engine")
     @click.option("--strict", is_flag=True, help="treat validation warnings as errors")
     @click.option("--host", default=None, help="control endpoint address; default: the node's control.host "
@@ -58,13 +71,15 @@ def register(cli: click.Group) -> None:
                   "already started with the node's resources (printed by --dry-run --cluster)")
     @click.option("--ready-file", type=click.Path(dir_okay=False), default=None,
                   help="write the control URL (with --cluster: a JSON line) to this file once the node serves")
-    def provision_cmd(node_path: Path, dry_run: bool, strict: bool, host: Optional[str], port: Optional[int],
+    def provision_cmd(node_arg: str, dry_run: bool, strict: bool, host: Optional[str], port: Optional[int],
                       metrics_port: Optional[int], token_env: Optional[str], cluster: Optional[str],
                       ray_node: str, ready_file: Optional[str]) -> int:
-        """Validate NODE.yaml, probe the machine, load one engine per card and serve the node."""
+        """Validate NODE (a node description, NODE.yaml, or `local`: the embedded CPU node shipped with forge),
+        probe the machine, load one engine per card and serve the node."""
+        from forge.cli.node_arg import description_path
         from forge.config.load import load_node
 
-        loaded = load_node(node_path, strict=strict)
+        loaded = load_node(description_path(node_arg, "provision"), strict=strict)
         for w in loaded.warnings:
             click.echo(w.render(), err=True)
         if dry_run:
@@ -96,6 +111,10 @@ def register(cli: click.Group) -> None:
             from forge.runtime.node import provision_and_serve
         except ImportError as e:
             raise ForgeError(f"provisioning runtime not available: {e}") from e
+        _check_before_loading(loaded, host, port, metrics_port)
+        from forge.cli.interrupt import exit_at_once_until_draining
+
+        exit_at_once_until_draining(f"while node {loaded.node.node} starts")
         options = {"host": host, "port": port, "metrics_port": metrics_port, "token_env": token_env,
                    "ready_file": ready_file}
         rv = provision_and_serve(loaded, **{k: v for k, v in options.items() if v is not None})

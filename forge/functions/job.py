@@ -29,44 +29,69 @@ class JobOptions:
     metrics_port: Optional[int] = None
     progress: str = "auto"
     report: bool = True
+    accept_changed_function: bool = False     # the user declares the changed function compatible with done rows
 
 
 def run_embedded(loaded: LoadedNode, opts: JobOptions, *, grouping: bool = True) -> int:
     from forge.runtime.node import NodeRuntime
 
-    return run_with_node(lambda: NodeRuntime(loaded, grouping=grouping), opts)
+    return run_with_node(lambda: NodeRuntime(loaded, grouping=grouping), opts, node_label=loaded.node.node)
 
 
-def run_remote(url: str, token: Optional[str], opts: JobOptions) -> int:
-    from forge.functions.remote import RemoteNode
+def run_remote(url: str, token: Optional[str], opts: JobOptions, *, node_label: str = "") -> int:
+    from forge.functions.remote_stats import StatsRemoteNode
 
-    return run_with_node(lambda: RemoteNode(url, token=token), opts)
-
-
-def run_with_node(make_node: Callable[[], Any], opts: JobOptions) -> int:
-    """Load the function, start the node `make_node()` builds (in-process, remote or cluster), run the job,
-    and stop the node whatever happens. A node exposing engine/broker stats feeds the report with them."""
-    spec, digest = load_function(opts.target)
-
-    async def main() -> int:
-        node = make_node()
-        await node.start()
-        try:
-            return await _run(spec, digest, node, opts, node_label=node.name,
-                              engine_stats=getattr(node, "engine_stats", None),
-                              broker_stats=getattr(node, "broker_stats", None))
-        finally:
-            await (node.stop() if hasattr(node, "stop") else node.close())
-
-    return asyncio.run(main())
+    return run_with_node(lambda: StatsRemoteNode(url, token=token), opts, node_label=node_label or url)
 
 
-async def _run(spec, digest: str, node: Any, opts: JobOptions, *, node_label: str, engine_stats, broker_stats) -> int:
+def run_with_node(make_node: Callable[[], Any], opts: JobOptions, *, node_label: str = "") -> int:
+    """Load the function and open the job's input, ledger and output, then start the node `make_node()` builds
+    (in-process, remote or cluster), run the job, and stop the node whatever happens. Everything that can
+    refuse the job is checked before the node starts (an engine takes seconds to load, or minutes); a run
+    already complete answers without starting one. A node exposing engine/broker stats feeds the report."""
     from forge.functions.store import open_store
 
+    spec, digest = load_function(opts.target)
     stats = RunStats()
     store = open_store(opts, function_name=spec.name, function_file=spec.fn.__code__.co_filename, node=node_label,
                        stats=stats)
+    try:
+        if store.run.report.complete:
+            return _already_complete(store, opts)
+
+        async def main() -> int:
+            node = make_node()
+            await node.start()
+            try:
+                return await _run(spec, digest, node, opts, node_label=node.name,
+                                  engine_stats=getattr(node, "engine_stats", None),
+                                  broker_stats=getattr(node, "broker_stats", None), store=store, stats=stats)
+            finally:
+                await (node.stop() if hasattr(node, "stop") else node.close())
+
+        return asyncio.run(main())
+    finally:
+        store.run.close()
+
+
+def _already_complete(store, opts: JobOptions) -> int:
+    from forge.errors import display_path
+
+    c = store.counts()
+    print(f"forge: {display_path(opts.output_path)} is already complete: all {store.run.total:,} records are in it "
+          f"({c.written_errors:,} of them error rows); nothing to do (--restart runs it again)", file=sys.stderr)
+    return 0
+
+
+async def _run(spec, digest: str, node: Any, opts: JobOptions, *, node_label: str, engine_stats, broker_stats,
+               store=None, stats: Optional[RunStats] = None) -> int:
+    from forge.functions.store import open_store
+
+    stats = stats or RunStats()
+    stats.started_at = time.time()          # the run's clock starts once the node is up
+    if store is None:
+        store = open_store(opts, function_name=spec.name, function_file=spec.fn.__code__.co_filename,
+                           node=node_label, stats=stats)
     metrics = None
     try:
         if opts.metrics_port is not None:
@@ -89,10 +114,15 @@ async def _run(spec, digest: str, node: Any, opts: JobOptions, *, node_label: st
             async with store:
                 outcome: RunOutcome = await run_records(spec=spec, node=node, records=store.records(), sink=store,
                                                         stats=stats, concurrency=concurrency, on_tick=tick)
+        stats.retried = store.counts().retried - store.retried_before     # records whose function ran again
+        stats.writer_queue = 0                                            # closed: every row is written
+        if hasattr(node, "refresh_stats"):
+            await node.refresh_stats()
         summary = _summary(spec.name, node_label, opts, outcome, engine_stats, broker_stats)
         _print_summary(summary)
         if opts.report:
-            _write_report(opts.output_path, summary, sampler)
+            _write_report(opts.output_path, summary, sampler, run_id=store.run_id,
+                          resumed=store.run.report.resumed)
         if outcome.fatal:
             print(f"forge: stopped: {outcome.fatal}; unfinished records stay in the ledger — run the same "
                   "command again to resume", file=sys.stderr)
@@ -114,11 +144,11 @@ def _summary(name: str, node: str, opts: JobOptions, outcome: RunOutcome, engine
     wall = max(outcome.wall_s, 1e-9)
     engines = engine_stats() if engine_stats else []
     b = broker_stats() if broker_stats else None
-    retried = sum(e.requests_requeued for e in engines)
     return {
         "function": name, "node": node, "input": str(opts.input_path), "output": str(opts.output_path),
         "records_total": s.total, "records_done": s.done, "records_failed": s.failed,
-        "records_resumed": s.skipped, "retried": retried,
+        "records_resumed": s.skipped, "retried": s.retried,
+        "requeued": sum(e.requests_requeued for e in engines),
         "input_tokens": s.input_tokens, "output_tokens": s.output_tokens,
         "tokens_per_s": (s.input_tokens + s.output_tokens) / wall, "output_tokens_per_s": s.output_tokens / wall,
         "wall_s": wall, "interrupted": outcome.interrupted,
@@ -133,11 +163,12 @@ def _summary(name: str, node: str, opts: JobOptions, outcome: RunOutcome, engine
 
 def _print_summary(s: dict) -> None:
     print(f"forge: {s['function']} on {s['node']}: {s['records_done']} done, {s['records_failed']} failed, "
-          f"{s['records_resumed']} resumed, {s['retried']} retried | tokens in {s['input_tokens']:,} "
+          f"{s['records_resumed']} resumed, {s['retried']} retried"
+          + (f", {s['requeued']} requeued" if s.get("requeued") else "") + f" | tokens in {s['input_tokens']:,} "
           f"out {s['output_tokens']:,} | {s['tokens_per_s']:,.0f} tok/s | {s['wall_s']:.1f} s", file=sys.stderr)
 
 
-def _write_report(output: Path, summary: dict, sampler) -> None:
+def _write_report(output: Path, summary: dict, sampler, **continued) -> None:
     """The output is what matters: a report that cannot be written (a name too long, a read-only folder, a
     file there that forge did not write) is one warning line, never a failed job."""
     from forge.errors import display_path
@@ -153,7 +184,7 @@ def _write_report(output: Path, summary: dict, sampler) -> None:
             # A file name that is not UTF-8 is quoted escaped: the report is text.
             printable = {k: v.encode("utf-8", "backslashreplace").decode("utf-8") if isinstance(v, str) else v
                          for k, v in summary.items()}
-            paths = write_report(output, printable, sampler)
+            paths = write_report(output, printable, sampler, **continued)
             print(f"forge: report {', '.join(display_path(p) for p in paths)}", file=sys.stderr)
             return
         why = f"{problem}; forge never writes over a file it did not write"

@@ -95,9 +95,11 @@ class Run:
     async def aput_attempt(self, index: int) -> None:
         await self._committer().aput_attempt(index)
 
-    async def aput_result(self, index: int, result: object) -> None:
+    async def aput_result(self, index: int, result: object) -> bool:
+        """False when the result could not be serialised and went in as an error row instead."""
         line, is_error = encode_result(index, result)
         await self._committer().aput_row(index, line, is_error)
+        return not is_error
 
     async def aput_error(self, index: int, type_: str, message: str) -> None:
         await self._committer().aput_row(index, encode_error(index, type_, message), True)
@@ -150,9 +152,11 @@ class Run:
 
 def open_run(output: str | os.PathLike, *, run_key: dict[str, object], total: int,
              ledger_path: str | os.PathLike | None = None, restart: bool = False,
-             info: dict[str, object] | None = None, input_path: str | os.PathLike | None = None) -> Run:
+             info: dict[str, object] | None = None, input_path: str | os.PathLike | None = None,
+             accept_changes: tuple[str, ...] = ()) -> Run:
     """Open (or resume) the run writing `output` over an input of `total` records. `run_key` must
-    match the ledger's (make_run_key); `info` is recorded only (node, input path, ...).
+    match the ledger's (make_run_key) but for the keys in `accept_changes`; `info` is recorded only
+    (node, input path, ...).
 
     Nothing is written over a file forge did not write: the input (by path or through a link), a file
     whose content is not forge rows, forge rows no ledger records writing (unless `restart`)."""
@@ -171,7 +175,7 @@ def open_run(output: str | os.PathLike, *, run_key: dict[str, object], total: in
         if rec.foreign_at is not None:
             raise refuse_foreign(writer.path, f"byte {rec.foreign_at} is not a forge output row")
         ledger_was_there = _nonempty(ledger_path)
-        ledger = Ledger(ledger_path, run_key=run_key, restart=restart, info=info)
+        ledger = Ledger(ledger_path, run_key=run_key, restart=restart, info=info, accept_changes=accept_changes)
         try:
             if ledger.get_meta("finalized"):
                 writer.close()

@@ -17,7 +17,7 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 ROOT = Path(__file__).resolve().parents[2]
-QUICK = ROOT / "docs" / "bench" / "workloads" / "quick.yaml"
+QUICK = ROOT / "forge" / "bench" / "quick.yaml"
 # Every dimension of the embedded tier left out but the token budget (and the GPU-only switches, which are
 # skipped here anyway): a short sweep.
 SHORT = ["--skip", "transformers.attn_implementation", "--skip", "transformers.compile_level",
@@ -115,13 +115,13 @@ def test_sigterm_ends_the_running_candidate_and_writes_the_report(tmp_path):
 
 @pytest.mark.timeout(300)
 def test_compare_interleaves_tiers_with_forge_and_direct(tmp_path):
-    contract = (ROOT / "engine_contracts" / "tiny-llama-cpu.yaml").read_text()
+    contract = (ROOT / "forge" / "embedded" / "tiny-llama-cpu.yaml").read_text()
     tier = tmp_path / "tier"
     tier.mkdir()
     (tier / "c.yaml").write_text(contract.replace("max_num_tokens: 512", "max_num_tokens: 768")
-                                 .replace("checkpoint: ../forge", f"checkpoint: {ROOT}/forge"))
+                                 .replace("checkpoint: tiny-llama", f"checkpoint: {ROOT}/forge/embedded/tiny-llama"))
     (tier / "n.yaml").write_text((ROOT / "node_descriptions" / "local.yaml").read_text()
-                                 .replace("contracts: ../engine_contracts", "contracts: [c.yaml]"))
+                                 .replace("contracts: ../forge/embedded/tiny-llama-cpu.yaml", "contracts: [c.yaml]"))
     out = tmp_path / "c"
     proc = forge("bench", "compare", QUICK, "--node", ROOT / "node_descriptions" / "local.yaml", "--node",
                  tier / "n.yaml", "--label", "shipped", "--label", "wide", "--modes", "forge,direct", "--repeat", 1,

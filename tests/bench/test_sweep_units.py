@@ -171,7 +171,7 @@ def test_a_candidate_starts_only_with_time_for_it_and_the_confirm(cpu_plan, tmp_
     from forge.bench.sweep import Sweep, SweepOptions
 
     loaded = load_node(ROOT / "node_descriptions" / "local.yaml")
-    sweep = Sweep(loaded, "tiny-llama-cpu", SweepOptions(workload=ROOT / "docs/bench/workloads/quick.yaml",
+    sweep = Sweep(loaded, "tiny-llama-cpu", SweepOptions(workload=ROOT / "forge/bench/quick.yaml",
                                                          deadline_s=100, candidate_limit_s=30), tmp_path)
     base, other = sweep.candidates[0], next(c for c in sweep.candidates if c.status == "pending" and c.stage == "one")
     base.status, base.wall_s, base.result = "ran", 20.0, {"completed": 4, "requests": 4, "tokens_per_s": 100.0}

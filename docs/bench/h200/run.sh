@@ -138,7 +138,7 @@ for n in ('node-llama-1p5b', 'node-llama-8b', 'node-llama-1p5b-small-pool'):
     compare confirm-8b 280 "${CONFIRM_RECORDS_8B:-128}" $H/node-llama-8b.yaml "$NEW_8B" ;;
   # the same commands on the embedded CPU tier (tiny model, quick workload): flags parse, children start, reports
   cpu-check)
-    WL=$W/quick.yaml TIERS=$R/cpu-tiers
+    WL=forge/bench/quick.yaml TIERS=$R/cpu-tiers
     sweep sweep-cpu 200 tiny-llama-cpu node_descriptions/local.yaml 8 8 --set transformers.compile_level=1 \
       --skip transformers.attn_implementation --skip limits.max_batch_size \
       --try transformers.use_cuda_graph=true,transformers.compile_level=1
