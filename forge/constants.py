@@ -16,6 +16,14 @@ SUBMIT_BACKOFF_BASE_S = 0.01
 SUBMIT_BACKOFF_MAX_S = 1.0
 REQUEST_ATTEMPT_LIMIT = 3                    # a request requeued more often than this fails its record
 
+# --- what one generate request may ask (checked where it enters: GenerateParams) -------------
+INT32_MAX = 2**31 - 1                        # top_k, max_tokens, priority: engines hold them as int32
+MIN_SAMPLING_TEMPERATURE = 0.01              # 0 is greedy; below this, logits / temperature can overflow
+MAX_SAMPLING_TEMPERATURE = 1e4
+MAX_DEADLINE_S = 7 * 24 * 3600.0
+MAX_GUIDE_CHOICES = 4096                     # choice lists: options, and bytes of them all (or of a JSON schema)
+MAX_GUIDE_BYTES = 256 * 1024
+
 # --- broker / functions --------------------------------------------------------------
 BROKER_QUEUE_MAX_REQUESTS = 65536            # pending requests before producers wait
 DEFAULT_RECORD_CONCURRENCY = 1024            # function invocations in flight (bounded async pool)

@@ -30,3 +30,10 @@ def forge_validation_rules(register):
 @hookspec
 def forge_register_commands(cli):
     """Add click commands to the `forge` command group."""
+
+
+@hookspec
+def forge_register_tunables(register):
+    """Call register(backend, tunables) where tunables(contract, card) -> list[forge.tunables.Tunable]: the fields
+    of the backend's contract section that `forge bench sweep` may vary, with their candidate values, each marked
+    unavailable (and why) where this machine cannot run it."""

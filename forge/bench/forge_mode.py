@@ -20,7 +20,7 @@ from forge.bench.results import ModeResult
 from forge.bench.workload import BenchRequest
 from forge.config.load import LoadedNode
 from forge.functions.api import GenerateParams, function, spec_of
-from forge.stats import RunStats
+from forge.stats import EngineStats, RunStats
 
 
 @function(name="bench_generate")
@@ -62,6 +62,17 @@ def _delta(after: int, before: int) -> int:
     return after - before
 
 
+def per_card(before: Sequence[EngineStats], after: Sequence[EngineStats]) -> dict[str, dict]:
+    """What each card delivered over the window (cumulative engine stats, after minus before)."""
+    was = {s.card: s for s in before}
+    out = {}
+    for a in after:
+        b = was.get(a.card)
+        out[a.card] = {k: getattr(a, k) - (getattr(b, k) if b else 0)
+                       for k in ("input_tokens", "output_tokens", "requests_ok", "prefix_hit_tokens", "engine_steps")}
+    return out
+
+
 async def run_forge_async(loaded: LoadedNode, records_path: Path, n_requests: int, workdir: Path, *,
                           grouping: bool, warmup: Sequence[BenchRequest] = (), label: Optional[str] = None,
                           concurrency: int = constants.DEFAULT_RECORD_CONCURRENCY,
@@ -92,6 +103,9 @@ async def run_forge_async(loaded: LoadedNode, records_path: Path, n_requests: in
                      completed=stats.done, failed=stats.failed, input_tokens=stats.input_tokens,
                      output_tokens=stats.output_tokens, window_s=window, cpu_s=cpu)
     res.prefix_hit_tokens = sum(a.prefix_hit_tokens for a in e1) - sum(a.prefix_hit_tokens for a in e0)
+    res.per_card = per_card(e0, e1)
+    res.affinity_hits = _delta(b1.affinity_hits, b0.affinity_hits)
+    res.affinity_spills = _delta(b1.affinity_spills, b0.affinity_spills)
     batch = _delta(b1.batch_tokens, b0.batch_tokens)
     prompt = _delta(b1.prompt_tokens, b0.prompt_tokens)
     res.padding_ratio = _delta(b1.padded_tokens, b0.padded_tokens) / batch if batch else 0.0

@@ -78,6 +78,7 @@ def run_modes(bp: BenchPlan) -> tuple[list[BenchRequest], list[ModeResult]]:
     results: list[ModeResult] = []
     direct: Optional[DirectEngine] = None
     kw = {"concurrency": bp.concurrency} if bp.concurrency else {}
+    kw["card_transport"] = bp.card_transport
     try:
         for rep in range(bp.repeat):
             for mode in bp.modes:
@@ -97,7 +98,7 @@ def run_modes(bp: BenchPlan) -> tuple[list[BenchRequest], list[ModeResult]]:
                         direct.close()              # free the card before forge loads its own engine
                         direct = None
                     r = run_forge(bp.loaded, records_path, len(requests), bp.workdir, grouping=(mode == "forge"),
-                                  warmup=warm, label=mode, card_transport=bp.card_transport, **kw)
+                                  warmup=warm, label=mode, **kw)
                     r.notes.append(f"repeat {rep + 1}")
                     results.append(r)
                     bp.progress(_line(r))

@@ -4,15 +4,44 @@ matplotlib through Figure objects only (no pyplot state), as forge/report/plots.
 from __future__ import annotations
 
 import json
+import re
+import statistics
 from pathlib import Path
 from typing import Optional
 
 from matplotlib.figure import Figure
 
 from forge.bench.env import hardware_line, software_line
+from forge.errors import ForgeError, display_path
 
 DPI = 110
 COLORS = {"direct": "#7f7f7f", "forge": "#1f3b73", "fifo": "#d62728", "sweep": "#1f77b4", "control-plane": "#2ca02c"}
+
+
+BENCH_STEMS = ("bench", "sweep", "compare", "control-plane", "scaling")     # what forge bench writes into --out, and work/ below it
+
+
+def _is_bench_json(path: Path) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return re.match(rb'\{\s*"kind":\s*"forge-bench', f.read(256)) is not None
+    except OSError:
+        return False
+
+
+def check_out_folder(out: Path) -> None:
+    """forge bench writes fixed names into --out: refuse, before anything runs, a folder where such a name is
+    a file forge bench did not write (a JSON without forge's `kind`, or anything there without a bench JSON)."""
+    if not out.exists():
+        return
+    jsons = [out / f"{stem}.json" for stem in BENCH_STEMS]
+    ours = any(_is_bench_json(p) for p in jsons)
+    for p in [*jsons, *(out / f"{stem}.{ext}" for stem in BENCH_STEMS for ext in ("md", "png")), out / "work"]:
+        if not (p.exists() or p.is_symlink()):
+            continue
+        if (p.suffix == ".json" and not _is_bench_json(p)) or (p.suffix != ".json" and not ours):
+            raise ForgeError(f"{display_path(p)}: exists and was not written by forge bench; forge never writes "
+                             "over a file it did not write: choose another --out")
 
 
 def write_json(path: Path, data: dict) -> Path:
@@ -60,13 +89,22 @@ def bench_markdown(data: dict) -> str:
               f"Workload: {w['summary']['requests']} requests, {w['summary']['prompt_tokens']:,} prompt tokens "
               f"(mean {w['summary']['mean_prompt']:.0f}), up to {w['summary']['max_new_tokens']:,} new tokens "
               f"(mean {w['summary']['mean_max_new']:.0f}); {w['summary']['with_shared_prefix']} start with one of "
-              f"{w['summary']['distinct_prefixes']} shared prefixes. {w['spec'].get('description') or ''}", "",
+              f"{w['summary']['distinct_prefixes']} shared prefixes."
+              + (f" The workload file's description: “{w['spec']['description']}”." if w['spec'].get('description')
+                 else ""), "",
               "## Ratios (best run of each mode, same process, same work)", "",
               "| forge ÷ direct | forge ÷ fifo | fifo ÷ direct | best direct variant |",
               "| ---: | ---: | ---: | --- |",
               f"| {_fmt(rt['forge_over_direct'], '.3f')} | {_fmt(rt['forge_over_fifo'], '.3f')} | "
               f"{_fmt(rt['fifo_over_direct'], '.3f')} | {rt['best']['direct'] or '—'} |", "",
               "## Every run", ""]
+    if data.get("bounds"):        # the hardware's bounds beside the best run's window (forge/bench/bounds.py)
+        from forge.bench.bounds import bounds_line
+
+        done = [r for r in data["results"] if r["completed"] == r["requests"] and r["window_s"]]
+        fastest = min(done, key=lambda r: r["window_s"], default=None)
+        lines[-2:-2] = [bounds_line(data["bounds"], fastest and fastest["window_s"])
+                        + (f" (measured: {fastest['mode']} {fastest['variant']})" if fastest else ""), ""]
     lines += mode_rows(data["results"])
     lines += ["", "Window: from the first request handed in to the last result out (forge and fifo: to the "
               "ledger's last commit); engine load and warm-up excluded. Tokens: prompt + generated (a final EOS "
@@ -123,3 +161,94 @@ def card_info(plan) -> dict:
             "kv_blocks": plan.num_blocks, "tokens_per_block": c.kv_cache.tokens_per_block,
             "full_length_slots": plan.full_length_slots, "block_reuse": c.kv_cache.block_reuse,
             "precision": c.precision.model_dump()}
+
+
+# ---------------------------------------------------------------- several cards: alone, then together
+def _workload_line(w: dict) -> str:
+    s = w["summary"]
+    desc = (w["spec"].get("description") or "").rstrip(".")
+    return (f"Workload: {s['requests']} requests, {s['prompt_tokens']:,} prompt tokens (mean {s['mean_prompt']:.0f}), "
+            f"up to {s['max_new_tokens']:,} new tokens (mean {s['mean_max_new']:.0f}); {s['with_shared_prefix']} "
+            f"start with one of {s['distinct_prefixes']} shared prefixes. {desc}.")
+
+
+def cards_markdown(data: dict) -> str:
+    env, w = data["env"], data["workload"]
+    cards = data["cards"]
+    lines = header(f"forge bench: {w['spec']['workload']} on {len(cards)} cards of node {data['node']}", env)
+    lines += ["| card | model | contract | backend | slots | token budget | KV blocks |",
+              "| --- | --- | --- | --- | ---: | ---: | ---: |"]
+    lines += [f"| {c['card']} | {c['model']} | `{c['contract']}` | {c['backend']} | {c['slots']} | "
+              f"{c['token_budget']:,} | {c['kv_blocks']:,} |" for c in cards]
+    tr = data.get("together_records")
+    lines += ["", _workload_line(w) + (f" The together run takes {tr} records." if tr else ""), "",
+              f"Card transport: {data.get('card_transport', 'thread')}. Each card runs the workload alone (a node "
+              "of that card), then all cards take it from one queue; runs interleaved per repeat.", ""]
+    ids = [c["card"] for c in cards]
+    for mode, m in data["summary"].items():
+        lines += [f"## {mode} ({'grouped' if mode == 'forge' else 'FIFO'})", "",
+                  "| repeat | " + " | ".join(f"{c} alone tok/s" for c in ids) + " | Σ alone | together tok/s | "
+                  "together ÷ Σ alone | share ÷ speed share, per card | affinity hits / spills | prefix reuse "
+                  "broker est. / engine |",
+                  "| ---: | " + " | ".join("---:" for _ in ids) + " | ---: | ---: | ---: | --- | ---: | ---: |"]
+        for r in m["repeats"]:
+            if not r["complete"]:
+                lines.append(f"| {r['repeat']} | incomplete: see Every run |")
+                continue
+            sh = ", ".join(f"{c} {100 * s['share']:.1f} % / {100 * s['speed_share']:.1f} %"
+                           for c, s in r["shares"].items())
+            lines.append(f"| {r['repeat']} | " + " | ".join(_fmt(r["alone_tokens_per_s"][c]) for c in ids) +
+                         f" | {_fmt(r['sum_alone_tokens_per_s'])} | {_fmt(r['together_tokens_per_s'])} | "
+                         f"**{_fmt(r['together_over_sum'], '.3f')}** | {sh} | {_fmt(r['affinity_hits'])} / "
+                         f"{_fmt(r['affinity_spills'])} | {_pct(r['broker_prefix_reuse_ratio'])} / "
+                         f"{_pct(r['engine_prefix_reuse_ratio'])} |")
+        t, off = m["together_over_sum"], m["worst_share_points_off"]
+        if t:
+            lines += ["", f"together ÷ Σ alone: min {t['min']:.3f}, median {t['median']:.3f}, max {t['max']:.3f} "
+                      f"({t['n']} repeat(s)); worst card's share off its speed share: "
+                      f"{off['max']:.1f} points at most.", ""]
+        else:
+            lines.append("")
+    lines += ["## Every run", ""]
+    lines += mode_rows([dict(r, variant=f"{r['variant']} · {r['scope']} · rep {r['repeat']}")
+                        for r in data["results"]])
+    lines += ["", "Speed share: the card's alone tokens/s over Σ alone in the same repeat and mode. Share: its part "
+              "of the together run's tokens (prompt + generated), as its admission runtime counted them. Prefix "
+              "reuse (engine): prompt tokens the engines served from reused KV blocks, as they counted them (— "
+              "where the engine reports none).", ""]
+    return "\n".join(lines)
+
+
+def cards_plot(data: dict, path: Path) -> Path:
+    modes = list(data["summary"])
+    ids = [c["card"] for c in data["cards"]]
+    fig = Figure(figsize=(4 + 2.2 * len(modes), 4.2), dpi=DPI)
+    axes = fig.subplots(1, len(modes), squeeze=False)[0]
+    for ax, mode in zip(axes, modes):
+        rows = [r for r in data["summary"][mode]["repeats"] if r["complete"]]
+        if not rows:
+            continue
+        alone = [statistics.median(r["alone_tokens_per_s"][c] for r in rows) for c in ids]
+        tog = statistics.median(r["together_tokens_per_s"] for r in rows)
+        bottom = 0.0
+        for c, v in zip(ids, alone):
+            ax.bar(0, v, bottom=bottom, label=f"{c} alone", alpha=0.8)
+            bottom += v
+        ax.bar(1, tog, color=COLORS.get(mode, "#999999"), label="together")
+        ax.set_xticks([0, 1], ["Σ alone", "together"])
+        ax.set_title(f"{mode}: together ÷ Σ alone {tog / bottom:.3f}" if bottom else mode, fontsize=9)
+        ax.set_ylabel("tokens/s (median over repeats)")
+        ax.legend(fontsize=6)
+    fig.suptitle(f"{data['workload']['spec']['workload']} on {len(ids)} cards ({data.get('card_transport', 'thread')})",
+                 fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path)
+    return path
+
+
+def write_cards_bench(out: Path, data: dict, stem: str = "bench", plot: bool = True) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    md = out / f"{stem}.md"
+    md.write_text(cards_markdown(data), encoding="utf-8")
+    paths = [write_json(out / f"{stem}.json", data), md]
+    return paths + [cards_plot(data, out / f"{stem}.png")] if plot else paths

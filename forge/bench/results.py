@@ -19,6 +19,11 @@ class ModeResult:
     prefix_hit_tokens: Optional[int] = None      # prompt tokens the engine served from reused KV blocks
     padding_ratio: Optional[float] = None        # broker-formed batches only
     broker_prefix_reuse_ratio: Optional[float] = None
+    affinity_hits: Optional[int] = None          # broker: dispatched to the card their prefix group is pinned to
+    affinity_spills: Optional[int] = None        # broker: dispatched elsewhere because that card was past its bound
+    scope: Optional[str] = None                  # several-card nodes: the card that ran alone, or "together"
+    repeat: Optional[int] = None                 # which interleaved repeat (1-based)
+    per_card: dict[str, dict] = field(default_factory=dict)   # card -> its tokens and prefix hits in this run
     notes: list[str] = field(default_factory=list)
 
     @property

@@ -1,45 +1,52 @@
-"""`forge bench sweep CONTRACT`: the engine-tier sweep. The contract's token budget (max_num_tokens) and
-slots (max_batch_size) are varied around their values, one tier per pair, everything else unchanged; each
-tier is measured on the same work through the forge path (or the direct engine), and the best is reported.
+"""`forge bench sweep CONTRACT`: find the contract's best tier on a workload, confirm it, write it.
 
-The seeds found the per-step token budget to be the largest engine-side lever; on transformers' engine it
-is one too (shared/reference/transformers-engine.md). A tier that breaks a contract rule (a budget below
-max_input_len) is listed as skipped, with the rule, not run."""
+The candidates and the strategy are in forge/bench/candidates.py. Every candidate is written as a contract and a
+one-card node (forge/bench/tierfile.py), loaded through the one validation pipeline, and measured in its own
+child process (`forge bench run` on that node) under a time limit: a slow candidate (a torch.compile warm-up) or
+a hung one is cut, not waited for, and the card's memory goes with the process. Before each candidate the sweep
+checks the total deadline (keeping back the time the confirm step needs), so it always ends with a report: what
+ran, what was skipped and why, what was cut. The confirm step runs the shipped tier and the best interleaved in
+one child process (`forge bench compare`), and the winner of the confirm is written as a ready contract."""
 from __future__ import annotations
 
+import json
+import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Callable, Optional
 
-from matplotlib.figure import Figure
-
-from forge.bench.direct import DirectEngine
-from forge.bench.forge_mode import run_forge, write_records
-from forge.bench.modes import check_fits, warmup_requests
-from forge.bench.report import DPI, _fmt, header, mode_rows, write_json
-from forge.bench.results import ModeResult, best
-from forge.bench.workload import WorkloadSpec, generate
+from forge.bench.candidates import (Candidate, apply, best_of, dimensions, folder_name, key_of, single_changes,
+                                    winners)
+from forge.bench.child import ChildProcess, last_line
+from forge.bench.tierfile import load_tier, write_tier
+from forge.bench.winner import pick_winner, write_winner
 from forge.config.load import LoadedNode, load_paths
-from forge.config.plan import plan_card
 from forge.errors import ConfigError, UsageError
 
-DEFAULT_FACTORS = (0.5, 1.0, 2.0)
+MIN_CANDIDATE_S = 5.0
 
 
-def parse_ints(text: Optional[str], flag: str) -> Optional[list[int]]:
-    if text is None:
-        return None
-    try:
-        values = sorted({int(v) for v in text.split(",") if v.strip()})
-    except ValueError:
-        raise UsageError(f"{flag}: expected comma-separated whole numbers, got {text!r}") from None
-    if not values or values[0] <= 0:
-        raise UsageError(f"{flag}: expected positive whole numbers, got {text!r}")
-    return values
+class Stopped(Exception):
+    """The sweep process was asked to stop (SIGTERM): end the running candidate, write the report."""
 
 
-def around(value: int, factors: Sequence[float] = DEFAULT_FACTORS) -> list[int]:
-    return sorted({max(1, int(round(value * f))) for f in factors})
+@dataclass
+class SweepOptions:
+    workload: Path
+    mode: str = "forge"
+    records: Optional[int] = None
+    warmup: int = 8
+    confirm_records: Optional[int] = None
+    confirm_repeat: int = 2
+    min_gain: float = 0.03
+    combine: int = 4
+    candidate_limit_s: float = 300.0
+    deadline_s: Optional[float] = None
+    overrides: dict = field(default_factory=dict)
+    skip: tuple = ()
+    tries: list = field(default_factory=list)
+    peaks: dict = field(default_factory=dict)
 
 
 def contract_name(arg: str) -> str:
@@ -63,136 +70,217 @@ def plan_of(loaded: LoadedNode, name: str):
     return plan
 
 
-def tier_node(loaded: LoadedNode, name: str, tokens: int, slots: int) -> tuple[Optional[LoadedNode], Optional[str]]:
-    """The node with its card's contract re-tiered; (None, why) when the tier breaks a contract rule."""
-    plan = plan_of(loaded, name)
-    c = plan.contract
-    if tokens < c.limits.max_input_len:
-        return None, f"max_num_tokens {tokens} < max_input_len {c.limits.max_input_len}"
-    tier = c.model_copy(update={"limits": c.limits.model_copy(update={"max_num_tokens": tokens,
-                                                                          "max_batch_size": slots})})
-    tplan = plan_card(plan.card, tier)
-    if not tplan.fits_memory:
-        return None, "weights + KV pool exceed the card's memory"
-    return LoadedNode(node=loaded.node, contracts={**loaded.contracts, name: tier}, plans=[tplan],
-                      warnings=[]), None
+class Sweep:
+    def __init__(self, loaded: LoadedNode, name: str, opts: SweepOptions, out: Path,
+                 progress: Callable[[str], None] = lambda line: None, on_change: Callable[[], None] = lambda: None):
+        from forge.config.registry import from_plugins
 
+        self.loaded, self.name, self.opts, self.out = loaded, name, opts, out
+        self.plan = plan_of(loaded, name)
+        self.sections = from_plugins().sections
+        self.progress, self.on_change = progress, on_change
+        self.t0 = time.monotonic()
+        self.deadline = self.t0 + opts.deadline_s if opts.deadline_s else None
+        self.dims = dimensions(self.plan, mode=opts.mode, overrides=opts.overrides, skip=opts.skip)
+        self.candidates: list[Candidate] = [Candidate("base", {}, "base")]
+        self.candidates += single_changes(self.plan, self.dims, opts.tries, self.sections)
+        self.confirm: dict = {"status": "pending"}
+        self.combine_note = ""
+        self.child_env: Optional[dict] = None
+        self._reserve = 0.0
 
-def run_sweep(loaded: LoadedNode, name: str, spec: WorkloadSpec, workdir: Path, *, tokens: Optional[list[int]],
-              slots: Optional[list[int]], mode: str = "forge", direct_variant: str = "depth",
-              records: Optional[int] = None, warmup: int = 8,
-              progress: Callable[[str], None] = lambda line: None,
-              on_tier: Callable[[dict, list[dict]], None] = lambda summary, tiers: None) -> tuple[dict, list[dict]]:
-    plan = plan_of(loaded, name)
-    lim = plan.contract.limits
-    tokens = tokens or around(lim.max_num_tokens)
-    slots = slots or around(lim.max_batch_size)
-    check_fits(spec, plan)
-    vocab = plan.contract.model.vocab_size
-    requests = generate(spec, vocab, records)
-    warm = warmup_requests(spec, vocab, warmup)
-    records_path = write_records(requests, workdir / "records.jsonl")
-    tiers: list[dict] = []
-    for t in tokens:
-        for s in slots:
-            node, why = tier_node(loaded, name, t, s)
-            row = {"max_num_tokens": t, "max_batch_size": s, "base": t == lim.max_num_tokens and s == lim.max_batch_size}
-            tiers.append(row)
-            if node is None:
-                row["skipped"] = why
-                progress(f"tier {t}/{s}: skipped ({why})")
-                continue
-            started = time.perf_counter()
-            if mode == "direct":
-                eng = DirectEngine(node.plans[0])
-                try:
-                    r = eng.run(requests, f"depth:{s}" if direct_variant == "depth" else direct_variant, warmup=warm)
-                finally:
-                    eng.close()
-            else:
-                r = run_forge(node, records_path, len(requests), workdir, grouping=True, warmup=warm, label="forge")
-            r.mode, r.variant = f"tier {t}/{s}", mode if mode != "direct" else r.variant
-            row["result"] = r.to_dict()
-            row["wall_s"] = round(time.perf_counter() - started, 2)
-            progress(f"tier {t}/{s}: {r.tokens_per_s:,.0f} tok/s ({r.completed}/{r.requests} in {r.window_s:.2f} s)")
-            on_tier(summarize(name, mode, tokens, slots, tiers), tiers)
-    return summarize(name, mode, tokens, slots, tiers), tiers
+    # ------------------------------------------------------------------ the three stages
+    def run(self) -> None:
+        try:
+            base = self.candidates[0]
+            self._measure(base)
+            if base.wall_s and self.opts.confirm_repeat:
+                scale = max(1.0, (self.opts.confirm_records or self.opts.records or 1) / (self.opts.records or 1))
+                self._reserve = 2 * self.opts.confirm_repeat * base.wall_s * scale * 1.1 + 5
+            for cand in list(self.candidates):
+                if cand.status == "pending":
+                    self._measure(cand)
+            self._combine()
+            self._confirm()
+        except Stopped:
+            for c in self.candidates:
+                if c.status in ("pending", "running"):
+                    c.status, c.reason = "cut", "the sweep was stopped (SIGTERM) before this finished"
+            if self.confirm["status"] in ("pending", "running"):
+                self.confirm = {"status": "cut", "reason": "the sweep was stopped (SIGTERM)"}
+            self.on_change()
+            raise
 
+    def _combine(self) -> None:
+        base = self.candidates[0]
+        if base.tokens_per_s is None:
+            self.combine_note = "no combination: the shipped tier did not complete, so no change can be called a gain"
+            return
+        wins = winners(self.candidates, base.tokens_per_s, self.opts.min_gain)
+        self.combine_note = (f"single changes faster than the shipped tier by more than {self.opts.min_gain:.0%}: "
+                             + (", ".join(w.key for w in wins) or "none"))
+        if len(wins) < 2 or self.opts.combine <= 0:
+            return
+        current = wins[0]
+        for w in wins[1:1 + self.opts.combine]:
+            changes = {**current.changes, **w.changes}
+            cand = next((c for c in self.candidates if c.changes == changes), None)
+            if cand is None:
+                cand = Candidate(key_of(changes), changes, "combine")
+                self.candidates.append(cand)
+                self._measure(cand)
+            if cand.tokens_per_s is not None and cand.tokens_per_s > current.tokens_per_s:
+                current = cand
 
-def summarize(name: str, mode: str, tokens: list[int], slots: list[int], tiers: list[dict]) -> dict:
-    ran = [(row, ModeResult(**{k: v for k, v in row["result"].items() if k in ModeResult.__dataclass_fields__}))
-           for row in tiers if "result" in row]
-    top = best([r for _, r in ran])
-    best_row = next((row for row, r in ran if r is top), None)
-    base_row = next((row for row, _ in ran if row["base"]), None)
-    summary = {"contract": name, "mode": mode, "tokens": tokens, "slots": slots,
-               "best": None if best_row is None else {k: best_row[k] for k in ("max_num_tokens", "max_batch_size")},
-               "best_tokens_per_s": top.tokens_per_s if top else None,
-               "base_tokens_per_s": base_row["result"]["tokens_per_s"] if base_row else None}
-    if top and base_row:
-        summary["best_over_base"] = round(top.tokens_per_s / base_row["result"]["tokens_per_s"], 4)
-    return summary
+    def _confirm(self) -> None:
+        base, best = self.candidates[0], best_of(self.candidates)
+        if not self.opts.confirm_repeat:
+            self.confirm = {"status": "skipped", "reason": "--confirm-repeat 0"}
+        elif base.tokens_per_s is None:
+            self.confirm = {"status": "skipped", "reason": "the shipped tier did not complete the workload"}
+        elif best is base:
+            self.confirm = {"status": "skipped", "reason": "the shipped tier was the fastest: nothing to confirm"}
+        else:
+            self._run_confirm(base, best)
+        self.on_change()
 
+    def _run_confirm(self, base: Candidate, best: Candidate) -> None:
+        left = self._left()
+        limit = left if left is not None else 2 * self.opts.confirm_repeat * self.opts.candidate_limit_s
+        if limit < MIN_CANDIDATE_S:
+            self.confirm = {"status": "cut", "reason": f"no time left before the deadline ({max(limit, 0):.0f} s)",
+                            "best": best.key}
+            return
+        out = self.out / "confirm"
+        argv = [sys.executable, "-m", "forge", "bench", "compare", str(self.opts.workload),
+                "--node", str(Path(base.folder) / "node.yaml"), "--label", "shipped",
+                "--node", str(Path(best.folder) / "node.yaml"), "--label", "best",
+                "--modes", self.opts.mode, "--repeat", str(self.opts.confirm_repeat),
+                "--warmup", str(self.opts.warmup), "--out", str(out)]
+        records = self.opts.confirm_records or self.opts.records
+        if records:
+            argv += ["--records", str(records)]
+        argv += self._peak_args()
+        self.confirm = {"status": "running", "best": best.key, "records": records,
+                        "repeat": self.opts.confirm_repeat, "limit_s": round(limit, 1)}
+        self.progress(f"confirm: shipped vs {best.key}, {self.opts.confirm_repeat} interleaved repeat(s), limit "
+                      f"{limit:.0f} s")
+        self.on_change()
+        rc, wall, cut = self._child(argv, limit, out / "log.txt")
+        self.confirm["wall_s"] = round(wall, 1)
+        try:
+            summary = json.loads((out / "compare.json").read_text(encoding="utf-8"))["summary"]
+        except (OSError, ValueError, KeyError):
+            summary = None
+        ratio = (summary or {}).get("tiers", {}).get("best", {}).get(f"{self.opts.mode}_over_shipped")
+        if ratio is None:
+            self.confirm.update(status="cut" if cut else "failed",
+                                reason=(f"cut after {wall:.0f} s (limit {limit:.0f} s)" if cut else
+                                        f"exit code {rc}: {last_line(out / 'log.txt')}"))
+            return
+        self.confirm.update(status="ran", summary=summary, ratio_mean=ratio["mean"], ratio_best=ratio["best"],
+                            note="cut before every repeat finished" if cut else "")
 
-def sweep_markdown(data: dict) -> str:
-    s = data["summary"]
-    lines = header(f"forge bench sweep: {s['contract']} ({data['workload']['spec']['workload']})", data["env"])
-    b = s["best"]
-    lines += [f"Measured through: {'the forge path (broker grouping on)' if s['mode'] == 'forge' else 'the direct engine'}. "
-              f"Workload: {data['workload']['summary']['requests']} requests.", ""]
-    if b:
-        ratio = f" (best ÷ contract {s['best_over_base']:.3f})" if s.get("best_over_base") else ""
-        lines += [f"**Best tier: max_num_tokens {b['max_num_tokens']:,}, max_batch_size {b['max_batch_size']}** — "
-                  f"{_fmt(s['best_tokens_per_s'])} tok/s; the contract's own tier: {_fmt(s['base_tokens_per_s'])} "
-                  f"tok/s{ratio}.", ""]
-    else:
-        lines += ["No tier completed the workload.", ""]
-    lines += ["| max_num_tokens \\ max_batch_size | " + " | ".join(str(x) for x in s["slots"]) + " |",
-              "| ---: | " + " | ".join("---:" for _ in s["slots"]) + " |"]
-    cell = {(r["max_num_tokens"], r["max_batch_size"]): r for r in data["tiers"]}
-    for t in s["tokens"]:
-        vals = []
-        for sl in s["slots"]:
-            r = cell.get((t, sl))
-            text = "skipped" if r is None or "skipped" in r else _fmt(r["result"]["tokens_per_s"])
-            vals.append(f"**{text}**" if r and r.get("base") else text)
-        lines.append(f"| {t:,} | " + " | ".join(vals) + " |")
-    lines += ["", "Bold: the contract's own tier. Cells: total tokens/s (prompt + generated).", ""]
-    skipped = [r for r in data["tiers"] if "skipped" in r]
-    if skipped:
-        lines += ["Skipped tiers: " + "; ".join(f"{r['max_num_tokens']}/{r['max_batch_size']}: {r['skipped']}"
-                                              for r in skipped), ""]
-    lines += ["## Every tier", ""] + mode_rows([r["result"] for r in data["tiers"] if "result" in r]) + [""]
-    return "\n".join(lines)
+    # ------------------------------------------------------------------ one candidate
+    def _prepare(self, index: int, cand: Candidate) -> Optional[Path]:
+        contract, card, why = apply(self.plan, cand.changes, self.sections)
+        if why is None:
+            folder = self.out / "candidates" / folder_name(index, cand)
+            cand.folder = str(folder)
+            write_tier(self.loaded, contract, card, folder, [f"forge bench sweep candidate: {cand.key}"])
+            loaded, why = load_tier(folder / "node.yaml")
+        if why is not None:
+            cand.status, cand.reason = "skipped", f"breaks a contract rule: {why}"
+            self.progress(f"{cand.key}: skipped ({cand.reason})")
+            return None
+        return folder / "node.yaml"
 
+    def _measure(self, cand: Candidate) -> None:
+        index = next(i for i, c in enumerate(self.candidates) if c is cand)
+        node = self._prepare(index, cand)
+        self.on_change()
+        if node is None:
+            return
+        limit = self._limit(cand)
+        if limit is None:
+            kept = f", {self._reserve:.0f} s of it kept for the confirm" if best_of(self.candidates) not in (
+                None, self.candidates[0]) else ""
+            cand.status, cand.reason = "cut", f"not started: the deadline is near ({self._left():.0f} s left{kept})"
+            self.progress(f"{cand.key}: {cand.reason}")
+            self.on_change()
+            return
+        run_dir = Path(cand.folder) / "run"
+        argv = [sys.executable, "-m", "forge", "bench", "run", str(self.opts.workload), "--node", str(node),
+                "--modes", self.opts.mode, "--direct", "depth", "--warmup", str(self.opts.warmup), "--out", str(run_dir)]
+        if self.opts.records:
+            argv += ["--records", str(self.opts.records)]
+        cand.status = "running"
+        self.progress(f"{cand.key}: running (limit {limit:.0f} s)")
+        self.on_change()
+        rc, wall, cut = self._child(argv, limit, Path(cand.folder) / "log.txt")
+        cand.wall_s = round(wall, 2)
+        result, env = self._read_result(run_dir)
+        if env is not None and self.child_env is None:
+            self.child_env = env
+        if cut:
+            tail = last_line(Path(cand.folder) / "log.txt")
+            cand.status, cand.reason = "cut", (f"exceeded its {limit:.0f} s limit (load, warm-up and window)"
+                                               + (f"; last output: {tail}" if tail else ""))
+        elif result is None:
+            cand.status, cand.reason = "failed", f"exit code {rc}: {last_line(Path(cand.folder) / 'log.txt')}"
+        elif result["completed"] != result["requests"]:
+            cand.status, cand.result = "failed", result
+            cand.reason = f"completed {result['completed']} of {result['requests']}: {'; '.join(result['notes'])}"
+        else:
+            cand.status, cand.result = "ran", result
+        tps = f"{cand.tokens_per_s:,.0f} tok/s" if cand.tokens_per_s is not None else cand.reason
+        self.progress(f"{cand.key}: {cand.status}, {tps} ({wall:.1f} s)")
+        self.on_change()
 
-def sweep_plot(data: dict, path: Path) -> Path:
-    s = data["summary"]
-    cell = {(r["max_num_tokens"], r["max_batch_size"]): r for r in data["tiers"]}
-    fig = Figure(figsize=(7, 4.2), dpi=DPI)
-    ax = fig.subplots()
-    for sl in s["slots"]:
-        xs, ys = [], []
-        for t in s["tokens"]:
-            r = cell.get((t, sl))
-            if r and "result" in r:
-                xs.append(t)
-                ys.append(r["result"]["tokens_per_s"])
-        if xs:
-            ax.plot(xs, ys, marker="o", label=f"{sl} slots")
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("max_num_tokens (token budget per step)")
-    ax.set_ylabel("tokens/s (prompt + generated)")
-    ax.set_title(f"engine-tier sweep: {s['contract']}", fontsize=10)
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path)
-    return path
+    @staticmethod
+    def _read_result(run_dir: Path) -> tuple[Optional[dict], Optional[dict]]:
+        try:
+            data = json.loads((run_dir / "bench.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None, None
+        results = data.get("results") or []
+        return (results[0] if results else None), data.get("env")
 
+    # ------------------------------------------------------------------ time and child processes
+    def _left(self) -> Optional[float]:
+        return None if self.deadline is None else self.deadline - time.monotonic()
 
-def write_sweep(out: Path, data: dict) -> list[Path]:
-    out.mkdir(parents=True, exist_ok=True)
-    md = out / "sweep.md"
-    md.write_text(sweep_markdown(data), encoding="utf-8")
-    return [write_json(out / "sweep.json", data), md, sweep_plot(data, out / "sweep.png")]
+    def _limit(self, cand: Candidate) -> Optional[float]:
+        """This candidate's time limit, or None when it should not start: less time is left than the shipped tier
+        took (it would most likely be cut). The confirm's time is kept back once some candidate beats the shipped
+        tier (before that there is nothing to confirm)."""
+        left = self._left()
+        if left is None:
+            return self.opts.candidate_limit_s
+        base = self.candidates[0]
+        best = best_of(self.candidates)
+        if best is not None and best is not base:
+            left -= self._reserve
+        if left < max(MIN_CANDIDATE_S, base.wall_s or 0.0):
+            return None
+        return min(self.opts.candidate_limit_s, left)
+
+    @staticmethod
+    def _child(argv: list[str], limit: float, log: Path) -> tuple[Optional[int], float, bool]:
+        return ChildProcess(argv, log).wait(limit)
+
+    def _peak_args(self) -> list[str]:
+        out = []
+        for key, flag in (("peak_tflops", "--peak-tflops"), ("hbm_tbps", "--hbm-tbps")):
+            if self.opts.peaks.get(key) is not None:
+                out += [flag, str(self.opts.peaks[key])]
+        return out
+
+    # ------------------------------------------------------------------ the winner
+    def winner(self) -> tuple[Optional[Candidate], str]:
+        return pick_winner(self.candidates, self.confirm)
+
+    def write_best(self, path: Path, node_path: Optional[Path], new_name: Optional[str], comments: list[str]
+                   ) -> list[Path]:
+        cand, why = self.winner()
+        return write_winner(self.loaded, cand, why, path, node_path, new_name, comments)

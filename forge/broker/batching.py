@@ -60,17 +60,18 @@ class Batcher:
                     break
         mean_work = bal.pending_work / self.p.n if self.p.n else 0.0
         for part, lvl in parts:
-            owners = sorted((j for j in lvl.owned if j != i and self._spillable(j, mean_work, drain)),
+            owners = sorted((j for j in lvl.owned if j != i and self._spillable(i, j, mean_work, drain)),
                             key=bal.overloaded, reverse=True)
             for j in owners:
                 theirs = lvl.owned.get(j)
                 for _ in range(min(k, len(theirs) if theirs else 0)):
-                    if not theirs or not self._spillable(j, mean_work, drain):
+                    if not theirs or not self._spillable(i, j, mean_work, drain):
                         break
                     yield part, lvl, next(iter(theirs.values())), SPILL
 
-    def _spillable(self, j: int, work: float, drain: float) -> bool:
-        return self.bal.overloaded(j) > 0 or self.bal.lags(j, work, drain)
+    def _spillable(self, i: int, j: int, work: float, drain: float) -> bool:
+        bal = self.bal
+        return bal.overloaded(j) > 0 or bal.lags(j, work, drain) or bal.sooner(i, j, work)
 
     def _form_grouped(self, i, geom, prio, slots, kv, drain):
         bal, tok, tpb = self.bal, geom.tokenizer_key, geom.tokens_per_block
@@ -105,8 +106,9 @@ class Batcher:
                     if blocks > kv or (batch and n > budget):
                         break
                     if share_with is not None and bal.overloaded(share_with) <= 0 and not (
-                            bal.lags(share_with, e.work, drain) and bal.faster(i, share_with, e.work)):
-                        break                      # its owner copes, and would not finish it late
+                            bal.lags(share_with, e.work, drain) and bal.faster(i, share_with, e.work)) \
+                            and not bal.sooner(i, share_with, e.work):
+                        break                      # its owner copes, would not finish it late, nor after us
                     if not bal.allows(i, e.work, part.mask, drain):
                         done = True
                         break

@@ -83,6 +83,7 @@ class BrokerCore:
         e.seq = self._seq
         self._entries[rid] = e
         self._pending.push(e)
+        self._bal.arrived()
 
     def _entry(self, req: BrokerRequest) -> Entry:
         mask = self._fit.mask(req)
@@ -184,9 +185,11 @@ class BrokerCore:
         if i is not None:
             self._bal.finished(i, self._entries.pop(rid).work)
 
-    def record_delivery(self, engine_id: str, tokens: int, elapsed_s: float) -> None:
-        """Tokens (input + output) the engine delivered over the last `elapsed_s` seconds of work."""
-        self._bal.record(self._engine(engine_id), tokens, elapsed_s)
+    def record_delivery(self, engine_id: str, tokens: int, elapsed_s: float, occupancy: float = 1.0) -> None:
+        """Tokens (input + output) the engine delivered over the last `elapsed_s` seconds of work, with
+        `occupancy` (0..1): the mean share of its slots or KV blocks (whichever was fuller) in use over them,
+        1.0 when the caller does not know. The broker weighs the engine by tokens / (elapsed_s x occupancy)."""
+        self._bal.record(self._engine(engine_id), tokens, elapsed_s, occupancy)
 
     def set_engine_healthy(self, engine_id: str, healthy: bool) -> None:
         i = self._engine(engine_id)

@@ -39,13 +39,22 @@ class Balancer:
         self.pinned_work = [0] * n              # tokens pending in prefix groups pinned to the engine
         self.pinned_n = [0] * n                 # requests pending in those groups
         self.pending_work = 0                   # tokens pending in the whole broker
+        # Dispatches since the last arrival: past `tail_after` the job's input has stopped and the end of
+        # the run is in view (see allows()); while requests keep arriving there is no tail to shorten.
+        self.tail_after = 2 * n
+        self.quiet = self.tail_after
         self._refresh()
 
     # ------------------------------------------------------------------ speed
-    def record(self, i: int, tokens: int, elapsed_s: float) -> None:
+    def record(self, i: int, tokens: int, elapsed_s: float, occupancy: float = 1.0) -> None:
+        """A delivery sample: `tokens` over `elapsed_s` busy seconds with `occupancy` of the slots in use on
+        average. An engine's speed is what it delivers with every slot busy: a batcher delivers in proportion
+        to the requests it holds, so a card measured while half idle would otherwise read as half as fast,
+        get less work, and read slower still."""
         if elapsed_s <= 0 or tokens < 0:
             return
-        sample = tokens / elapsed_s
+        occupancy = min(1.0, max(occupancy, 1.0 / self.slots[i]))     # busy means at least one slot
+        sample = tokens / (elapsed_s * occupancy)
         old = self.rate[i]
         if old is None:
             self.rate[i] = sample
@@ -95,6 +104,19 @@ class Balancer:
         it, it stays within its bound."""
         return self._past_bound(i, extra_work, extra_n) <= 0
 
+    def backlog_s(self, j: int) -> float:
+        """Seconds engine j needs to get through what it holds and what is pinned to it, at its speed."""
+        return (self.out_work[j] + self.pinned_work[j]) / self.weight[j]
+
+    def sooner(self, i: int, j: int, work: int) -> bool:
+        """Work-conserving spill: would engine i finish `work` before owner j gets through its backlog? Then
+        leaving it pinned to j only keeps i's slots idle (a slow card holding a group's overflow, or a fast
+        owner of a hot group starving a slow card that has free slots). While requests keep arriving, also
+        whenever j holds more than it can start now: free slots idle for as long as the stream lasts."""
+        if self.finish(i, work) < self.backlog_s(j):
+            return True
+        return self.quiet < self.tail_after and self.out_n[j] + self.pinned_n[j] > self.slots[j]
+
     def overloaded(self, i: int) -> float:
         """How far engine i is past its bound (> 0: others may spill its pinned groups); unhealthy = inf."""
         if not self.healthy[i]:
@@ -120,9 +142,12 @@ class Balancer:
         Yes if it would finish within the drain limit — always so while a backlog lasts. In the tail,
         only if no other healthy engine that fits the request would finish it sooner by more than the
         slack: a slow card stops taking work a fast card would finish first. The engine with the
-        earliest finish always qualifies, so no request is left without a taker."""
+        earliest finish always qualifies, so no request is left without a taker. The tail is the end of
+        the work: while requests still arrive (a function pool refilling the node as results come back,
+        so that only a window of the job is ever pending), refusing a card's free slots would only idle
+        it for as long as the stream lasts."""
         mine = self.finish(i, work)
-        if mine <= drain_limit:
+        if mine <= drain_limit or self.quiet < self.tail_after:
             return True
         limit = mine / (1.0 + self.tail_slack)
         for j in self.live:
@@ -143,6 +168,10 @@ class Balancer:
         self.out_work[i] += work
         self.out_n[i] += 1
         self.pending_work -= work
+        self.quiet += 1
+
+    def arrived(self) -> None:
+        self.quiet = 0
 
     def finished(self, i: int, work: int) -> None:
         self.out_work[i] -= work

@@ -103,8 +103,8 @@ class Broker:
         if self.core.pending():
             self._wake_takers()        # loads changed: a tail cap or an affinity bound may have lifted
 
-    def record_delivery(self, engine_id: str, tokens: int, elapsed_s: float) -> None:
-        self.core.record_delivery(engine_id, tokens, elapsed_s)
+    def record_delivery(self, engine_id: str, tokens: int, elapsed_s: float, occupancy: float = 1.0) -> None:
+        self.core.record_delivery(engine_id, tokens, elapsed_s, occupancy)
 
     def set_engine_healthy(self, engine_id: str, healthy: bool) -> None:
         self.core.set_engine_healthy(engine_id, healthy)

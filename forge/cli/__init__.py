@@ -40,15 +40,27 @@ def _register_all() -> None:
     load_plugins().hook.forge_register_commands(cli=cli)
 
 
+def _exit_now(code: int) -> None:
+    """Exit at once after a Ctrl-C. Everything worth keeping was closed on the way here (finally blocks: ledger,
+    output); what may remain are threads of an engine that was still loading, which would otherwise keep the
+    process alive however often the user presses Ctrl-C."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001 - a closed pipe: nothing more to say anyway
+            pass
+    os._exit(code)
+
+
 def main(argv: list[str] | None = None) -> None:
     debug = os.environ.get("FORGE_DEBUG") == "1"
     try:
         _register_all()
         rv = cli.main(args=argv, prog_name="forge", standalone_mode=False)
         sys.exit(rv if isinstance(rv, int) else 0)
-    except click.exceptions.Abort:
-        click.echo("forge: aborted", err=True)
-        sys.exit(130)
+    except click.exceptions.Abort:          # click's form of a Ctrl-C
+        click.echo("forge: interrupted", err=True)
+        _exit_now(130)
     except click.ClickException as e:
         e.show()
         sys.exit(2 if isinstance(e, click.UsageError) else e.exit_code)
@@ -59,7 +71,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(e.exit_code)
     except KeyboardInterrupt:
         click.echo("forge: interrupted", err=True)
-        sys.exit(130)
+        _exit_now(130)
     except Exception as e:  # the last line of defence: one line, not a traceback
         if debug:
             raise

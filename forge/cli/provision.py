@@ -1,7 +1,6 @@
 """`forge provision NODE.yaml`: validate, then bring the node up (or, with --dry-run, print the plan)."""
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Optional
 
 import click
@@ -16,23 +15,45 @@ def plan_table(loaded):
 
     from forge.config.units import fmt_bytes
 
+    from forge.config.plan import engine_plans
+
     node = loaded.node
-    table = Table(title=f"node {node.node}: {len(node.cards)} card(s), host {node.host.memory_gib:g} GiB / "
-                        f"{node.host.cpu_cores} cores", title_justify="left")
-    for col in ("card", "model", "engine", "backend", "weights", "KV pool", "blocks",
-                "full-length slots", "token budget", "slots"):
+    engines = [p.engine_id for p in engine_plans(loaded.plans)]
+    caption = "weights, KV pool, blocks and slots are per engine"
+    if len(engines) > len(loaded.plans):
+        caption += f"; engines (one process each): {', '.join(engines)}"
+    table = Table(title=f"node {node.node}: {len(node.cards)} card(s), {len(engines)} engine(s), host "
+                        f"{node.host.memory_gib:g} GiB / {node.host.cpu_cores} cores", title_justify="left",
+                  caption=caption, caption_justify="left")
+    for col in ("card", "model", "engine", "backend", "replicas", "weights", "KV pool", "blocks",
+                "full-length slots", "token budget", "slots", "card memory"):
         table.add_column(col, justify="right" if col not in ("card", "model", "engine", "backend") else "left")
     for p in loaded.plans:
         kv = p.contract.kv_cache
-        table.add_row(p.card_id, p.card.model, p.contract.contract, p.contract.backend, fmt_bytes(p.weights_bytes),
-                      fmt_bytes(p.kv_pool_bytes), f"{p.num_blocks:,} x {kv.tokens_per_block}",
-                      f"{p.full_length_slots:,}", f"{p.token_budget:,}", f"{p.slots:,}")
+        table.add_row(p.card_id, p.card.model, p.contract.contract, p.contract.backend, str(p.replicas),
+                      fmt_bytes(p.weights_bytes), fmt_bytes(p.kv_pool_bytes), f"{p.num_blocks:,} x {kv.tokens_per_block}",
+                      f"{p.full_length_slots:,}", f"{p.token_budget:,}", f"{p.slots:,}",
+                      f"{fmt_bytes(p.card_bytes)} of {fmt_bytes(p.card_memory_bytes)}")
     return table
+
+
+def _check_before_loading(loaded, host: Optional[str], port: Optional[int], metrics_port: Optional[int]) -> None:
+    """What can be refused before an engine loads: the node's name is taken on this machine (held for this
+    process's life from here on), or a port it must listen on is busy."""
+    from forge.runtime import registry
+    from forge.runtime.ports import check_free
+
+    node = loaded.node
+    registry.claim(node.node)
+    check_free(host or node.control.host, node.control.port if port is None else port, "control endpoint",
+               "--port")
+    check_free(node.metrics.host, node.metrics.port if metrics_port is None else metrics_port, "metrics endpoint",
+               "--metrics-port")
 
 
 def register(cli: click.Group) -> None:
     @cli.command("provision")
-    @click.argument("node_path", metavar="NODE.yaml", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+    @click.argument("node_arg", metavar="NODE")
     @click.option("--dry-run", is_flag=True, help="validate and print the per-card plan; load no engine")
     @click.option("--strict", is_flag=True, help="treat validation warnings as errors")
     @click.option("--host", default=None, help="control endpoint address; default: the node's control.host "
@@ -52,13 +73,15 @@ def register(cli: click.Group) -> None:
     @click.option("--ready-file", type=click.Path(dir_okay=False), default=None,
                   help="write the control URL (with --cluster: a JSON line) to this file once the node serves")
     @card_transport_option
-    def provision_cmd(node_path: Path, dry_run: bool, strict: bool, host: Optional[str], port: Optional[int],
+    def provision_cmd(node_arg: str, dry_run: bool, strict: bool, host: Optional[str], port: Optional[int],
                       metrics_port: Optional[int], token_env: Optional[str], cluster: Optional[str],
-                      ray_node: str, ready_file: Optional[str], card_transport: str) -> int:
-        """Validate NODE.yaml, probe the machine, load one engine per card and serve the node."""
+                      ray_node: str, ready_file: Optional[str], card_transport: Optional[str]) -> int:
+        """Validate NODE (a node description, NODE.yaml, or `local`: the embedded CPU node shipped with forge),
+        probe the machine, load one engine per card (each in its own worker process) and serve the node."""
+        from forge.cli.node_arg import description_path
         from forge.config.load import load_node
 
-        loaded = load_node(node_path, strict=strict)
+        loaded = load_node(description_path(node_arg, "provision"), strict=strict)
         for w in loaded.warnings:
             click.echo(w.render(), err=True)
         if dry_run:
@@ -91,6 +114,10 @@ def register(cli: click.Group) -> None:
             raise UsageError("--ray-node applies to --cluster")
         from forge.node.provision import provision_and_serve
 
+        _check_before_loading(loaded, host, port, metrics_port)
+        from forge.cli.interrupt import exit_at_once_until_draining
+
+        exit_at_once_until_draining(f"while node {loaded.node.node} starts")
         options = {"host": host, "port": port, "metrics_port": metrics_port, "token_env": token_env,
                    "ready_file": ready_file, "card_transport": card_transport or "process"}
         rv = provision_and_serve(loaded, **{k: v for k, v in options.items() if v is not None})

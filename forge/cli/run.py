@@ -6,6 +6,8 @@ from pathlib import Path
 
 import click
 
+from forge.cli.interrupt import exit_at_once_until_draining
+from forge.cli.node_arg import HELP_DESCRIPTION, HELP_PROVISIONED
 from forge.errors import UsageError
 
 CARD_TRANSPORT_HELP = ("where each card's engine runs: 'process' (its own worker process; the default) or 'thread' "
@@ -26,6 +28,9 @@ def _common(f):
         click.option("--ledger", "ledger_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
                      help="task ledger (SQLite); default: beside the output, OUTPUT.ledger.sqlite"),
         click.option("--restart", is_flag=True, help="discard an existing output and ledger and start over"),
+        click.option("--accept-changed-function", is_flag=True,
+                     help="the function file changed since the run started, compatibly: keep the rows already "
+                     "written and run the rest with the new code"),
         click.option("--concurrency", type=click.IntRange(1, 100_000), default=None,
                      help="records in flight (bounded async pool); default: the function's, else 1024"),
         click.option("--metrics-port", type=click.IntRange(0, 65535), default=None,
@@ -39,6 +44,15 @@ def _common(f):
     return f
 
 
+def _before_loading(metrics_port: int | None) -> None:
+    """Refusals that need no engine come before one loads; Ctrl-C until then stops at once."""
+    exit_at_once_until_draining("before any record ran (the output is as it was)")
+    if metrics_port:
+        from forge.runtime.ports import check_free
+
+        check_free("127.0.0.1", metrics_port, "metrics endpoint", "--metrics-port")
+
+
 def _ledger_default(output_path: Path, ledger_path: Path | None) -> Path:
     return ledger_path or output_path.with_name(output_path.name + ".ledger.sqlite")
 
@@ -46,31 +60,31 @@ def _ledger_default(output_path: Path, ledger_path: Path | None) -> Path:
 def register(cli: click.Group) -> None:
     @cli.command("run")
     @click.argument("target", metavar="FILE.py[:NAME]")
-    @click.option("--node", "node_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
-                  help="node description to provision in-process; default: the embedded CPU node")
+    @click.option("--node", "node_arg", default=None, metavar="NODE", help=HELP_DESCRIPTION)
     @click.option("--grouping/--no-grouping", default=True, help="broker prefix/length grouping (off = FIFO)")
     @click.option("--strict", is_flag=True, help="treat validation warnings as errors")
     @card_transport_option
     @_common
-    def run_cmd(target, node_path, grouping, strict, card_transport, input_path, output_path, ledger_path, restart,
-                concurrency, metrics_port, progress, report):
+    def run_cmd(target, node_arg, grouping, strict, card_transport, input_path, output_path, ledger_path, restart,
+                accept_changed_function, concurrency, metrics_port, progress, report):
         """Run a function over records on a node provisioned in this process."""
+        from forge.cli.node_arg import description_path
         from forge.config.load import load_node
-        from forge.embedded import default_node_path
         from forge.functions.job import JobOptions, run_embedded
 
-        loaded = load_node(node_path or default_node_path(), strict=strict)
+        _before_loading(metrics_port)
+        loaded = load_node(description_path(node_arg, "run"), strict=strict)
         for w in loaded.warnings:
             click.echo(w.render(), err=True)
         opts = JobOptions(target=target, input_path=input_path, output_path=output_path,
                           ledger_path=_ledger_default(output_path, ledger_path), restart=restart,
-                          concurrency=concurrency, metrics_port=metrics_port, progress=progress, report=report)
+                          accept_changed_function=accept_changed_function, concurrency=concurrency,
+                          metrics_port=metrics_port, progress=progress, report=report)
         return run_embedded(loaded, opts, grouping=grouping, card_transport=card_transport or "process")
 
     @cli.command("deploy")
     @click.argument("target", metavar="FILE.py[:NAME]")
-    @click.option("--node", "node", default=None,
-                  help="a provisioned node's name on this machine or its URL; default: the only one running")
+    @click.option("--node", "node", default=None, metavar="NODE", help=HELP_PROVISIONED)
     @click.option("--token-env", default="FORGE_TOKEN", show_default=True,
                   help="environment variable holding the node's bearer token, if it needs one")
     @click.option("--cluster", default=None, metavar="ADDRESS",
@@ -79,14 +93,17 @@ def register(cli: click.Group) -> None:
                   help="with --cluster: broker prefix/length grouping (off = FIFO)")
     @_common
     def deploy_cmd(target, node, token_env, cluster, grouping, input_path, output_path, ledger_path, restart,
-                   concurrency, metrics_port, progress, report):
+                   accept_changed_function, concurrency, metrics_port, progress, report):
         """Run a function over records against a node provisioned with `forge provision` (or, with
         --cluster, across every node provisioned on a Ray cluster)."""
         from forge.functions.job import JobOptions, run_remote
 
+        _before_loading(metrics_port)
+
         opts = JobOptions(target=target, input_path=input_path, output_path=output_path,
                           ledger_path=_ledger_default(output_path, ledger_path), restart=restart,
-                          concurrency=concurrency, metrics_port=metrics_port, progress=progress, report=report)
+                          accept_changed_function=accept_changed_function, concurrency=concurrency,
+                          metrics_port=metrics_port, progress=progress, report=report)
         if cluster is not None:
             if node is not None:
                 raise UsageError("give --node or --cluster, not both")
@@ -95,7 +112,8 @@ def register(cli: click.Group) -> None:
             return run_cluster(cluster, opts, grouping=grouping)
         if not grouping:
             raise UsageError("--no-grouping applies to --cluster jobs (a provisioned node's broker is its own)")
-        from forge.runtime.registry import resolve
+        from forge.cli.node_arg import provisioned, require_answer
 
-        info = resolve(node)
-        return run_remote(info["control_url"], os.environ.get(token_env), opts)
+        info = provisioned(node)
+        require_answer(info)
+        return run_remote(info["control_url"], os.environ.get(token_env), opts, node_label=info["node"])

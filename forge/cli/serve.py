@@ -3,22 +3,21 @@ completions, on a node provisioned in this process (docs/serve.md)."""
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Optional
 
 import click
 
+from forge.cli.node_arg import HELP_DESCRIPTION
 from forge.errors import UsageError
 
 
 def register(cli: click.Group) -> None:
     @cli.command("serve")
     @click.argument("targets", nargs=-1, metavar="[FILE.py[:NAME]]...")
-    @click.option("--node", "node_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
-                  help="node description to provision in-process; default: the embedded CPU node")
+    @click.option("--node", "node_arg", default=None, metavar="NODE", help=HELP_DESCRIPTION)
     @click.option("--remote", default=None, metavar="NODE",
-                  help="serve against a node provisioned with `forge provision` (its name on this machine, or its "
-                  "URL) instead of provisioning one here")
+                  help="serve against a node provisioned with `forge provision` instead of provisioning one here: "
+                  "its name on this machine, its control URL, or the path of its description")
     @click.option("--node-token-env", default="FORGE_TOKEN", show_default=True,
                   help="with --remote: environment variable holding the remote node's bearer token")
     @click.option("--host", default="127.0.0.1", show_default=True,
@@ -30,33 +29,44 @@ def register(cli: click.Group) -> None:
                   help="requests in progress per endpoint before 429; default: 2 x the node's slots")
     @click.option("--deadline-s", type=click.FloatRange(0.001, 600), default=60.0, show_default=True,
                   help="a request's deadline when it names none (X-Forge-Deadline header / deadline_s field)")
+    @click.option("--max-body-mb", type=click.FloatRange(0.001, 4096), default=32.0, show_default=True,
+                  help="largest request body accepted; a bigger one gets 413")
+    @click.option("--max-connections-per-client", type=click.IntRange(0, 1_000_000), default=1024,
+                  show_default=True, help="open connections per client address (0: no bound); at the bound a new "
+                  "connection closes that address's oldest idle one")
     @click.option("--strict", is_flag=True, help="treat validation warnings as errors")
     @click.option("--ready-file", type=click.Path(dir_okay=False), default=None,
                   help="write the server's URL to this file once it accepts requests")
-    def serve_cmd(targets, node_path, remote, node_token_env, host, port, token_env, max_concurrency, deadline_s,
-                  strict, ready_file) -> int:
+    def serve_cmd(targets, node_arg, remote, node_token_env, host, port, token_env, max_concurrency, deadline_s,
+                  max_body_mb, max_connections_per_client, strict, ready_file) -> int:
         """Serve functions (one POST /v1/functions/NAME each) and OpenAI-compatible /v1/completions and
         /v1/chat/completions, with an OpenAPI document at /docs."""
+        from forge.cli.node_arg import description_path, provisioned
         from forge.config.load import load_node
-        from forge.embedded import default_node_path
         from forge.functions.loader import load_function
         from forge.node.endpoint import require_token
         from forge.serve.app import ServeOptions, serve_embedded
 
         from forge.serve.app import serve_remote
 
-        if remote is not None and node_path is not None:
+        if remote is not None and node_arg is not None:
             raise UsageError("give --node (provision here) or --remote (a node provisioned elsewhere), not both")
         token: Optional[str] = os.environ.get(token_env) or None
         require_token(host, token, token_env, what="forge serve")
+        from forge.runtime.ports import check_free
+
+        check_free(host, port, "forge serve", "--port")      # before any engine loads
+        from forge.cli.interrupt import exit_at_once_until_draining
+
+        exit_at_once_until_draining("while the node starts")
         specs = [load_function(t)[0] for t in targets]
         opts = ServeOptions(host=host, port=port, token=token, max_concurrency=max_concurrency,
-                            default_deadline_s=deadline_s, ready_file=ready_file)
+                            default_deadline_s=deadline_s, ready_file=ready_file,
+                            max_body_bytes=int(max_body_mb * 2**20),
+                            max_connections_per_client=max_connections_per_client)
         if remote is not None:
-            from forge.runtime.registry import resolve
-
-            return serve_remote(resolve(remote)["control_url"], os.environ.get(node_token_env), specs, opts)
-        loaded = load_node(node_path or default_node_path(), strict=strict)
+            return serve_remote(provisioned(remote)["control_url"], os.environ.get(node_token_env), specs, opts)
+        loaded = load_node(description_path(node_arg, "serve"), strict=strict)
         for w in loaded.warnings:
             click.echo(w.render(), err=True)
         return serve_embedded(loaded, specs, opts)

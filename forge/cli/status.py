@@ -10,7 +10,8 @@ import click
 def register(cli: click.Group) -> None:
     @cli.command("status")
     @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
-    @click.option("--token-env", default="FORGE_TOKEN", show_default=True)
+    @click.option("--token-env", default="FORGE_TOKEN", show_default=True,
+                  help="environment variable holding the nodes' bearer token, if they need one")
     @click.option("--cluster", default=None, metavar="ADDRESS",
                   help="the forge nodes provisioned on this Ray cluster (see docs/cluster.md)")
     def status_cmd(as_json: bool, token_env: str, cluster):
@@ -26,12 +27,17 @@ def register(cli: click.Group) -> None:
         token = os.environ.get(token_env)
         headers = {"authorization": f"Bearer {token}"} if token else {}
         rows = []
-        for info in registry.nodes():
-            try:
-                r = httpx.get(info["control_url"] + "/v1/node", headers=headers, timeout=3.0)
-                desc = r.json() if r.status_code == 200 else {"error": f"HTTP {r.status_code}"}
-            except httpx.HTTPError as e:
-                desc = {"error": f"unreachable: {e}"}
+        for info in registry.entries():
+            if not info.pop("alive"):
+                desc = {"error": "dead", "why": "the process ended without stopping the node (killed?); its "
+                        "entry is removed now"}
+            else:
+                try:
+                    r = httpx.get(info["control_url"] + "/v1/node", headers=headers, timeout=3.0)
+                    desc = r.json() if r.status_code == 200 else {"error": f"HTTP {r.status_code}"}
+                except httpx.HTTPError as e:
+                    desc = {"error": "no answer", "why": f"it does not answer ({type(e).__name__}): stopped or "
+                            f"stuck; `kill {info.get('pid')}` ends it"}
             rows.append({**info, "live": desc})
         if as_json:
             click.echo(json.dumps(rows, indent=2))
@@ -39,18 +45,23 @@ def register(cli: click.Group) -> None:
         if not rows:
             click.echo("no nodes provisioned on this machine (forge provision NODE.yaml)")
             return 0
-        table = Table(title="forge nodes")
-        for col in ("node", "pid", "control", "card", "tier", "backend", "health", "in flight", "tok/s"):
-            table.add_column(col)
+        # The URL is what a user copies: it goes on a line of its own, never into a column that 80 columns cut.
+        table = Table(title="forge nodes", title_justify="left")
+        for col in ("node", "card", "tier", "backend", "health", "in flight", "tok/s"):
+            table.add_column(col, justify="right" if col in ("in flight", "tok/s") else "left")
         for n in rows:
             live = n["live"]
             if "error" in live:
-                table.add_row(n["node"], str(n["pid"]), n["control_url"], "-", "-", "-", live["error"], "-", "-")
+                table.add_row(n["node"], "-", "-", "-", live["error"], "-", "-")
                 continue
             for c in live["cards"]:
-                table.add_row(n["node"], str(n["pid"]), n["control_url"], c["card"], c["tier"], c["backend"],
-                              "ok" if c["healthy"] else "DOWN", str(c["in_flight"]), f"{c['tokens_per_s']:,.0f}")
+                table.add_row(n["node"], c["card"], c["tier"], c["backend"], "ok" if c["healthy"] else "DOWN",
+                              str(c["in_flight"]), f"{c['tokens_per_s']:,.0f}")
         Console().print(table)
+        for n in rows:
+            where = "" if n["live"].get("error") == "dead" else f" {n['control_url']}"
+            why = f" — {n['live']['why']}" if "why" in n["live"] else ""
+            click.echo(f"{n['node']}: pid {n.get('pid')}{where}{why}")
         return 0
 
 

@@ -6,11 +6,12 @@ from typing import Optional
 
 import click
 
+from forge.cli.node_arg import HELP_PROVISIONED
+
 
 def register(cli: click.Group) -> None:
     @cli.command("top")
-    @click.option("--node", default=None, help="a node provisioned on this machine (its name), or a control "
-                  "URL; default: the one node provisioned here")
+    @click.option("--node", default=None, metavar="NODE", help=HELP_PROVISIONED)
     @click.option("--interval", type=click.FloatRange(0.1, 60.0), default=1.0, show_default=True,
                   help="seconds between polls of the node's /v1/stats")
     @click.option("--token-env", default="FORGE_TOKEN", show_default=True,
@@ -20,11 +21,11 @@ def register(cli: click.Group) -> None:
         """Live per-card view: tokens/s, budget use, slots, KV, queues, stalls, health."""
         from rich.console import Console
 
-        from forge.runtime import registry
+        from forge.cli.node_arg import provisioned
         from forge.top.live import run_live, run_once
         from forge.top.poll import Poller
 
-        target = registry.resolve(node)
+        target = provisioned(node)
         poller = Poller(target["control_url"], name=target["node"], token=os.environ.get(token_env) or None,
                         token_env=token_env)
         console = Console()

@@ -137,7 +137,12 @@ def cards_hold_engines(n: Node, file: str, plans: list[CardPlan]) -> list[Proble
             continue
         i = index[id(p.card)]
         lim, kv = p.contract.limits, p.contract.kv_cache
-        if not p.fits_memory:
+        if not p.fits_memory and p.replicas > 1:
+            out.append(Problem(file, f"$.cards[{i}].replicas",
+                               f"{p.replicas} replicas x (weights {fmt_bytes(p.weights_bytes)} + KV pool "
+                               f"{fmt_bytes(p.kv_pool_bytes)}) of {p.contract.contract} = {fmt_bytes(p.card_bytes)} "
+                               f"exceed the card's {fmt_bytes(p.card_memory_bytes)}"))
+        elif not p.fits_memory:
             out.append(Problem(file, f"$.cards[{i}].memory_gib",
                                f"weights {fmt_bytes(p.weights_bytes)} + KV pool {fmt_bytes(p.kv_pool_bytes)} of "
                                f"{p.contract.contract} exceed the card's {fmt_bytes(p.card_memory_bytes)}"))
@@ -156,12 +161,25 @@ def cards_hold_engines(n: Node, file: str, plans: list[CardPlan]) -> list[Proble
 
 
 def host_cache_fits_host(n: Node, file: str, contracts: dict[str, Contract]) -> list[Problem]:
-    total = sum(contracts[c.engine].kv_cache.host_cache_bytes for c in n.cards if c.engine in contracts)
+    total = sum(c.replicas * contracts[c.engine].kv_cache.host_cache_bytes for c in n.cards if c.engine in contracts)
     limit = kvmath.gib(n.host.memory_gib)
     if total > limit:
         return [Problem(file, "$.host.memory_gib", f"the cards' host KV caches add up to {fmt_bytes(total)}, more "
                         f"than the host's {fmt_bytes(limit)}")]
     return []
+
+
+def host_has_cores_for_replicas(n: Node, file: str) -> list[Problem]:
+    """Each replica is one engine process whose Python loop keeps a core busy: a node that declares replicas must
+    have a core for every engine process of every card (checked only once replicas are declared)."""
+    if all(card.replicas == 1 for card in n.cards):
+        return []
+    total = sum(card.replicas for card in n.cards)
+    if total <= n.host.cpu_cores:
+        return []
+    per_card = ", ".join(f"{card.kind}{card.index}: {card.replicas}" for card in n.cards)
+    return [Problem(file, "$.host.cpu_cores", f"the cards run {total} engine processes ({per_card}) but the host has "
+                    f"{n.host.cpu_cores} cores: each replica is one engine process bound by its own Python loop")]
 
 
 def check_node(n: Node, file: str, contracts: dict[str, Contract], plans: list[CardPlan],
@@ -171,5 +189,6 @@ def check_node(n: Node, file: str, contracts: dict[str, Contract], plans: list[C
     out += cards_match_targets(n, file, contracts)
     out += cards_hold_engines(n, file, plans)
     out += host_cache_fits_host(n, file, contracts)
+    out += host_has_cores_for_replicas(n, file)
     return out
 

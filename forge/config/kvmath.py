@@ -19,15 +19,16 @@ def blocks_for(tokens: int, tokens_per_block: int) -> int:
 
 
 def pool_tokens(*, card_memory_bytes: int, weights_bytes: int, bytes_per_token: int, tokens_per_block: int,
-                free_gpu_memory_fraction: float | None, max_tokens: int | None) -> int:
-    """Tokens the KV pool holds, rounded down to whole blocks.
+                free_gpu_memory_fraction: float | None, max_tokens: int | None, replicas: int = 1) -> int:
+    """Tokens the KV pool of ONE engine holds, rounded down to whole blocks.
 
-    max_tokens is taken as stated. A fraction applies to the memory left after the weights (as
-    TensorRT-LLM applies it to free memory after loading); activation buffers are not modelled."""
+    max_tokens is taken as stated (per engine). A fraction applies to the memory left after the weights (as
+    TensorRT-LLM applies it to free memory after loading); with N replicas on the card, to the memory left
+    after N copies of the weights, shared equally by the N engines. Activation buffers are not modelled."""
     if max_tokens is not None:
         tokens = max_tokens
     else:
-        free = max(card_memory_bytes - weights_bytes, 0)
+        free = max(card_memory_bytes - replicas * weights_bytes, 0) // max(replicas, 1)
         try:
             tokens = int(free * float(free_gpu_memory_fraction or 0.0)) // bytes_per_token
         except OverflowError:           # a memory size beyond floats: exact arithmetic instead

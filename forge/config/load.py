@@ -88,7 +88,8 @@ class _Session:
         for rel, where in entries:
             target = base / rel
             if not target.exists():
-                pf.add(where, f"{shown(target)} does not exist")
+                # name the path as resolved: a copied node file's relative `contracts:` points somewhere else
+                pf.add(where, f"{rel!r} (relative to the node file's folder: {os.path.abspath(target)}) does not exist")
                 complete = False
             elif target.is_dir():
                 files, notes = walk_configs(target)

@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator,
 from forge.config.units import parse_bytes
 
 PositiveInt = Annotated[int, Field(gt=0)]
+MAX_REPLICAS = 16          # engine processes of one tier on one card (cards[].replicas)
 Name = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
 ComputeCapability = Annotated[str, Field(pattern=r"^[0-9]{1,2}\.[0-9]$")]
 
@@ -154,6 +155,9 @@ class Card(Strict):
     memory_gib: float = Field(gt=0)
     compute_capability: Optional[ComputeCapability] = None
     engine: Name = Field(description="the contract this card runs")
+    replicas: int = Field(
+        1, ge=1, le=MAX_REPLICAS, description="engines of this card's contract on the card, each its own process "
+        "with its own weights and KV pool (see docs/node-descriptions.md); default 1")
 
     @model_validator(mode="after")
     def _cc_for_gpu(self) -> "Card":

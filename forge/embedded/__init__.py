@@ -1,18 +1,18 @@
-"""The embedded default: one CPU card running the tiny Llama-shaped model shipped in this folder."""
+"""The embedded default: one CPU card running the tiny Llama-shaped model shipped in this folder.
+
+The node description (local.yaml), its contract (tiny-llama-cpu.yaml) and the model (tiny-llama/) are
+package data: they install with forge, so the default node works wherever forge is installed."""
 from __future__ import annotations
 
 from pathlib import Path
 
-from forge.errors import ForgeError
-
-TINY_MODEL_DIR = Path(__file__).resolve().parent / "tiny-llama"
-_REPO = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
+TINY_MODEL_DIR = HERE / "tiny-llama"
+DEFAULT_NODE = "local"
+# Node descriptions shipped with forge, by name: `--node local` is the embedded default.
+PACKAGED_NODES = {DEFAULT_NODE: HERE / "local.yaml"}
 
 
 def default_node_path() -> Path:
-    """node_descriptions/local.yaml of this checkout (forge is installed editable, as the README says)."""
-    path = _REPO / "node_descriptions" / "local.yaml"
-    if not path.is_file():
-        raise ForgeError(f"the embedded default node ({path}) is not here: install forge from its checkout "
-                         "with `pip install -e .`, or pass --node NODE.yaml")
-    return path
+    """The embedded default node description (inside the installed package)."""
+    return PACKAGED_NODES[DEFAULT_NODE]

@@ -5,7 +5,10 @@ engine in the way. Its outputs mean nothing; every report of it says "instant (n
 Output: exactly max_new_tokens ids derived from the prompt (crc32 of the ids), never special ids, finish
 reason "length". With `instant: {tokens_per_s_limit: R}` the engine spends R tokens per second (input +
 output, the quantity the broker balances on) on its requests in FIFO order, which is how two engines of
-known, different speeds are tested deterministically.
+known, different speeds are tested deterministically. With `instant: {step_cpu_ms: X}` it is instead a
+continuous batcher that spends X ms of pure-Python CPU time per step while holding the GIL, and processes
+up to the contract's token budget over its slots each step (instant_steps.py): a CPU-bound engine, so
+contention between engines and the control plane can be measured without GPUs.
 
 Tokenizer: `tokenizer.json` from the contract's artifact tokenizer (else checkpoint) directory, loaded with the
 `tokenizers` library (no transformers import); a directory with a tokenizer.json but no `tokenizers` library
@@ -23,8 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from forge.engines.instant_steps import StepBatcher
 from forge.engines.interface import (Engine, EngineBusy, EngineFailed, EngineRequest, EngineResult, IterationStats,
                                      Progress)
 from forge.errors import ConfigError, EngineUnavailable, ForgeError, Problem, display_path
@@ -34,6 +38,7 @@ BACKEND = "instant"
 LABEL = "instant (no model): control-plane ceiling only, outputs are synthetic"
 HIDDEN_SIZE = 16                  # want_hidden returns this many deterministic floats (not a model state)
 BURST_S = 0.25                    # a rate-limited engine banks at most this much time's worth of tokens
+MAX_STEP_CPU_MS = 1000.0          # one step must fit well inside the runtime's engine-call limits
 
 
 class InstantSection(BaseModel):
@@ -44,6 +49,16 @@ class InstantSection(BaseModel):
     tokens_per_s_limit: Optional[float] = Field(
         None, gt=0, description="emulate an engine delivering this many (input + output) tokens per second; "
         "default: unlimited (every request finishes at the next poll)")
+    step_cpu_ms: Optional[float] = Field(
+        None, gt=0, le=MAX_STEP_CPU_MS, description="run as a continuous batcher that spends this many "
+        "milliseconds of pure-Python CPU time per step while holding the GIL; each step processes up to "
+        "limits.max_num_tokens tokens over up to limits.max_batch_size requests (decode first, then prefill)")
+
+    @model_validator(mode="after")
+    def _one_speed_model(self) -> "InstantSection":
+        if self.tokens_per_s_limit is not None and self.step_cpu_ms is not None:
+            raise ValueError("give tokens_per_s_limit or step_cpu_ms, not both")
+        return self
 
 
 def section_of(contract, key: str, model: type[BaseModel]) -> Optional[BaseModel]:
@@ -127,11 +142,12 @@ class _Job:
     req: EngineRequest
     blocks: int
     cost: int                       # input + output tokens
+    prompt_len: int
     spent: int = 0
     error: Optional[str] = None
 
     def produced(self) -> int:
-        return max(0, min(self.spent - len(self.req.prompt_ids), self.req.max_new_tokens))
+        return max(0, min(self.spent - self.prompt_len, self.req.max_new_tokens))
 
 
 def synthetic_output(prompt: Sequence[int], n: int, lo: int, hi: int) -> list[int]:
@@ -158,10 +174,15 @@ class InstantEngine(Engine):
         self._credit = 0.0
         self._refilled = time.monotonic()
         self._steps = self._last_step_tokens = 0
+        self._batcher: Optional[StepBatcher] = None
+        if self.section.step_cpu_ms is not None:
+            self._batcher = StepBatcher(cpu_ms=self.section.step_cpu_ms, token_budget=self._lim.max_num_tokens,
+                                        tokens_per_block=self._tpb, cache_blocks=plan.num_blocks,
+                                        block_reuse=contract.kv_cache.block_reuse)
 
     def describe(self) -> dict[str, Any]:
         return {"backend": BACKEND, "label": LABEL, "tokens_per_s_limit": self.section.tokens_per_s_limit,
-                "tokenizer": type(self.tokenizer).__name__}
+                "step_cpu_ms": self.section.step_cpu_ms, "tokenizer": type(self.tokenizer).__name__}
 
     def submit(self, requests: Sequence[EngineRequest]) -> None:
         with self._cond:
@@ -176,12 +197,14 @@ class InstantEngine(Engine):
             for r, b in zip(requests, blocks):
                 if r.request_id in self._jobs:
                     raise ValueError(f"request {r.request_id!r} is already in the engine")
-                job = _Job(req=r, blocks=b, cost=len(r.prompt_ids) + r.max_new_tokens)
+                job = _Job(req=r, blocks=b, cost=len(r.prompt_ids) + r.max_new_tokens, prompt_len=len(r.prompt_ids))
                 if len(r.prompt_ids) > self._lim.max_input_len or r.max_new_tokens > self._lim.max_output_len:
                     job.error = (f"prompt {len(r.prompt_ids)} / output {r.max_new_tokens} tokens exceed the contract's "
                                  f"max_input_len {self._lim.max_input_len} / max_output_len {self._lim.max_output_len}")
                 elif r.guide is not None:
                     job.error = "the instant backend does not support guided output"
+                elif self._batcher is not None:
+                    self._batcher.admit(job, r.prompt_ids)
                 self._jobs[r.request_id] = job
             self._cond.notify_all()
 
@@ -193,6 +216,8 @@ class InstantEngine(Engine):
 
     def poll(self, timeout_s: float) -> Progress:
         deadline = time.monotonic() + max(timeout_s, 0.0)
+        if self._batcher is not None:
+            return self._poll_steps(deadline)
         with self._cond:
             while True:
                 progress = self._step(time.monotonic())
@@ -201,6 +226,32 @@ class InstantEngine(Engine):
                     return progress
                 rate = self.section.tokens_per_s_limit
                 self._cond.wait(min(remaining, 1.0 / rate) if rate and self._jobs else remaining)
+
+    def _poll_steps(self, deadline: float) -> Progress:
+        """Step the batcher until a request finishes or the deadline passes (a step started before the
+        deadline runs to its end, as a real engine's does); tokens of every step are reported."""
+        out = Progress()
+        with self._cond:
+            while True:
+                self._settle(out)
+                live = [j for j in self._jobs.values() if j.error is None and j.req.request_id not in self._cancels]
+                if live and not self._closed:
+                    out.new_tokens += self._batcher.step(live)
+                    self._steps, self._last_step_tokens = self._batcher.steps, self._batcher.last_step_tokens
+                    self._settle(out)
+                remaining = deadline - time.monotonic()
+                if out.results or self._closed or remaining <= 0:
+                    return out
+                if not live:
+                    self._cond.wait(remaining)
+
+    def _settle(self, out: Progress) -> None:
+        """Hand out every job that is finished, cancelled or refused."""
+        for key, job in list(self._jobs.items()):
+            if key in self._cancels or job.error is not None or job.spent >= job.cost:
+                out.results.append(self._result(job, "cancelled" if key in self._cancels else None))
+                del self._jobs[key]
+                self._cancels.discard(key)
 
     def _step(self, now: float) -> Progress:
         rate = self.section.tokens_per_s_limit
@@ -244,9 +295,10 @@ class InstantEngine(Engine):
     def stats(self) -> IterationStats:
         with self._cond:
             used = sum(j.blocks for j in self._jobs.values())
+            hits = self._batcher.prefix_hit_tokens if self._batcher is not None else 0
             return IterationStats(active=len(self._jobs), queued=0, kv_blocks_used=used,
                                   kv_blocks_free=self.plan.num_blocks - used, tokens_last_step=self._last_step_tokens,
-                                  steps=self._steps)
+                                  steps=self._steps, prefix_hit_tokens=hits)
 
     def shutdown(self, timeout_s: float) -> None:
         with self._cond:

@@ -15,9 +15,12 @@ Tokenization belongs to the engine (its tokenizer is the one the broker measures
 from __future__ import annotations
 
 import abc
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any, Optional, Protocol, Sequence
+
+from forge import constants
 
 
 class EngineBusy(Exception):
@@ -37,6 +40,22 @@ class Sampling:
     top_k: int = 0
     seed: Optional[int] = None
     stop_at_eos: bool = True
+
+
+def sampling_problem(s: Sampling) -> Optional[str]:
+    """What every engine can represent, checked again at its submit (GenerateParams checks it where requests enter):
+    samplers hold top_k as int32 and divide float32 logits by the temperature, so a top_k of 2**31 or a NaN
+    temperature reaching an engine's loop would end it for every request on the card."""
+    t, p, k = s.temperature, s.top_p, s.top_k
+    if not (isinstance(t, (int, float)) and math.isfinite(t)
+            and (t == 0 or constants.MIN_SAMPLING_TEMPERATURE <= t <= constants.MAX_SAMPLING_TEMPERATURE)):
+        return (f"invalid sampling: temperature {t!r} is not 0 or in [{constants.MIN_SAMPLING_TEMPERATURE:g}, "
+                f"{constants.MAX_SAMPLING_TEMPERATURE:g}]")
+    if not (isinstance(p, (int, float)) and math.isfinite(p) and 0 < p <= 1):
+        return f"invalid sampling: top_p {p!r} is not in (0, 1]"
+    if not (isinstance(k, int) and 0 <= k <= constants.INT32_MAX):
+        return f"invalid sampling: top_k {k!r} is not an int in [0, 2**31 - 1]"
+    return None
 
 
 @dataclass(frozen=True)

@@ -38,8 +38,8 @@ class TransformersSection(BaseModel):
         "per_request", description="per_request: each request's temperature/top_p/top_k is honoured (temperature 0 "
         "runs as top_k=1); greedy: the engine only decodes greedily and refuses requests asking for temperature > 0 "
         "(slightly cheaper: no logits processing)")
-    seed: int = Field(0, ge=0, description="the engine-wide sampling seed (transformers has one generator per engine; "
-                      "per-request seeds of sampled requests are refused)")
+    seed: int = Field(0, ge=0, description="the engine-wide seed (model initialisation and unseeded sampling; a "
+                      "request's own seed is honoured on the eager loop, see forge/engines/hf/seeded.py)")
     max_waiting: Optional[int] = Field(
         None, gt=0, description="requests accepted beyond limits.max_batch_size before submit raises EngineBusy; "
         "default: limits.max_batch_size (the engine holds at most twice its slots)")
@@ -68,3 +68,17 @@ def forge_register_backends(register):
 @hookimpl
 def forge_register_contract_sections(register):
     register(BACKEND, TransformersSection)
+
+
+@hookimpl
+def forge_register_tunables(register):
+    from forge.engines.hf.tunables import transformers_tunables
+
+    register(BACKEND, transformers_tunables)
+
+
+@hookimpl
+def forge_validation_rules(register):
+    from forge.engines.hf.tunables import gpu_only_switches
+
+    register(gpu_only_switches)

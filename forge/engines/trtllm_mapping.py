@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence, Union
 
 from forge.config.models import Contract
-from forge.engines.interface import EngineRequest, Guide, IterationStats, Sampling
+from forge.engines.interface import EngineRequest, Guide, IterationStats, Sampling, sampling_problem
 from forge.errors import Problem, display_path
 
 CAPACITY_POLICIES = ("GUARANTEED_NO_EVICT", "MAX_UTILIZATION", "STATIC_BATCH")
@@ -219,6 +219,9 @@ def request_refusal(contract: Contract, r: EngineRequest, supports_guides: froze
     lim = contract.limits
     if r.want_hidden:
         return "backend trtllm does not return hidden states"
+    why = sampling_problem(r.sampling)
+    if why is not None:
+        return why
     if len(r.prompt_ids) > lim.max_input_len or r.max_new_tokens > lim.max_output_len:
         # TensorRT-LLM rejects a long prompt but silently shortens a long output: refuse both up front
         return (f"request of {len(r.prompt_ids)}+{r.max_new_tokens} tokens exceeds the contract's "

@@ -12,8 +12,13 @@ from __future__ import annotations
 
 import abc
 import inspect
+import json
+import math
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Optional, Sequence
+
+from forge import constants
+from forge.errors import RequestRejected
 
 _SPEC_ATTR = "__forge_function__"
 
@@ -51,6 +56,76 @@ class GenerateParams:
     embed: bool = False
     priority: int = 0
     deadline_s: Optional[float] = None
+
+    def __post_init__(self) -> None:
+        why = params_problem(self)
+        if why is not None:
+            raise RequestRejected(why)
+        object.__setattr__(self, "temperature", float(self.temperature))   # checked finite numbers: engines take floats
+        object.__setattr__(self, "top_p", float(self.top_p))
+
+
+def params_problem(p: GenerateParams) -> Optional[str]:
+    """Why an engine cannot represent this request as asked (None when it can). Checked on every GenerateParams
+    made, whatever the edge (a function's llm handle, the node's HTTP endpoint, the OpenAI API): one top_k of 2^31
+    or a NaN temperature reaching an engine loop kills it for every request on the card."""
+    for name, lo in (("max_tokens", 1), ("top_k", 0)):
+        v = getattr(p, name)
+        if not _is_int(v) or not lo <= v <= constants.INT32_MAX:
+            return f"{name} must be an int in [{lo}, 2**31 - 1], got {v!r}"
+    if not _is_int(p.priority) or abs(p.priority) > constants.INT32_MAX:
+        return f"priority must be an int within ±(2**31 - 1), got {p.priority!r}"
+    t = p.temperature
+    if not _is_finite(t) or not (t == 0 or constants.MIN_SAMPLING_TEMPERATURE <= t <= constants.MAX_SAMPLING_TEMPERATURE):
+        return (f"temperature must be 0 (greedy) or a number in [{constants.MIN_SAMPLING_TEMPERATURE:g}, "
+                f"{constants.MAX_SAMPLING_TEMPERATURE:g}], got {t!r}")
+    if not _is_finite(p.top_p) or not 0 < p.top_p <= 1:
+        return f"top_p must be in (0, 1], got {p.top_p!r}"
+    if p.seed is not None and (not _is_int(p.seed) or not 0 <= p.seed < 2**63):
+        return f"seed must be an int in [0, 2**63), got {p.seed!r}"
+    if p.deadline_s is not None and (not _is_finite(p.deadline_s) or not 0 < p.deadline_s <= constants.MAX_DEADLINE_S):
+        return f"deadline_s must be a number of seconds in (0, {constants.MAX_DEADLINE_S:g}], got {p.deadline_s!r}"
+    if not isinstance(p.embed, bool):
+        return f"embed must be true or false, got {p.embed!r}"
+    if p.choice is not None and p.json_schema is not None:
+        return "give choice or json_schema, not both"
+    if p.choice is not None:
+        return _choice_problem(p.choice)
+    if p.json_schema is not None:
+        return _schema_problem(p.json_schema)
+    return None
+
+
+def _choice_problem(choice) -> Optional[str]:
+    if (not isinstance(choice, (tuple, list)) or not choice
+            or not all(isinstance(c, str) and c for c in choice)):
+        return "choice must be a non-empty list of non-empty strings"
+    if len(choice) > constants.MAX_GUIDE_CHOICES:
+        return f"choice has {len(choice)} options; at most {constants.MAX_GUIDE_CHOICES} are taken"
+    size = sum(len(c.encode("utf-8", "surrogatepass")) for c in choice)
+    if size > constants.MAX_GUIDE_BYTES:
+        return f"choice options hold {size} bytes in all; at most {constants.MAX_GUIDE_BYTES} are taken"
+    return None
+
+
+def _schema_problem(schema) -> Optional[str]:
+    if not isinstance(schema, dict):
+        return f"json_schema must be a JSON object (a dict), got {type(schema).__name__}"
+    try:
+        size = len(json.dumps(schema, allow_nan=False).encode("utf-8", "surrogatepass"))
+    except (TypeError, ValueError, RecursionError) as e:     # a set, NaN, a cycle, nesting past the stack
+        return f"json_schema is not JSON: {type(e).__name__}: {str(e)[:200]}"
+    if size > constants.MAX_GUIDE_BYTES:
+        return f"json_schema is {size} bytes as JSON; at most {constants.MAX_GUIDE_BYTES} are taken"
+    return None
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_finite(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def function(fn: Optional[Callable] = None, *, max_output_tokens: Optional[int] = None, name: Optional[str] = None,

@@ -3,6 +3,7 @@ the node, run the records, write the summary and the report."""
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -28,46 +29,81 @@ class JobOptions:
     metrics_port: Optional[int] = None
     progress: str = "auto"
     report: bool = True
+    accept_changed_function: bool = False     # the user declares the changed function compatible with done rows
 
 
 def run_embedded(loaded: LoadedNode, opts: JobOptions, *, grouping: bool = True,
                  card_transport: str = "process") -> int:
     from forge.node.local import LocalNode
 
-    return run_with_node(lambda: LocalNode(loaded, grouping=grouping, card_transport=card_transport), opts)
+    return run_with_node(lambda: LocalNode(loaded, grouping=grouping, card_transport=card_transport), opts,
+                         node_label=loaded.node.node)
 
 
-def run_remote(url: str, token: Optional[str], opts: JobOptions) -> int:
-    from forge.node.remote import RemoteNode
+def run_remote(url: str, token: Optional[str], opts: JobOptions, *, node_label: str = "") -> int:
+    from forge.functions.remote_stats import StatsRemoteNode
 
-    return run_with_node(lambda: RemoteNode(url, token=token), opts)
-
-
-def run_with_node(make_node: Callable[[], Any], opts: JobOptions) -> int:
-    """Start the node `make_node()` builds (a forge.node.interface.Node: local, remote or cluster), load the
-    function while a local node's workers load their engines, run the job, and stop the node whatever happens."""
-
-    async def main() -> int:
-        node = make_node()
-        if hasattr(node, "launch"):
-            node.launch()             # workers start loading now; the function and the ledger open meanwhile
-        try:
-            spec, digest = load_function(opts.target)
-            await node.start()
-            return await _run(spec, digest, node, opts, node_label=node.name, engine_stats=node.engine_stats,
-                              broker_stats=node.broker_stats)
-        finally:
-            await node.stop()
-
-    return asyncio.run(main())
+    return run_with_node(lambda: StatsRemoteNode(url, token=token), opts, node_label=node_label or url)
 
 
-async def _run(spec, digest: str, node: Any, opts: JobOptions, *, node_label: str, engine_stats, broker_stats) -> int:
+def run_with_node(make_node: Callable[[], Any], opts: JobOptions, *, node_label: str = "") -> int:
+    """Load the function, start a local node's card workers (they import their engine libraries and load their
+    engines meanwhile), open the job's input, ledger and output, then wait for the node (local, remote or
+    cluster: forge.node.interface.Node), run the job, and stop the node whatever happens. Everything that can
+    refuse the job answers before the node is waited for, and then stops the workers at once (still loading,
+    they hold nothing); a run already complete answers the same way. The node's stats feed the report."""
     from forge.functions.store import open_store
 
-    stats = RunStats()
-    store = open_store(opts, function_name=spec.name, function_file=spec.fn.__code__.co_filename, node=node_label,
-                       stats=stats)
+    spec, digest = load_function(opts.target)
+    node = make_node()
+    node.launch()
+    store, handed_over = None, False
+    try:
+        stats = RunStats()
+        store = open_store(opts, function_name=spec.name, function_file=spec.fn.__code__.co_filename,
+                           node=node_label, stats=stats)
+        if store.run.report.complete:
+            return _already_complete(store, opts)
+
+        async def main() -> int:
+            await node.start()
+            return await _run(spec, digest, node, opts, node_label=node.name, engine_stats=node.engine_stats,
+                              broker_stats=node.broker_stats, store=store, stats=stats)
+
+        handed_over = True
+        return asyncio.run(_stopping(node, main()))
+    finally:
+        if not handed_over:
+            asyncio.run(node.stop())          # refused before the node was waited for: end its workers now
+        if store is not None:
+            store.run.close()
+
+
+async def _stopping(node: Any, work) -> int:
+    try:
+        return await work
+    finally:
+        await node.stop()
+
+
+def _already_complete(store, opts: JobOptions) -> int:
+    from forge.errors import display_path
+
+    c = store.counts()
+    print(f"forge: {display_path(opts.output_path)} is already complete: all {store.run.total:,} records are in it "
+          f"({c.written_errors:,} of them error rows); nothing to do (--restart runs it again)", file=sys.stderr)
+    return 0
+
+
+async def _run(spec, digest: str, node: Any, opts: JobOptions, *, node_label: str, engine_stats, broker_stats,
+               store=None, stats: Optional[RunStats] = None) -> int:
+    from forge.functions.store import open_store
+
+    stats = stats or RunStats()
+    stats.started_at = time.time()          # the run's clock starts once the node is up
+    if store is None:
+        store = open_store(opts, function_name=spec.name, function_file=spec.fn.__code__.co_filename,
+                           node=node_label, stats=stats)
     metrics = None
     try:
         if opts.metrics_port is not None:
@@ -90,13 +126,15 @@ async def _run(spec, digest: str, node: Any, opts: JobOptions, *, node_label: st
             async with store:
                 outcome: RunOutcome = await run_records(spec=spec, node=node, records=store.records(), sink=store,
                                                         stats=stats, concurrency=concurrency, on_tick=tick)
+        stats.retried = store.counts().retried - store.retried_before     # records whose function ran again
+        stats.writer_queue = 0                                            # closed: every row is written
+        if hasattr(node, "refresh_stats"):
+            await node.refresh_stats()
         summary = _summary(spec.name, node_label, opts, outcome, engine_stats, broker_stats)
         _print_summary(summary)
         if opts.report:
-            from forge.report import write_report
-
-            paths = write_report(opts.output_path, summary, sampler)
-            print(f"forge: report {', '.join(str(p) for p in paths)}", file=sys.stderr)
+            _write_report(opts.output_path, summary, sampler, run_id=store.run_id,
+                          resumed=store.run.report.resumed)
         if outcome.fatal:
             print(f"forge: stopped: {outcome.fatal}; unfinished records stay in the ledger — run the same "
                   "command again to resume", file=sys.stderr)
@@ -118,11 +156,11 @@ def _summary(name: str, node: str, opts: JobOptions, outcome: RunOutcome, engine
     wall = max(outcome.wall_s, 1e-9)
     engines = engine_stats() if engine_stats else []
     b = broker_stats() if broker_stats else None
-    retried = sum(e.requests_requeued for e in engines)
     return {
         "function": name, "node": node, "input": str(opts.input_path), "output": str(opts.output_path),
         "records_total": s.total, "records_done": s.done, "records_failed": s.failed,
-        "records_resumed": s.skipped, "retried": retried,
+        "records_resumed": s.skipped, "retried": s.retried,
+        "requeued": sum(e.requests_requeued for e in engines),
         "input_tokens": s.input_tokens, "output_tokens": s.output_tokens,
         "tokens_per_s": (s.input_tokens + s.output_tokens) / wall, "output_tokens_per_s": s.output_tokens / wall,
         "wall_s": wall, "interrupted": outcome.interrupted,
@@ -137,5 +175,48 @@ def _summary(name: str, node: str, opts: JobOptions, outcome: RunOutcome, engine
 
 def _print_summary(s: dict) -> None:
     print(f"forge: {s['function']} on {s['node']}: {s['records_done']} done, {s['records_failed']} failed, "
-          f"{s['records_resumed']} resumed, {s['retried']} retried | tokens in {s['input_tokens']:,} "
+          f"{s['records_resumed']} resumed, {s['retried']} retried"
+          + (f", {s['requeued']} requeued" if s.get("requeued") else "") + f" | tokens in {s['input_tokens']:,} "
           f"out {s['output_tokens']:,} | {s['tokens_per_s']:,.0f} tok/s | {s['wall_s']:.1f} s", file=sys.stderr)
+
+
+def _write_report(output: Path, summary: dict, sampler, **continued) -> None:
+    """The output is what matters: a report that cannot be written (a name too long, a read-only folder, a
+    file there that forge did not write) is one warning line, never a failed job."""
+    from forge.errors import display_path
+    from forge.records.guard import report_overwrite_problem
+    from forge.report import report_paths, write_report
+
+    json_path, md_path = report_paths(output)
+    temps = [p.with_name(p.name + ".tmp") for p in (json_path, md_path)]
+    ours = [p for p in temps if not _exists(p)]     # temp names forge may clean up after a failure
+    try:
+        problem = report_overwrite_problem(json_path, kind="json") or report_overwrite_problem(md_path, kind="md")
+        if problem is None:
+            # A file name that is not UTF-8 is quoted escaped: the report is text.
+            printable = {k: v.encode("utf-8", "backslashreplace").decode("utf-8") if isinstance(v, str) else v
+                         for k, v in summary.items()}
+            paths = write_report(output, printable, sampler, **continued)
+            print(f"forge: report {', '.join(display_path(p) for p in paths)}", file=sys.stderr)
+            return
+        why = f"{problem}; forge never writes over a file it did not write"
+    except OSError as e:
+        why = f"{display_path(e.filename)}: {e.strerror}" if e.filename else str(e)
+    except UnicodeError:
+        why = "the output's file name is not UTF-8, and the report quotes it"
+    except Exception as e:  # noqa: BLE001 - whatever it is, the rows are written; say so and carry on
+        why = f"{type(e).__name__}: {e}"
+    for p in ours:
+        try:
+            p.unlink(missing_ok=True)
+        except OSError:
+            pass
+    print(f"forge: warning: no report written: {why}", file=sys.stderr)
+
+
+def _exists(path: Path) -> bool:
+    try:
+        os.lstat(path)
+        return True
+    except OSError:         # absent, or a name the system cannot even look up (too long)
+        return False

@@ -20,7 +20,11 @@ def _eta(stats: RunStats) -> str:
     left = stats.total - stats.done - stats.failed - stats.skipped
     if rps <= 0 or stats.total <= 0:
         return "?"
-    s = int(left / rps)
+    return _clock(left / rps)
+
+
+def _clock(seconds: float) -> str:
+    s = max(0, int(seconds))
     return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
 
 
@@ -29,7 +33,8 @@ def status_line(stats: RunStats) -> str:
     settled = stats.done + stats.failed + stats.skipped
     total = stats.total or "?"
     return (f"records {settled}/{total} (failed {stats.failed}, resumed {stats.skipped}) | "
-            f"{tps:,.0f} tok/s | in flight {stats.in_flight} | ETA {_eta(stats)}")
+            f"{tps:,.0f} tok/s | in flight {stats.in_flight} | elapsed {_clock(time.time() - stats.started_at)} | "
+            f"ETA {_eta(stats)}")
 
 
 class Progress:
@@ -51,7 +56,7 @@ class Progress:
                 TimeElapsedColumn
 
             self._bar = RichProgress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                     TextColumn("{task.fields[info]}"), TimeElapsedColumn(),
+                                     TextColumn("{task.fields[info]} · elapsed"), TimeElapsedColumn(),
                                      console=Console(file=self.stream), refresh_per_second=4, transient=False)
             self._bar.__enter__()
             self._task = self._bar.add_task(self.label, total=self.stats.total or None, info="")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import signal
+import sys
 import time
 import traceback
 from dataclasses import dataclass
@@ -63,9 +64,13 @@ def error_row(index: int, exc: BaseException) -> dict:
     return {"index": index, "error": {"type": type(exc).__name__, "message": message[:4000]}}
 
 
+def _tell(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
 async def run_records(*, spec: FunctionSpec, node: Any, records, sink, stats: RunStats, concurrency: int,
                       on_tick: Callable[[], None] = lambda: None, tick_s: float = 0.25,
-                      install_signals: bool = True) -> RunOutcome:
+                      install_signals: bool = True, notice: Callable[[str], None] = _tell) -> RunOutcome:
     """records: iterable of (index, dict | InputError). sink: started/result/error coroutines (bounded)."""
     tune_for_throughput()
     loop = asyncio.get_running_loop()
@@ -78,11 +83,16 @@ async def run_records(*, spec: FunctionSpec, node: Any, records, sink, stats: Ru
     t0 = time.monotonic()
 
     def on_signal(name: str) -> None:
+        again = "press Ctrl-C again" if name == "SIGINT" else f"send {name} again"
         if outcome.interrupted is None:
             outcome.interrupted = name
             stop.set()
+            notice(f"forge: {name}: stopping — no new record starts; waiting up to {DRAIN_GRACE_S:g} s for the "
+                   f"{stats.in_flight:,} record(s) in flight to finish; {again} to stop now (they stay in the "
+                   "ledger and run next time)")
         else:                           # a second Ctrl-C: in-flight records go back to the ledger now
             hurry.set()
+            notice(f"forge: {name} again: stopping now; {stats.in_flight:,} record(s) in flight go back to the ledger")
 
     if install_signals:
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -116,6 +126,7 @@ async def run_records(*, spec: FunctionSpec, node: Any, records, sink, stats: Ru
     async def work() -> None:
         while True:
             item = await queue.get()
+            stats.producer_queue = queue.qsize()       # drains to 0 once the input is read
             if item is None or stop.is_set():     # stopped: a record not started stays unattempted
                 return
             index, record = item
@@ -140,8 +151,10 @@ async def run_records(*, spec: FunctionSpec, node: Any, records, sink, stats: Ru
                     stats.failed += 1
                     await sink.error(index, row["type"], row["message"])
                 else:
-                    stats.done += 1
-                    await sink.result(index, result)
+                    if await sink.result(index, result) is False:   # not serialisable: an error row went in
+                        stats.failed += 1
+                    else:
+                        stats.done += 1
             finally:
                 stats.in_flight -= 1
 

@@ -17,13 +17,20 @@ class JobStore:
         opts.ledger_path.parent.mkdir(parents=True, exist_ok=True)
         total = self.source.count()
         key = make_run_key(function_file=function_file, function_name=function_name, source=self.source)
+        accept = ("function_sha256",) if getattr(opts, "accept_changed_function", False) else ()
         self.run = open_run(opts.output_path, run_key=key, total=total, ledger_path=opts.ledger_path,
-                            restart=opts.restart, info={"node": node, "input": str(opts.input_path)})
+                            restart=opts.restart, info={"node": node, "input": str(opts.input_path)},
+                            input_path=opts.input_path, accept_changes=accept)
         rep = self.run.report
+        self.run_id = self.run.ledger.get_meta("created")      # the run's identity (a --restart makes a new one)
+        self.retried_before = self.run.counts().retried        # records invoked more than once, before this start
         stats.total = total
         stats.skipped = len(self.run.settled)
         self.stats = stats
-        if rep.resumed:
+        if self.run.ledger.accepted:
+            print(f"forge: {display_path(opts.output_path)}: the function file changed; keeping the {stats.skipped:,} "
+                  "record(s) already settled, as --accept-changed-function asks", file=sys.stderr)
+        if rep.resumed and not rep.complete:
             print(f"forge: resuming {display_path(opts.output_path)}: {stats.skipped} of {total} records already "
                   f"settled ({rep.recovered} written now from the ledger, {rep.truncated_bytes} torn bytes cut)",
                   file=sys.stderr)
@@ -34,8 +41,8 @@ class JobStore:
     async def started(self, index: int) -> None:
         await self.run.aput_attempt(index)
 
-    async def result(self, index: int, value: Any) -> None:
-        await self.run.aput_result(index, value)
+    async def result(self, index: int, value: Any) -> bool:
+        return await self.run.aput_result(index, value)
 
     async def error(self, index: int, type_: str, message: str) -> None:
         await self.run.aput_error(index, type_, message)

@@ -19,9 +19,9 @@ from forge.config.plan import CardPlan
 from forge.engines.interface import Engine, EngineRequest, EngineResult, IterationStats
 from forge.host.driver import EngineDriver
 from forge.host.flights import Flight, FlightTable
-from forge.requests import options_of
 from forge.host.outcomes import Outcomes
-from forge.host.progress import DeliveryRate, StallWatch
+from forge.host.progress import DeliveryRate, Occupancy, StallWatch
+from forge.requests import options_of
 from forge.stats import EngineStats
 
 log = logging.getLogger("forge.host.admission")
@@ -31,7 +31,7 @@ TPS_HALF_LIFE_S = 2.0                  # tokens_per_s EWMA: a delivery this long
 
 def geometry_from_plan(plan: CardPlan, tokenizer_key: str = "default") -> EngineGeometry:
     lim = plan.contract.limits
-    return EngineGeometry(engine_id=plan.card_id, tokenizer_key=tokenizer_key, max_batch_size=lim.max_batch_size,
+    return EngineGeometry(engine_id=plan.engine_id, tokenizer_key=tokenizer_key, max_batch_size=lim.max_batch_size,
                           max_num_tokens=lim.max_num_tokens, max_input_len=lim.max_input_len,
                           max_output_len=lim.max_output_len, tokens_per_block=plan.contract.kv_cache.tokens_per_block,
                           kv_blocks_total=plan.num_blocks)
@@ -60,6 +60,7 @@ class AdmissionRuntime:
         self._out = Outcomes(engine_id=self.engine_id, broker=broker, deliver=deliver, stats=self._stats)
         self._stall = StallWatch(stall_window_s, self.takeback_interval_s, time.monotonic())
         self._rate = DeliveryRate(TPS_HALF_LIFE_S)
+        self._occupancy = Occupancy()
         self.failure: Optional[str] = None      # why the engine was given up on
         self._phase = "idle"                    # idle -> running -> stopped
         self._backed_up = False                 # the engine reports queued work and no free KV block
@@ -149,6 +150,7 @@ class AdmissionRuntime:
         self._out.settle(f.req, EngineResult(request_id=request_id, output_ids=[], finish_reason="cancelled"))
         if not self._table:
             self._rate.idle()
+        self._occupancy.set(time.monotonic(), self._table.occupancy())
         self._kick()
         return True
 
@@ -181,6 +183,7 @@ class AdmissionRuntime:
             self._out.requeue(excess, "admission capacity")
         if batch:
             self._rate.busy(now)
+            self._occupancy.set(now, self._table.occupancy())
             self._send(batch)
 
     def _send(self, batch: list[Flight]) -> None:
@@ -246,13 +249,18 @@ class AdmissionRuntime:
             log.info("card %s: tokens flow again; admission resumes", self.engine_id)
             if ended == "wedged":
                 self._out.set_healthy(True)
+        if not results:
+            return
+        occupancy = self._occupancy.take(now)     # up to now, with these results still in flight
         tokens = 0
         for r in results:
             f = self._table.returned(r.request_id)
             if f is not None:                 # (None: an orphan came back; its reservation is free again)
                 tokens += self._out.delivered(f.req, r, f.input_tokens)
         if tokens:
-            self._out.quietly(self.broker.record_delivery, self.engine_id, tokens, self._rate.delivered(tokens, now))
+            self._out.quietly(self.broker.record_delivery, self.engine_id, tokens, self._rate.delivered(tokens, now),
+                              occupancy)
+        self._occupancy.set(now, self._table.occupancy())
         if not self._table:
             self._rate.idle()
 
@@ -318,6 +326,7 @@ class AdmissionRuntime:
             if in_engine and f.state == "running":
                 self._driver.cancel(f.key)
         self._out.requeue([f.req for f in mine], reason)
+        self._occupancy.set(time.monotonic(), self._table.occupancy())
         if not self._table:
             self._rate.idle()
 

@@ -5,8 +5,9 @@ node's own process, a Ray actor). Links move requests in batches: `submit` a lis
 (a long poll) the finished ones, the ones given back, delivery counts, health and stats. Every method is a
 coroutine on the host's event loop and returns plain data (forge/host/wire.py says what the tuples hold).
 
-A worker's identity is (card, replica): replica is always 0 for now; `engine_id` is what the node's broker,
-metrics and Generation.card call it (the card id on one machine, node/card on a cluster)."""
+A host's identity is (card, replica): a card with `replicas: N` runs N hosts, one engine each (the plan of one
+replica, forge/config/plan.py::engine_plans). `engine_id` is what the node's broker, metrics and Generation.card
+call it: the card id on one machine (`cpu0.r1` for a card's replica 1), node/card on a cluster."""
 from __future__ import annotations
 
 import asyncio
@@ -39,30 +40,30 @@ def build_engine(plan: CardPlan) -> Any:
     """The card's engine, built by its backend's factory from exactly its contract and plan."""
     from forge.engines.backends import factory
 
-    make = factory(plan.contract.backend, card=plan.card_id)
+    make = factory(plan.contract.backend, card=plan.engine_id)
     try:
         return make(plan.contract, plan)
     except ForgeError:
         raise
     except Exception as e:  # noqa: BLE001 - a factory's failure is the card's, in one line
-        raise ForgeError(f"card {plan.card_id} ({plan.contract.contract}): engine failed to start: "
+        raise ForgeError(f"card {plan.engine_id} ({plan.contract.contract}): engine failed to start: "
                          f"{type(e).__name__}: {e}") from e
 
 
 class EngineHost:
-    def __init__(self, plan: CardPlan, *, node: str, engine_id: Optional[str] = None, replica: int = 0,
+    def __init__(self, plan: CardPlan, *, node: str, engine_id: Optional[str] = None,
                  stall_window_s: float = constants.STALL_WINDOW_S, node_tokenizer: Callable[[Any], Any] = None):
         """Builds the engine (blocking: call it off any event loop that must stay responsive). node_tokenizer
         turns the engine's tokenizer into what `tokenizer_copy()` hands a node (default: the tokenizer itself)."""
         t0 = time.monotonic()
         self.engine = build_engine(plan)
         self.load_s = time.monotonic() - t0
-        self.plan, self.node, self.replica = plan, node, replica
+        self.plan, self.node, self.replica = plan, node, plan.replica or 0
         self.stall_window_s = stall_window_s
         self.tokenizer = self.engine.tokenizer
         self.tokenizer_key = tokenizer_identity(plan.contract, self.tokenizer)
-        self.geometry = geometry_from_plan(plan, self.tokenizer_key)       # engine_id: the card id here
-        self.engine_id = engine_id or plan.card_id
+        self.geometry = geometry_from_plan(plan, self.tokenizer_key)   # engine_id: card id, or card.rN (replicas)
+        self.engine_id = engine_id or plan.engine_id
         self.incarnation = uuid.uuid4().hex[:12]
         self.started_at = time.time()
         self._node_tokenizer = node_tokenizer

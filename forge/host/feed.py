@@ -28,6 +28,7 @@ class Session:
         self.returned: list[tuple[str, int]] = []
         self.tokens = 0
         self.elapsed_s = 0.0
+        self.occupied_s = 0.0              # elapsed_s x occupancy, summed
         self.ready = asyncio.Event()
 
     def wake(self) -> None:
@@ -124,10 +125,13 @@ class Feed:
     def on_done(self, engine_id: str, req: BrokerRequest) -> None:
         self.broker.on_done(engine_id, req)
 
-    def record_delivery(self, engine_id: str, tokens: int, elapsed_s: float) -> None:
+    def record_delivery(self, engine_id: str, tokens: int, elapsed_s: float, occupancy: float = 1.0) -> None:
+        """Tokens delivered over elapsed_s busy seconds with `occupancy` of the slots in use on average: each
+        session passes the sum to its link's broker with the time-weighted mean occupancy."""
         for s in self.sessions.values():
             s.tokens += tokens
             s.elapsed_s += elapsed_s
+            s.occupied_s += elapsed_s * occupancy
 
     def set_engine_healthy(self, engine_id: str, healthy: bool) -> None:
         self.healthy = healthy
@@ -163,7 +167,7 @@ class Feed:
                 pass
         results, s.results = s.results[:max_items], s.results[max_items:]
         returned, s.returned = s.returned, []
-        delivered = (s.tokens, s.elapsed_s)
-        s.tokens, s.elapsed_s = 0, 0.0
+        delivered = (s.tokens, s.elapsed_s, s.occupied_s / s.elapsed_s if s.elapsed_s > 0 else 1.0)
+        s.tokens, s.elapsed_s, s.occupied_s = 0, 0.0, 0.0
         s.seen = time.monotonic()
         return {"results": results, "returned": returned, "delivered": delivered, "more": bool(s.results)}

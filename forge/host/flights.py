@@ -39,6 +39,11 @@ class FlightTable:
     def in_flight(self) -> int:
         return len(self.live) + len(self.orphans)
 
+    def occupancy(self) -> float:
+        """The share of the binding resource in use: slots or KV blocks, whichever is fuller."""
+        return max(self.in_flight() / self.slots if self.slots else 1.0,
+                   self.reserved / self.kv_blocks if self.kv_blocks else 1.0)
+
     def free_slots(self) -> int:
         return self.slots - self.in_flight()
 

@@ -71,3 +71,28 @@ class DeliveryRate:
         weight = 1.0 - 0.5 ** (elapsed / self.half_life_s) if self.tokens_per_s else 1.0
         self.tokens_per_s += weight * (tokens / elapsed - self.tokens_per_s)
         return elapsed
+
+
+class Occupancy:
+    """The time-weighted share of the engine's binding resource in use between two deliveries (slots or KV
+    blocks, whichever is fuller), over busy time only. The broker divides a delivery by it: a batcher
+    delivers in proportion to what it holds, so a card measured half idle would read as half as fast."""
+
+    def __init__(self):
+        self._share = 0.0
+        self._since: Optional[float] = None
+        self._area = self._span = 0.0
+
+    def set(self, now: float, share: float) -> None:
+        """What is in use changed to `share` (0..1) at `now`."""
+        if self._since is not None and self._share > 0:
+            self._area += self._share * (now - self._since)
+            self._span += now - self._since
+        self._since, self._share = now, min(1.0, max(0.0, share))
+
+    def take(self, now: float) -> float:
+        """The mean share since the last take; 1.0 when no busy time passed."""
+        self.set(now, self._share)
+        mean = self._area / self._span if self._span > 0 else 1.0
+        self._area = self._span = 0.0
+        return mean

@@ -34,14 +34,13 @@ class WorkerSpec:
     plan: CardPlan
     node: str
     parent_pid: int
-    replica: int = 0
     stall_window_s: float = constants.STALL_WINDOW_S
     log_levels: dict[str, int] = field(default_factory=dict)     # the node's logger levels, kept here too
     cpu_affinity: Optional[frozenset[int]] = None                # where the node wants its workers to run
 
     @property
     def label(self) -> str:
-        return f"{self.plan.card_id}.{self.replica}"
+        return self.plan.engine_id              # card id, or card.rN for one replica of a card
 
 
 def main(fd: int) -> None:
@@ -61,8 +60,7 @@ def main(fd: int) -> None:
         from forge.host.engine_host import EngineHost
         from forge.host.tokenizer import for_node
 
-        host = EngineHost(spec.plan, node=spec.node, replica=spec.replica, stall_window_s=spec.stall_window_s,
-                          node_tokenizer=for_node)
+        host = EngineHost(spec.plan, node=spec.node, stall_window_s=spec.stall_window_s, node_tokenizer=for_node)
         host.lifeline = {"pdeathsig": pdeathsig, "parent": spec.parent_pid}
     except ForgeError as e:
         error = str(e)

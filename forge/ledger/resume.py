@@ -1,17 +1,19 @@
 """Opening a run: reconcile the output with the ledger, then hand the runner what is left to do.
 
 The protocol (docs/ledger.md has the proof sketch):
-  1. open the ledger (identity checked; --restart resets it) and lock the output;
-  2. cut a torn tail off the output and read which indices it holds;
-  3. refuse an output the ledger cannot explain (rows without a ledger, rows the ledger wrote
-     that are gone, indices beyond the input);
-  4. mark 'written' what the output holds but the ledger had not marked yet (killed between the
-     fsync and the mark);
+  1. refuse to write over the input, or over a file that is not forge output; lock the output and
+     read which indices it holds (nothing is changed yet);
+  2. open the ledger (identity checked; --restart resets it, and only then empties the output);
+  3. refuse an output the ledger cannot explain (rows without a ledger, another output's ledger, rows
+     the ledger wrote that are gone, indices beyond the input);
+  4. cut a torn tail; mark 'written' what the output holds but the ledger had not marked yet (killed
+     between the fsync and the mark);
   5. write out, without regenerating, rows settled in the ledger but absent from the output;
   6. the runner then processes only indices not in `Run.settled`."""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,8 +23,10 @@ from forge.ledger.committer import Committer
 from forge.ledger.sqlite import Ledger, LedgerCounts
 from forge.records import parquet_out
 from forge.records.bitmap import IndexBitmap
+from forge.records.guard import (parquet_is_forge_output, refuse_foreign, refuse_overlaps,
+                                 require_regular_or_absent)
 from forge.records.reader import PARQUET_SUFFIXES, InputError, RecordSource
-from forge.records.writer import OutputWriter, encode_error, encode_result
+from forge.records.writer import OutputWriter, Reconciliation, encode_error, encode_result
 
 _CHUNK = 2048
 
@@ -91,9 +95,11 @@ class Run:
     async def aput_attempt(self, index: int) -> None:
         await self._committer().aput_attempt(index)
 
-    async def aput_result(self, index: int, result: object) -> None:
+    async def aput_result(self, index: int, result: object) -> bool:
+        """False when the result could not be serialised and went in as an error row instead."""
         line, is_error = encode_result(index, result)
         await self._committer().aput_row(index, line, is_error)
+        return not is_error
 
     async def aput_error(self, index: int, type_: str, message: str) -> None:
         await self._committer().aput_row(index, encode_error(index, type_, message), True)
@@ -146,42 +152,116 @@ class Run:
 
 def open_run(output: str | os.PathLike, *, run_key: dict[str, object], total: int,
              ledger_path: str | os.PathLike | None = None, restart: bool = False,
-             info: dict[str, object] | None = None) -> Run:
+             info: dict[str, object] | None = None, input_path: str | os.PathLike | None = None,
+             accept_changes: tuple[str, ...] = ()) -> Run:
     """Open (or resume) the run writing `output` over an input of `total` records. `run_key` must
-    match the ledger's (make_run_key); `info` is recorded only (node, input path, ...)."""
+    match the ledger's (make_run_key) but for the keys in `accept_changes`; `info` is recorded only
+    (node, input path, ...).
+
+    Nothing is written over a file forge did not write: the input (by path or through a link), a file
+    whose content is not forge rows, forge rows no ledger records writing (unless `restart`)."""
     output = Path(output)
-    if _is_parquet(output):
+    ledger_path = Path(ledger_path) if ledger_path is not None else default_ledger_path(output)
+    parquet = _is_parquet(output)
+    refuse_overlaps({"--input": _opt_path(input_path), "--output": output,
+                     "the Parquet staging file": staging_path(output) if parquet else None,
+                     "the ledger": ledger_path})
+    if parquet:
         parquet_out.require_parquet()
-    ledger = Ledger(ledger_path or default_ledger_path(output), run_key=run_key, restart=restart, info=info)
+        _check_parquet_target(output)
+    writer = OutputWriter(staging_path(output))     # locks the output: nothing else writes it from here
     try:
-        if restart and _is_parquet(output):
-            output.unlink(missing_ok=True)
-        elif ledger.get_meta("finalized"):
-            return _finished_run(ledger, output, total)
-        writer = OutputWriter(staging_path(output))
+        rec = writer.scan()
+        if rec.foreign_at is not None:
+            raise refuse_foreign(writer.path, f"byte {rec.foreign_at} is not a forge output row")
+        ledger_was_there = _nonempty(ledger_path)
+        ledger = Ledger(ledger_path, run_key=run_key, restart=restart, info=info, accept_changes=accept_changes)
         try:
+            if ledger.get_meta("finalized"):
+                writer.close()
+                return _finished_run(ledger, output, total)
+            _check_ledger_output(ledger, output)
             if restart:
+                if parquet:
+                    output.unlink(missing_ok=True)      # forge's own (its columns were checked above)
                 writer.truncate(0)
-            settled, report = _reconcile(ledger, writer, total)
+                rec = Reconciliation()
+            elif ledger.fresh:
+                _refuse_unrecorded_output(ledger, writer, rec, output)
+            settled, report = _reconcile(ledger, writer, rec, total)
         except BaseException:
-            writer.close()
+            ledger.close()
+            if not ledger_was_there:    # a ledger made here for a run refused here: a rerun must not find it
+                _remove_ledger(ledger_path)
             raise
     except BaseException:
-        ledger.close()
+        writer.close()
         raise
     report.complete = len(settled) == total
     return Run(ledger, writer, output, total, settled, report)
 
 
-def _reconcile(ledger: Ledger, writer: OutputWriter, total: int) -> tuple[IndexBitmap, ResumeReport]:
+def _opt_path(p: str | os.PathLike | None) -> Path | None:
+    return None if p is None else Path(p)
+
+
+def _nonempty(path: Path) -> bool:
+    try:
+        return path.stat().st_size > 0
+    except OSError:
+        return False
+
+
+def _remove_ledger(path: Path) -> None:
+    for p in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+        p.unlink(missing_ok=True)
+
+
+def _check_parquet_target(output: Path) -> None:
+    """An existing Parquet output is replaced when the run completes: it must be forge's."""
+    if not output.exists() and not output.is_symlink():
+        return
+    require_regular_or_absent(output, "the output")
+    if not parquet_is_forge_output(output):
+        raise refuse_foreign(output, "not a Parquet file with forge's columns")
+
+
+def _check_ledger_output(ledger: Ledger, output: Path) -> None:
+    """A ledger records which output it writes: another output's ledger (--ledger) is refused."""
+    stored, name = ledger.get_meta("output"), json.dumps(output.name)    # JSON: any file name, even not UTF-8
+    if stored is None:
+        ledger.set_meta("output", name)
+    elif stored != name:
+        raise ForgeError(f"{display_path(ledger.path)}: this ledger records the run writing {_unjson(stored)}, "
+                         f"not {output.name}; name this output's own ledger with --ledger PATH")
+
+
+def _unjson(text: str) -> object:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def _refuse_unrecorded_output(ledger: Ledger, writer: OutputWriter, rec: Reconciliation, output: Path) -> None:
+    """The ledger is new but the output is not empty: those rows are not this run's to extend or replace."""
+    led = display_path(ledger.path)
+    if _is_parquet(output) and output.exists():
+        raise ForgeError(f"{display_path(output)}: exists but its ledger {led} is new; forge never writes over an "
+                         "output no ledger records: pass --restart to replace it, or --ledger PATH to name its ledger")
+    if rec.size:
+        raise ForgeError(f"{display_path(writer.path)}: already holds {rec.rows} rows but its ledger {led} is "
+                         "new; forge never writes over an output no ledger records: pass --restart to "
+                         "replace it, or --ledger PATH to name its ledger")
+
+
+def _reconcile(ledger: Ledger, writer: OutputWriter, rec: Reconciliation,
+               total: int) -> tuple[IndexBitmap, ResumeReport]:
+    """`rec`: the output's scan. Refuse what the ledger cannot explain, then (only then) cut the torn tail,
+    adopt rows the ledger had not marked and write the rows it settled but the output lacks."""
     shown = display_path(writer.path)
-    rec = writer.reconcile()
-    report = ResumeReport(resumed=not ledger.fresh, already_written=rec.rows, truncated_bytes=rec.truncated_bytes,
+    report = ResumeReport(resumed=not ledger.fresh, already_written=rec.rows,
                           duplicates=rec.duplicates, first_duplicates=tuple(rec.first_duplicates))
-    if ledger.fresh and rec.rows:
-        raise ForgeError(f"{shown}: the output already holds {rec.rows} rows but its ledger "
-                         f"{display_path(ledger.path)} is new; pass --restart to overwrite it, "
-                         "or --ledger PATH to name the run's ledger")
     if rec.present.max() >= total:
         raise ForgeError(f"{shown}: has a row for index {rec.present.max()} but the input has only "
                          f"{total} records; pass --restart to start over")
@@ -190,6 +270,8 @@ def _reconcile(ledger: Ledger, writer: OutputWriter, total: int) -> tuple[IndexB
     if lost:
         raise ForgeError(f"{shown}: {len(lost)} rows the ledger recorded as written are missing (first: index "
                          f"{next(iter(lost))}); the output was changed outside forge; pass --restart to start over")
+    writer.cut_tail(rec)
+    report.truncated_bytes = rec.truncated_bytes
     adopt = rec.present.difference(ledger_written)
     del ledger_written, lost
     batch: list[tuple[int, bool]] = []

@@ -63,9 +63,11 @@ class Ledger:
     """One run's ledger. Exclusively locked (flock) while open; safe to call from two threads."""
 
     def __init__(self, path: str | os.PathLike, *, run_key: dict[str, object], restart: bool = False,
-                 info: dict[str, object] | None = None) -> None:
-        """`run_key` must match on resume (else LedgerMismatch); `info` (node, paths...) is only
-        recorded, and `starts` counts how often the run was started."""
+                 info: dict[str, object] | None = None, accept_changes: Iterable[str] = ()) -> None:
+        """`run_key` must match on resume (else LedgerMismatch), except the keys in `accept_changes`, which the
+        user declared compatible: the ledger then takes them on and `accepted` lists them. `info` (node,
+        paths...) is only recorded, and `starts` counts how often the run was started."""
+        self.accepted: list[str] = []
         self.path = Path(path)
         self.stats = LedgerStats()
         self._shown = display_path(self.path)
@@ -73,7 +75,7 @@ class Ledger:
         self._lock_fd = self._take_file_lock()
         try:
             self._db = self._connect()
-            self.fresh = self._check_identity(dict(run_key), restart)
+            self.fresh = self._check_identity(dict(run_key), restart, frozenset(accept_changes))
             self.starts = int(self.get_meta("starts") or 0) + 1
             self.set_meta("starts", str(self.starts))
             self.set_meta("info", json.dumps(info or {}, sort_keys=True, default=str))
@@ -107,6 +109,11 @@ class Ledger:
     def _connect(self) -> sqlite3.Connection:
         try:
             db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=5.0)
+            tables = {name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            if tables and not {"meta", "records"} <= tables:
+                db.close()     # someone else's database: forge changes nothing in it, not even its journal mode
+                raise ForgeError(f"{self._shown}: not a forge ledger (an SQLite database with tables "
+                                 f"{', '.join(sorted(tables)[:5])}); point --ledger elsewhere")
             mode = db.execute("PRAGMA journal_mode=WAL").fetchone()[0]
             if mode.lower() != "wal":
                 raise ForgeError(f"{self._shown}: the ledger's file system does not support SQLite WAL")
@@ -116,7 +123,7 @@ class Ledger:
         except sqlite3.DatabaseError as e:
             raise ForgeError(f"{self._shown}: not a usable forge ledger: {e}") from None
 
-    def _check_identity(self, run_key: dict[str, object], restart: bool) -> bool:
+    def _check_identity(self, run_key: dict[str, object], restart: bool, accept: frozenset[str]) -> bool:
         stored = dict(self._db.execute("SELECT key, value FROM meta").fetchall())
         fresh = not stored
         if stored and restart:
@@ -127,15 +134,29 @@ class Ledger:
                 raise LedgerMismatch(f"{self._shown}: ledger schema {stored.get('schema_version')} is not "
                                      f"{SCHEMA_VERSION}; pass --restart to start over")
             old = json.loads(stored.get("run_key", "{}"))
-            diffs = [f"{k} was {_short(old.get(k))}, now {_short(run_key.get(k))}"
-                     for k in sorted(set(old) | set(run_key)) if old.get(k) != run_key.get(k)]
-            if diffs:
-                raise LedgerMismatch(f"{self._shown}: this ledger belongs to another run ({'; '.join(diffs)}); "
-                                     "pass --restart to discard it, or --ledger PATH to keep it")
+            changed = [k for k in sorted(set(old) | set(run_key)) if old.get(k) != run_key.get(k)]
+            if changed and set(changed) <= accept:
+                self.accepted = changed
+                with self._txn():
+                    self._db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('run_key', ?)",
+                                     (json.dumps(run_key, sort_keys=True),))
+            elif changed:
+                raise LedgerMismatch(self._mismatch(old, run_key, changed))
         else:
             self._write_meta(run_key)
         self._db.execute("PRAGMA synchronous=NORMAL")
         return fresh and not self._has_records()
+
+    def _mismatch(self, old: dict, new: dict, changed: list[str]) -> str:
+        diffs = "; ".join(f"{k} was {_short(old.get(k))}, now {_short(new.get(k))}" for k in changed)
+        if changed == ["function_sha256"]:
+            done = self._db.execute("SELECT COUNT(*) FROM records WHERE state != 'pending'").fetchone()[0]
+            return (f"{self._shown}: the function file changed since this run started ({new.get('function')}: "
+                    f"{diffs}); if the change leaves the {done:,} finished row(s) valid, pass "
+                    "--accept-changed-function to keep them and run the rest with the new code; --restart "
+                    "discards the output and starts over")
+        return (f"{self._shown}: this ledger belongs to another run ({diffs}); pass --restart to discard it and "
+                "the output and start over, or write to another --output")
 
     def _write_meta(self, run_key: dict[str, object]) -> None:
         rows = [("schema_version", str(SCHEMA_VERSION)), ("created", f"{time.time():.3f}"),

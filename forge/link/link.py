@@ -230,9 +230,9 @@ class EngineLink:
         back = [req for rid, attempt in reply["returned"] if (req := self._release(rid, attempt)) is not None]
         if back:
             self._requeue(back, "given back by the engine")
-        tokens, elapsed = reply["delivered"]
+        tokens, elapsed, occupancy = reply["delivered"]
         if tokens:
-            self.broker.record_delivery(self.eid, tokens, elapsed)
+            self.broker.record_delivery(self.eid, tokens, elapsed, occupancy)
         if "stats" in reply:
             self.counters.observe(reply["stats"])
         self.engine_state = reply.get("state", self.engine_state)

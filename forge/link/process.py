@@ -42,7 +42,7 @@ class ProcessTransport(Transport):
         self.spec = WorkerSpec(plan=plan, node=node, parent_pid=os.getpid(), stall_window_s=stall_window_s,
                                log_levels=levels, cpu_affinity=cpus)
         self.max_restarts = restarts
-        self.name = plan.card_id
+        self.name = plan.engine_id
         self.restarts = 0
         self.loaded = False                 # the current worker has said hello (its engine is up)
         self.proc: Optional[subprocess.Popen] = None

@@ -20,7 +20,7 @@ _LOADING = threading.Lock()
 class ThreadTransport(Transport):
     def __init__(self, plan: CardPlan, *, node: str, stall_window_s: float = constants.STALL_WINDOW_S):
         self.plan, self.node, self.stall_window_s = plan, node, stall_window_s
-        self.name = plan.card_id
+        self.name = plan.engine_id
         self.host: Any = None
 
     def launch(self) -> None:

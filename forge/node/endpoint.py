@@ -17,8 +17,18 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from forge.errors import ForgeError
 from forge.functions.api import GenerateParams
+from forge.runtime.http_errors import error_body, install_error_handlers, scrub_paths
+from forge.runtime.stops import StopRule, apply_stop, tokenizer_of
 
 MAX_BATCH_REQUESTS = 1024        # requests in one POST /v1/generate
+MAX_BODY_BYTES = 32 * 2**20      # a bigger body is refused with 413 (from Content-Length, or while it streams in)
+UTF8_MAX = 4                     # bytes per character, at most
+
+
+def control_body_limit(node: Any) -> int:
+    """The control endpoint's body limit: 32 MiB, or more where a batch of the longest prompts the node can take
+    needs it (a bulk client must never meet 413 with prompts the node would accept)."""
+    return max(MAX_BODY_BYTES, MAX_BATCH_REQUESTS * UTF8_MAX * int(getattr(node, "prompt_chars_limit", 0) or 0))
 
 
 class GenerateItem(BaseModel):
@@ -27,6 +37,8 @@ class GenerateItem(BaseModel):
     max_tokens: int = Field(gt=0)
     temperature: float = Field(0.0, ge=0)
     top_p: float = Field(1.0, gt=0, le=1)
+    # Values past what an engine represents (top_k >= 2**31, a seed past 64 bits) are refused by GenerateParams,
+    # per item: one bad record of a deploy batch fails alone.
     top_k: int = Field(0, ge=0)
     seed: Optional[int] = None
     choice: Optional[list[str]] = None
@@ -34,6 +46,8 @@ class GenerateItem(BaseModel):
     embed: bool = False
     priority: int = 0
     deadline_s: Optional[float] = Field(None, gt=0)
+    stop: Optional[list[str]] = Field(None, max_length=16)      # cut here, counted with the node's tokenizer
+    include_stop_str_in_output: bool = False
 
 
 class GenerateBatch(BaseModel):
@@ -74,8 +88,7 @@ class TokenAuth:
         if path.startswith(self.protected) and not path.startswith(self.public):
             got = dict(scope.get("headers") or []).get(b"authorization", b"")
             if not hmac.compare_digest(got, self.expected):
-                body = json.dumps({"error": {"type": "Unauthorized",
-                                             "message": "missing or wrong bearer token"}}).encode()
+                body = json.dumps(error_body(401, "Unauthorized", "missing or wrong bearer token")).encode()
                 await send({"type": "http.response.start", "status": 401,
                             "headers": [(b"content-type", b"application/json"), (b"www-authenticate", b"Bearer")]})
                 await send({"type": "http.response.body", "body": body})
@@ -139,17 +152,25 @@ def control_router(node: Any) -> APIRouter:
     @router.post("/v1/generate")
     async def generate(batch: GenerateBatch, request: Request) -> dict:
         async def one(item: GenerateItem) -> dict:
-            params = GenerateParams(max_tokens=item.max_tokens, temperature=item.temperature, top_p=item.top_p,
-                                    top_k=item.top_k, seed=item.seed,
-                                    choice=tuple(item.choice) if item.choice is not None else None,
-                                    json_schema=item.json_schema, embed=item.embed, priority=item.priority,
-                                    deadline_s=item.deadline_s)
+            try:
+                params = GenerateParams(max_tokens=item.max_tokens, temperature=item.temperature, top_p=item.top_p,
+                                        top_k=item.top_k, seed=item.seed,
+                                        choice=tuple(item.choice) if item.choice is not None else None,
+                                        json_schema=item.json_schema, embed=item.embed, priority=item.priority,
+                                        deadline_s=item.deadline_s)
+            except (ValueError, ForgeError) as e:    # a value the parameters refuse: this item's mistake, not the batch's
+                return {"error": {"type": "RequestRejected", "message": scrub_paths(str(e))}}
             try:
                 gen, hidden = await node.submit(item.prompt, params)
             except ForgeError as e:
-                return {"error": {"type": type(e).__name__, "message": str(e)}}
+                return {"error": {"type": type(e).__name__, "message": scrub_paths(str(e))}}
+            if item.stop:
+                gen, matched = apply_stop(gen, StopRule(tuple(item.stop), item.include_stop_str_in_output),
+                                          tokenizer_of(node, gen.card))
             out = {"text": gen.text, "output_tokens": gen.output_tokens, "input_tokens": gen.input_tokens,
                    "finish_reason": gen.finish_reason, "card": gen.card}
+            if item.stop:
+                out["stop_reason"] = matched
             if item.embed:
                 out["hidden"] = hidden
             return out
@@ -165,9 +186,11 @@ def control_router(node: Any) -> APIRouter:
     return router
 
 
-def build_app(node: Any, *, token: Optional[str] = None) -> FastAPI:
+def build_app(node: Any, *, token: Optional[str] = None, max_body_bytes: Optional[int] = None) -> FastAPI:
     """node: a Node (forge/node/interface.py)."""
-    app = FastAPI(title=f"forge node {node.name}", version="1", docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(title=f"forge node {node.name}", version="1", docs_url=None, redoc_url=None, openapi_url=None,
+                  max_body_size=max_body_bytes or control_body_limit(node))
     app.include_router(control_router(node))
+    install_error_handlers(app)
     app.add_middleware(TokenAuth, token=token)
     return app

@@ -27,6 +27,8 @@ from forge.node.down import EnginesOut
 from forge.node.guided import guided_output_problem
 from forge.node.interface import Answer, Node
 from forge.requests import REFUSED, RequestOptions
+from forge.runtime.prompt_bounds import check_text_prompt
+from forge.runtime.schema_check import schema_problem
 from forge.stats import BrokerStats, EngineStats
 
 log = logging.getLogger("forge.node")
@@ -47,6 +49,7 @@ class LinkedNode(EnginesOut, Node):
         self._rid_prefix, self._rid_seq = uuid.uuid4().hex[:12], itertools.count()
         self._sweeper: Optional[asyncio.Task] = None
         self._keys: tuple[str, ...] = ()
+        self.prompt_chars_limit = 0           # longer text prompts fit no card (0: not known, not checked)
         self.abandoned = 0
         self.closed = False
         self.down: Optional[str] = None
@@ -150,6 +153,8 @@ class LinkedNode(EnginesOut, Node):
         guide = opts.guide if opts is not None else None
         if guide is not None:
             self._check_guide_support(guide)
+        if isinstance(prompt, str):
+            check_text_prompt(prompt, self.prompt_chars_limit, self.name)
         prompts = self.encode_now(prompt)
         if prompts is None:
             prompts = await self.encode(prompt)
@@ -198,6 +203,9 @@ class LinkedNode(EnginesOut, Node):
         if not any(kind in lk.info.get("guides", ()) for lk in self.links.values()):
             have = ", ".join(f"{eid}: {lk.info.get('guides') or 'none'}" for eid, lk in self.links.items())
             raise RequestRejected(f"no card on {self.label} supports guided output of kind {kind} ({have})")
+        problem = schema_problem(guide.json_schema) if guide.json_schema is not None else None
+        if problem:
+            raise RequestRejected(problem)
 
     def _abandon(self, req: BrokerRequest) -> None:
         """The caller stopped waiting: a request still in the broker is dropped when a link takes it; the link

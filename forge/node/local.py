@@ -16,9 +16,11 @@ from typing import Any, Literal, Optional, Sequence
 
 from forge import constants
 from forge.config.load import LoadedNode
+from forge.config.plan import engine_plans
 from forge.errors import ForgeError
 from forge.link.transport import Transport
 from forge.node.linked import LinkedNode
+from forge.runtime.prompt_bounds import OFF_LOOP_CHARS, prompt_chars_limit
 
 log = logging.getLogger("forge.node")
 
@@ -42,7 +44,7 @@ class LocalNode(LinkedNode):
         super().__init__(loaded.node.node, grouping=grouping, down_grace_s=NODE_DOWN_GRACE_S,
                          sweep_interval_s=SWEEP_INTERVAL_S)
         self.loaded = loaded
-        self.plans = list(loaded.plans)
+        self.plans = engine_plans(loaded.plans)     # one per engine: a card with replicas: N runs N workers
         self.stall_window_s = stall_window_s
         self.card_transport = card_transport
         self.worker_cpus = worker_cpus
@@ -83,7 +85,7 @@ class LocalNode(LinkedNode):
             p, e = failed[0]
             if isinstance(e, ForgeError):
                 raise e
-            raise ForgeError(f"card {p.card_id} ({p.contract.contract}): engine failed to start: "
+            raise ForgeError(f"card {p.engine_id} ({p.contract.contract}): engine failed to start: "
                              f"{type(e).__name__}: {e}") from e
         self.attach_links(list(zip(self.transports, hellos)))
         await self._adopt_tokenizers()
@@ -107,6 +109,8 @@ class LocalNode(LinkedNode):
             else:
                 self.tokenizers[key] = tok
         self._use_encoders(remote)
+        self.prompt_chars_limit = prompt_chars_limit((lk.geometry.max_input_len, self.tokenizers.get(lk.key))
+                                                     for lk in self.links.values())
 
     async def _release(self) -> None:
         await asyncio.gather(*(t.close(constants.ENGINE_SHUTDOWN_TIMEOUT_S) for t in self.transports),
@@ -116,9 +120,14 @@ class LocalNode(LinkedNode):
     def encode_now(self, prompt: str | Sequence[int]) -> Optional[dict[str, tuple[int, ...]]]:
         if not isinstance(prompt, str):
             return super().encode_now(prompt)
-        if self.encoders:
+        if self.encoders or len(prompt) > OFF_LOOP_CHARS:
             return None
         return {k: tuple(t.encode(prompt)) for k, t in self.tokenizers.items()}
+
+    async def encode(self, prompt: str | Sequence[int]) -> dict[str, tuple[int, ...]]:
+        if isinstance(prompt, str) and not self.encoders and len(prompt) > OFF_LOOP_CHARS:
+            return await asyncio.to_thread(self._encode_locally, prompt)    # the Rust tokenizer lets go of the GIL
+        return await super().encode(prompt)
 
     def _encode_locally(self, prompt: str) -> dict[str, tuple[int, ...]]:
         return {k: tuple(t.encode(prompt)) for k, t in self.tokenizers.items()}
@@ -128,7 +137,7 @@ class LocalNode(LinkedNode):
         cards = []
         for lk in self.links.values():
             st, info = lk.stats(), lk.info
-            cards.append({"card": info["card"], "model": info["model"], "tier": info["tier"],
+            cards.append({"card": lk.eid, "replica": info.get("replica", 0), "model": info["model"], "tier": info["tier"],
                           "backend": info["backend"], "healthy": bool(st and st.healthy),
                           "limits": info["limits"], "kv_blocks": info["kv_blocks"],
                           "full_length_slots": info["full_length_slots"],

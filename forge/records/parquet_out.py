@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -84,9 +85,13 @@ def jsonl_to_parquet(staging: str | os.PathLike, target: str | os.PathLike) -> i
     """Convert the staging JSONL to `target` atomically (temp file, fsync, rename). Returns rows."""
     pa, pq = _arrow()
     staging, target = Path(staging), Path(target)
-    tmp = target.with_name(target.name + ".tmp")
-    result_type = _infer_result_type(pa, staging)
+    # A fresh name (O_EXCL): the conversion never writes over a file that happens to sit beside the output.
+    fd, tmp_name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    os.fchmod(fd, 0o644)        # what the output would have had, not mkstemp's owner-only mode
+    os.close(fd)
+    tmp = Path(tmp_name)
     try:
+        result_type = _infer_result_type(pa, staging)
         try:
             rows = _write(pa, pq, staging, tmp, result_type)
         except (pa.ArrowException, ValueError, TypeError):

@@ -2,7 +2,8 @@
 
 Every row is one line, `{"index": i, "result": ...}` or `{"index": i, "error": {"type", "message"}}`.
 Lines are appended with one write per batch and made durable with fsync; a line without its
-newline (or trailing garbage) can only be an unsynced tail from a crash and is cut off on resume."""
+newline (or zero bytes after a power loss) can only be an unsynced tail from a crash and is cut off on resume,
+once the ledger has shown the file to be this run's; anything else is not forge's and is never cut."""
 from __future__ import annotations
 
 import fcntl
@@ -14,6 +15,7 @@ from pathlib import Path
 
 from forge.errors import ForgeError, display_path
 from forge.records.bitmap import IndexBitmap
+from forge.records.guard import is_torn_tail, require_regular_or_absent
 
 MAX_ERROR_MESSAGE_CHARS = 8192      # an exception that quotes a whole prompt is cut here
 _CHUNK_BYTES = 1 << 20
@@ -41,7 +43,8 @@ def encode_result(index: int, result: object) -> tuple[str, bool]:
 
 @dataclass
 class Reconciliation:
-    """What an existing output file holds, after its torn tail (if any) was cut off."""
+    """What an existing output file holds. `scan()` fills it without changing the file; `reconcile()` also
+    cuts the torn tail off."""
 
     present: IndexBitmap = field(default_factory=IndexBitmap)
     errors: IndexBitmap = field(default_factory=IndexBitmap)     # of those, error rows
@@ -49,6 +52,14 @@ class Reconciliation:
     truncated_bytes: int = 0
     duplicates: int = 0
     first_duplicates: list[int] = field(default_factory=list)   # at most 10, for the message
+    size: int = 0                   # bytes in the file when scanned
+    good_end: int = 0               # end of the last complete forge row
+    foreign_at: int | None = None   # byte where content begins that no forge run writes (None: all ours)
+
+    @property
+    def tail_bytes(self) -> int:
+        """Bytes after the last complete row: a torn row left by a kill (or zeros after a power loss)."""
+        return self.size - self.good_end
 
 
 class OutputWriter:
@@ -57,6 +68,7 @@ class OutputWriter:
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = Path(path)
         self._shown = display_path(self.path)
+        require_regular_or_absent(self.path, "the output")
         try:
             self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         except OSError as e:
@@ -87,10 +99,11 @@ class OutputWriter:
             os.close(self._fd)  # closing releases the flock
             self._fd = -1
 
-    def reconcile(self) -> Reconciliation:
-        """Scan the output: indices present, error rows, duplicates; cut off a torn tail."""
+    def scan(self) -> Reconciliation:
+        """Read what the output holds (indices, error rows, duplicates, a torn tail) without changing it.
+        Content no forge run can leave (another file's lines, garbage before good rows) sets `foreign_at`."""
         rec = Reconciliation()
-        good_end, bad_start = 0, None
+        bad_start = None
         with open(self.path, "rb") as f:
             offset = 0
             while head := f.readline(_CHUNK_BYTES):   # a whole line, unless it is over 1 MiB
@@ -104,10 +117,10 @@ class OutputWriter:
                     bad_start = start if bad_start is None else bad_start
                     continue
                 if bad_start is not None:  # garbage followed by good rows is not a torn tail
-                    raise ForgeError(f"{self._shown}: byte {bad_start}: not a forge output row; the output "
-                                     "was changed outside forge (pass --restart to start over)")
+                    rec.foreign_at = bad_start
+                    return rec
                 index, is_error = parsed
-                good_end = offset
+                rec.good_end = offset
                 if not rec.present.add(index):
                     rec.duplicates += 1
                     if len(rec.first_duplicates) < 10:
@@ -116,10 +129,26 @@ class OutputWriter:
                 rec.rows += 1
                 if is_error:
                     rec.errors.add(index)
-        size = self.path.stat().st_size
-        if size > good_end:
-            rec.truncated_bytes = size - good_end
-            self.truncate(good_end)
+            rec.size = offset
+            if rec.tail_bytes and not is_torn_tail(f, rec.good_end):
+                rec.foreign_at = rec.good_end
+        return rec
+
+    def cut_tail(self, rec: Reconciliation) -> None:
+        """Cut the torn tail `scan()` found (only once the ledger has shown the output to be this run's)."""
+        if rec.foreign_at is not None:
+            raise ForgeError(f"{self._shown}: byte {rec.foreign_at}: not a forge output row")
+        if rec.tail_bytes:
+            self.truncate(rec.good_end)
+            rec.truncated_bytes = rec.tail_bytes
+
+    def reconcile(self) -> Reconciliation:
+        """scan(), refuse content forge did not write, cut the torn tail."""
+        rec = self.scan()
+        if rec.foreign_at is not None:
+            raise ForgeError(f"{self._shown}: byte {rec.foreign_at}: not a forge output row; the output "
+                             "was changed outside forge (pass --restart to start over)")
+        self.cut_tail(rec)
         return rec
 
 

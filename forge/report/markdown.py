@@ -1,6 +1,7 @@
 """The Markdown face of a run report: what a person reads first, beside the output."""
 from __future__ import annotations
 
+from datetime import datetime, timezone
 from typing import Any
 
 SUMMARY_FIRST = ("command", "function", "node", "input", "output", "contract", "wall_s", "exit")
@@ -16,6 +17,12 @@ def _fmt(v: Any) -> str:
     if isinstance(v, int):
         return f"{v:,}"
     return str(v).replace("|", "\\|")
+
+
+def _utc(unix_s: float | None) -> str:
+    if unix_s is None:
+        return "–"
+    return datetime.fromtimestamp(unix_s, timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
 
 
 def _pct(v: float | None) -> str:
@@ -42,6 +49,14 @@ def render_markdown(report: dict[str, Any], json_name: str) -> str:
                   [[_fmt(totals[k]) for k in ("records_total", "done", "failed", "retried", "skipped",
                                                 "input_tokens", "output_tokens", "wall_s", "tokens_per_s",
                                                 "output_tokens_per_s", "stalls", "progress_only_steps")]])
+
+    if report.get("runs"):
+        out += ["## Runs", "", "This output was written by several starts of the same run (resumed); the figures "
+                "above add them up, and the plots put their running times back to back.", ""]
+        out += _table(["start", "started (UTC)", "wall (s)", "done", "failed", "tokens in", "tokens out", "stopped by"],
+                      [[str(i), _utc(r.get("started_at_unix_s")), _fmt(r.get("wall_s")), _fmt(r.get("done")),
+                        _fmt(r.get("failed")), _fmt(r.get("input_tokens")), _fmt(r.get("output_tokens")),
+                        r.get("interrupted") or "–"] for i, r in enumerate(report["runs"], 1)])
 
     if report["cards"]:
         out += ["## Cards", "",

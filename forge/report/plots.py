@@ -13,7 +13,7 @@ from typing import Any
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, PercentFormatter
 
-from forge.errors import UsageError, display_path
+from forge.errors import ForgeError, UsageError, display_path
 from forge.report.report import REPORT_FORMAT, REPORT_VERSION, rate_series
 
 COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf"]
@@ -72,13 +72,27 @@ def _card_label(card: dict[str, Any]) -> str:
     return f"{card['node']}/{card['card']} ({card['tier']})"
 
 
-def _figure(rows: int, x: list[float]) -> tuple[Figure, list[Any]]:
+def _resumes(report: dict[str, Any], x: list[float]) -> list[float]:
+    """Where a resumed run started again, on the plotted axis (its unit may be minutes or hours)."""
+    t = report["series"]["t_s"]
+    scale = x[-1] / t[-1] if t and t[-1] else 1.0
+    return [r * scale for r in report["series"].get("resumes_t_s") or []]
+
+
+def _figure(rows: int, x: list[float], report: dict[str, Any]) -> tuple[Figure, list[Any]]:
     fig = Figure(figsize=(12.5, 3.6 * rows + 0.6), dpi=DPI, layout="constrained")
     axes = fig.subplots(rows, 1, sharex=True, squeeze=False)[:, 0]
     for ax in axes:
         ax.grid(True, alpha=0.3)
+        for i, at in enumerate(_resumes(report, x)):      # a resumed run: its starts, back to back
+            ax.axvline(at, color="#555555", ls="--", lw=1.0, label="resumed" if i == 0 else None)
     axes[0].set_xlim(min(0.0, x[0]), x[-1])   # every plot of a report spans the run from its start
     return fig, list(axes)
+
+
+def _style(n_points: int) -> dict:
+    """A short run has few points: mark them, so a line of two points still shows."""
+    return {"marker": "o", "ms": 3} if n_points <= 40 else {}
 
 
 def _title(report: dict[str, Any], what: str) -> str:
@@ -100,7 +114,7 @@ def _mark_events(ax, x, rates, col, color, name: str) -> None:
 
 def _tokens_per_s(report, x, xlabel, path: Path) -> None:
     t, cards = report["series"]["t_s"], report["series"]["cards"]
-    fig, (ax,) = _figure(1, x)
+    fig, (ax,) = _figure(1, x, report)
     total: list[float] = [0.0] * len(t)
     for i, card in enumerate(cards):
         col = card["series"]
@@ -109,10 +123,11 @@ def _tokens_per_s(report, x, xlabel, path: Path) -> None:
         rates = rate_series(t, delivered)
         total = [tot + (r or 0.0) for tot, r in zip(total, rates)]
         color = COLORS[i % len(COLORS)]
-        ax.plot(x, _nan(rates), color=color, lw=1.4, label=_card_label(card))
+        # a rate belongs to the interval before its point: drawn as a step, one interval (a short run) still shows
+        ax.plot(x, _nan(rates), color=color, lw=1.4, label=_card_label(card), drawstyle="steps-pre")
         _mark_events(ax, x, rates, col, color, f"{card['node']}/{card['card']}")
     if len(cards) > 1:
-        ax.plot(x[1:], total[1:], color="black", lw=1.2, ls="--", label="all cards")
+        ax.plot(x, [math.nan] + total[1:], color="black", lw=1.2, ls="--", label="all cards", drawstyle="steps-pre")
     ax.set_title(_title(report, "Delivered tokens/s per card (input + output)"))
     ax.set_ylabel("tokens/s")
     ax.set_xlabel(xlabel)
@@ -124,10 +139,11 @@ def _tokens_per_s(report, x, xlabel, path: Path) -> None:
 
 def _in_flight_and_queues(report, x, xlabel, path: Path) -> None:
     series = report["series"]
-    fig, (top, bottom) = _figure(2, x)
+    fig, (top, bottom) = _figure(2, x, report)
     for i, card in enumerate(series["cards"]):
         color = COLORS[i % len(COLORS)]
-        top.plot(x, _nan(card["series"]["in_flight"]), color=color, lw=1.4, label=f"{_card_label(card)} in flight")
+        top.plot(x, _nan(card["series"]["in_flight"]), color=color, lw=1.4, label=f"{_card_label(card)} in flight",
+                 **_style(len(x)))
         top.axhline(card["slots"], color=color, ls=":", lw=1.2, label=f"{card['node']}/{card['card']} slots")
     top.set_title(_title(report, "Requests in flight per card (dotted: the contract's slots)"))
     top.set_ylabel("requests")
@@ -138,7 +154,7 @@ def _in_flight_and_queues(report, x, xlabel, path: Path) -> None:
               ("writer", series["run"].get("writer_queue", []))]
     for name, values in stages:
         if _present(values):
-            bottom.plot(x, _nan(values), color=STAGE_COLORS[name], lw=1.4, label=name)
+            bottom.plot(x, _nan(values), color=STAGE_COLORS[name], lw=1.4, label=name, **_style(len(x)))
     for i, card in enumerate(series["cards"]):
         values = card["series"]["engine_queued"]
         if _present(values):
@@ -160,16 +176,16 @@ def _in_flight_and_queues(report, x, xlabel, path: Path) -> None:
 
 
 def _budget_and_kv(report, x, xlabel, path: Path) -> None:
-    fig, (top, bottom) = _figure(2, x)
+    fig, (top, bottom) = _figure(2, x, report)
     for i, card in enumerate(report["series"]["cards"]):
         color, col = COLORS[i % len(COLORS)], card["series"]
         budget, blocks = card["token_budget"], card["kv_blocks_total"]
         if budget:
             top.plot(x, _nan(col["tokens_last_step"], 1 / budget), color=color, lw=1.2,
-                     label=f"{_card_label(card)}, budget {budget:,} tokens")
+                     label=f"{_card_label(card)}, budget {budget:,} tokens", **_style(len(x)))
         if blocks:
             bottom.plot(x, _nan(col["kv_blocks_used"], 1 / blocks), color=color, lw=1.4,
-                        label=f"{card['node']}/{card['card']} used (of {blocks:,} blocks)")
+                        label=f"{card['node']}/{card['card']} used (of {blocks:,} blocks)", **_style(len(x)))
             bottom.plot(x, _nan(col["kv_blocks_reserved"], 1 / blocks), color=color, lw=1.0, ls="--",
                         label=f"{card['node']}/{card['card']} reserved by admission")
     top.set_title(_title(report, "Token budget use per engine step (sampled last step / max_num_tokens)"))
@@ -199,9 +215,21 @@ def render_plots(report_json: str | os.PathLike, out_dir: str | os.PathLike | No
     out.mkdir(parents=True, exist_ok=True)
     stem = report_json.name.removesuffix(".json")
     x, xlabel = _time_axis(t)
-    paths = []
-    for name, draw in PLOTS:
-        path = out / f"{stem}.{name}.png"
+    if report["series"].get("resumes_t_s"):
+        xlabel = xlabel.replace("time since start", "running time, the run's starts back to back")
+    paths = [out / f"{stem}.{name}.png" for name, _ in PLOTS]
+    for path in paths:      # forge never writes over a file it did not write: only PNGs are replaced
+        if (path.exists() or path.is_symlink()) and not _is_png(path):
+            raise ForgeError(f"{display_path(path)}: exists and is not a PNG; forge never writes over a file "
+                             "it did not write: choose another --out")
+    for path, (name, draw) in zip(paths, PLOTS):
         draw(report, x, xlabel, path)
-        paths.append(path)
     return paths
+
+
+def _is_png(path: Path) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(8) == b"\x89PNG\r\n\x1a\n"
+    except OSError:
+        return False

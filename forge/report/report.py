@@ -4,12 +4,14 @@
 `sampler.sample()`); `forge report` turns the JSON into plots (forge/report/plots.py)."""
 from __future__ import annotations
 
+import glob
 import json
 import os
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from forge.errors import display_path
 from forge.report.markdown import render_markdown
 from forge.report.sampler import Sampler
 
@@ -66,6 +68,7 @@ def _cards(sampler: Sampler, series: dict[str, Any], wall_s: float | None) -> li
             "mean_tokens_per_step": per_step,
             "mean_budget_use": per_step / s.token_budget if per_step is not None and s.token_budget else None,
             "prefix_hit_ratio": _ratio(s.prefix_hit_tokens, s.input_tokens),
+            "prefix_hit_tokens": s.prefix_hit_tokens,
             "requests": {"ok": s.requests_ok, "failed": s.requests_failed,
                          "cancelled": s.requests_cancelled, "requeued": s.requests_requeued},
             "admission_refusals": s.admission_refusals, "retries": s.retries,
@@ -108,7 +111,8 @@ def build_report(summary: dict[str, Any], sampler: Sampler) -> dict[str, Any]:
         "broker": None if b is None else {
             "padding_ratio": b.padding_ratio, "prefix_reuse_ratio": b.prefix_reuse_ratio,
             "dispatched": b.dispatched, "affinity_hits": b.affinity_hits, "affinity_spills": b.affinity_spills,
-            "no_fit": b.no_fit},
+            "no_fit": b.no_fit, "prompt_tokens": b.prompt_tokens, "shared_prefix_tokens": b.shared_prefix_tokens,
+            "padded_tokens": b.padded_tokens, "batch_tokens": b.batch_tokens},
         "ledger": None if led is None else {
             "commits": led.commits, "rows_committed": led.rows_committed,
             "mean_commit_s": _ratio(led.total_commit_s, led.commits), "last_commit_s": led.last_commit_s},
@@ -123,15 +127,54 @@ def _atomic_write(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def _previous(json_path: Path, run_id: str | None) -> dict[str, Any] | None:
+    """The report this run continues: the same run (ledger identity), written by an earlier start."""
+    if run_id is None:
+        return None
+    try:
+        prev = json.loads(json_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    ok = isinstance(prev, dict) and prev.get("format") == REPORT_FORMAT and prev.get("version") == REPORT_VERSION
+    return prev if ok and prev.get("run_id") == run_id else None
+
+
 def write_report(target: str | os.PathLike, summary: dict[str, Any], sampler: Sampler, *,
-                 final_sample: bool = True) -> tuple[Path, Path]:
+                 final_sample: bool = True, run_id: str | None = None, resumed: bool = False) -> tuple[Path, Path]:
     """Write the JSON and Markdown reports beside `target` (an output file or a run directory).
-    By default it first takes the sampler's final point, so the series end where the run did."""
+    By default it first takes the sampler's final point, so the series end where the run did. `run_id`
+    names the run (its ledger's identity); a `resumed` run's report continues the one its earlier starts
+    wrote (forge/report/merge.py). Plots already rendered beside the report are rendered again."""
     if final_sample:
         sampler.sample(force=True)
     report = build_report(summary, sampler)
     json_path, md_path = report_paths(target)
+    if run_id is not None:
+        report["run_id"] = run_id
+    prev = _previous(json_path, run_id) if resumed else None
+    if prev is not None:
+        from forge.report.merge import merge_reports
+
+        report = merge_reports(prev, report)
     json_path.parent.mkdir(parents=True, exist_ok=True)
     _atomic_write(json_path, json.dumps(report, indent=1, default=str) + "\n")
-    _atomic_write(md_path, render_markdown(report, json_path.name))
+    _atomic_write(md_path, render_markdown(report, display_path(json_path)))
+    _refresh_plots(json_path)
     return json_path, md_path
+
+
+def _refresh_plots(json_path: Path) -> None:
+    """PNGs of an earlier report beside this one would show a run that is not this report's: draw them again
+    (or, if that fails, remove them; `forge report` draws them)."""
+    stale = sorted(json_path.parent.glob(f"{glob.escape(json_path.name.removesuffix('.json'))}.*.png"))
+    if not stale:
+        return
+    try:
+        from forge.report.plots import render_plots
+
+        fresh = set(render_plots(json_path))
+    except Exception:  # noqa: BLE001 - plotting is a convenience here; the report itself is written
+        fresh = set()
+    for png in stale:
+        if png not in fresh:
+            png.unlink(missing_ok=True)

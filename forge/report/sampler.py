@@ -17,7 +17,7 @@ from typing import Any, Optional
 from forge.stats import BrokerStats, EngineStats, LedgerStats, RunStats
 
 DEFAULT_MAX_POINTS = 2048
-DEFAULT_INTERVAL_S = 1.0
+DEFAULT_INTERVAL_S = 0.25          # a run of a second still has points to plot; long runs thin out (max_points)
 
 # field -> "counter" (cumulative) | "gauge" (instantaneous)
 CARD_FIELDS = {

@@ -1,12 +1,22 @@
-"""Nodes provisioned on this machine, as state files under $FORGE_HOME/nodes (default ~/.forge)."""
+"""Nodes provisioned on this machine, as state files under $FORGE_HOME/nodes (default ~/.forge).
+
+A node's name is its identity on the machine: `claim(name)` takes an exclusive flock on `NAME.lock`
+for the life of the provisioning process, before any engine loads, so a second node of the same name
+is refused at once. The OS drops the lock when the process ends however it ends (kill -9 included),
+so liveness is the lock, not the pid (which the OS reuses): an entry whose lock is free belongs to a
+dead process and is removed the next time anyone reads the registry. `unregister` only ever removes
+this process's own entry."""
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 from pathlib import Path
 from typing import Optional
 
-from forge.errors import UsageError
+from forge.errors import ForgeError, UsageError
+
+_claims: dict[str, int] = {}      # name -> fd of NAME.lock, held by this process
 
 
 def home() -> Path:
@@ -19,19 +29,71 @@ def _dir() -> Path:
     return d
 
 
+def _read(path: Path) -> Optional[dict]:
+    try:
+        info = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return info if isinstance(info, dict) else None
+
+
+def _lock_held(name: str) -> Optional[bool]:
+    """Whether a live process holds NAME.lock; None when there is no lock file (an entry of an older forge)."""
+    if name in _claims:
+        return True
+    try:
+        fd = os.open(_dir() / f"{name}.lock", os.O_RDWR)
+    except FileNotFoundError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    finally:
+        os.close(fd)              # closing drops the probe's lock, if it got one
+    return False
+
+
+def claim(name: str) -> None:
+    """Take `name` on this machine for this process's life; refuse it, in one line, while another holds it."""
+    if name in _claims:
+        return
+    fd = os.open(_dir() / f"{name}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        info = _read(_dir() / f"{name}.json") or {}
+        where = ", ".join(f"{k} {info[v]}" for k, v in (("pid", "pid"), ("control", "control_url"),
+                                                          ("from", "source")) if info.get(v))
+        raise ForgeError(f"a node named {name!r} is already provisioned on this machine"
+                         f"{f' ({where})' if where else ''}: stop it first, or give this node another name "
+                         "(its description's `node:`)") from None
+    _claims[name] = fd
+
+
+def release(name: str) -> None:
+    fd = _claims.pop(name, None)
+    if fd is not None:
+        os.close(fd)
+
+
 def register(name: str, info: dict) -> Path:
+    claim(name)
     path = _dir() / f"{name}.json"
-    tmp = path.with_suffix(".tmp")
+    tmp = path.with_name(f"{name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps({**info, "node": name, "pid": os.getpid()}, indent=2))
     os.replace(tmp, path)
     return path
 
 
 def unregister(name: str) -> None:
-    try:
-        (_dir() / f"{name}.json").unlink()
-    except FileNotFoundError:
-        pass
+    """Remove this process's entry for `name` (never another process's) and give the name back."""
+    path = _dir() / f"{name}.json"
+    info = _read(path)
+    if info is not None and info.get("pid") == os.getpid():
+        path.unlink(missing_ok=True)
+    release(name)
 
 
 def pid_alive(pid: int) -> bool:
@@ -44,35 +106,50 @@ def pid_alive(pid: int) -> bool:
         return True
 
 
-def nodes() -> list[dict]:
-    """Live entries only; files of processes that died without cleaning up are removed."""
+def entries() -> list[dict]:
+    """Every entry, each with "alive"; entries of processes that are gone are removed from disk (the
+    registry heals itself) but still returned once, so `forge status` can say what happened."""
     out = []
     for f in sorted(_dir().glob("*.json")):
-        try:
-            info = json.loads(f.read_text())
-        except (OSError, ValueError):
+        info = _read(f)
+        if info is None or not isinstance(info.get("node"), str):
             continue
-        if pid_alive(int(info.get("pid", -1))):
-            out.append(info)
-        else:
+        held = _lock_held(info["node"])
+        alive = held if held is not None else pid_alive(int(info.get("pid", -1)))
+        if not alive:
             f.unlink(missing_ok=True)
+        out.append({**info, "alive": alive})
     return out
+
+
+def nodes() -> list[dict]:
+    """Live entries only (dead ones are cleaned up)."""
+    return [{k: v for k, v in e.items() if k != "alive"} for e in entries() if e["alive"]]
 
 
 def resolve(target: Optional[str]) -> dict:
     """A node by name or URL; with none given, the one node provisioned here."""
     if target and target.startswith(("http://", "https://")):
         return {"node": target, "control_url": target}
-    live = nodes()
+    found = entries()
+    live = [e for e in found if e["alive"]]
+    running = ", ".join(n["node"] for n in live) or "none"
     if target:
         for n in live:
             if n["node"] == target:
                 return n
-        raise UsageError(f"no provisioned node named {target!r} on this machine "
-                         f"(running: {', '.join(n['node'] for n in live) or 'none'}); give its URL instead")
+        for n in found:
+            if n["node"] == target:
+                raise UsageError(f"node {target!r} is not running: its process (pid {n.get('pid')}) ended without "
+                                 f"stopping it (its entry is now removed); start it again with "
+                                 f"`forge provision {n.get('source') or 'NODE.yaml'}`")
+        raise UsageError(f"no node named {target!r} is provisioned on this machine (running: {running}); "
+                         "`forge provision NODE.yaml` starts one, or pass its URL")
     if len(live) == 1:
         return live[0]
     if not live:
-        raise UsageError("no node is provisioned on this machine: run `forge provision NODE.yaml` first, "
+        dead = [n["node"] for n in found]
+        gone = f" ({', '.join(dead)} ended without stopping; entry removed)" if dead else ""
+        raise UsageError(f"no node is provisioned on this machine{gone}: run `forge provision NODE.yaml` first, "
                          "or pass --node URL")
-    raise UsageError(f"several nodes are provisioned ({', '.join(n['node'] for n in live)}): pick one with --node")
+    raise UsageError(f"several nodes are provisioned ({running}): pick one with --node")

@@ -14,12 +14,12 @@ from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
 from fastapi import FastAPI
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
 
 from forge.runtime.http import QuietServer
 from forge.functions.api import FunctionSpec
-from forge.node.endpoint import TokenAuth, control_router
+from forge.node.endpoint import MAX_BODY_BYTES, TokenAuth, control_router
+from forge.runtime.connections import DEFAULT_PER_CLIENT, ConnectionLimits
+from forge.runtime.http_errors import error_body, install_error_handlers
 from forge.serve.functions_api import function_router
 from forge.serve.limits import CONCURRENCY_FACTOR, DEFAULT_DEADLINE_S, EndpointGate, node_slots
 from forge.serve.openai_api import openai_router
@@ -40,6 +40,8 @@ class ServeOptions:
     max_concurrency: Optional[int] = None          # per endpoint; default factor x the node's slots
     default_deadline_s: float = DEFAULT_DEADLINE_S
     ready_file: Optional[str] = None
+    max_body_bytes: int = MAX_BODY_BYTES
+    max_connections_per_client: int = DEFAULT_PER_CLIENT     # 0: no per-address bound
 
 
 def make_gates(node: Any, specs: Sequence[FunctionSpec], opts: ServeOptions) -> dict[str, EndpointGate]:
@@ -62,7 +64,8 @@ def build_serve_app(node: Any, specs: Sequence[FunctionSpec], opts: ServeOptions
     app = FastAPI(title=f"forge serve — node {node.name}", version="1",
                   description="Deployed forge functions (one endpoint each), OpenAI-compatible completions, and "
                               "the node's control routes. 429 + Retry-After when an endpoint is full; "
-                              "X-Forge-Deadline (seconds) bounds a request.")
+                              "X-Forge-Deadline (seconds) bounds a request.",
+                  max_body_size=opts.max_body_bytes)
     app.include_router(function_router(node, specs, gates, default_deadline_s=opts.default_deadline_s))
     app.include_router(openai_router(node, gates, default_deadline_s=opts.default_deadline_s))
     if hasattr(node, "engine_stats"):         # a node in this process: its control routes too
@@ -74,21 +77,14 @@ def build_serve_app(node: Any, specs: Sequence[FunctionSpec], opts: ServeOptions
 
     @app.get("/v1/serve", tags=["node"])
     async def serve_stats() -> dict:
-        """Per endpoint: limit, in progress, admitted, refused (429), completed, failed, latency EWMA."""
+        """Per endpoint: limit, in progress, admitted, refused (429), completed, failed, latency EWMA; and the
+        server's connections (open, by how many client addresses, evicted, refused, closed without a request)."""
+        book = getattr(app.state, "connections", None)
         return {"node": node.name, "endpoints": {g.name: g.stats() for g in gates.values()},
                 "open_requests": node.open_requests(), "abandoned": node.abandoned,
-                "functions": names}
+                "functions": names, "connections": book.stats() if book is not None else None}
 
-    @app.exception_handler(RequestValidationError)
-    async def invalid_request(request, exc: RequestValidationError):
-        """One line naming the field, in the error shape OpenAI clients read (FastAPI's default is 422 + a list)."""
-        first = exc.errors()[0] if exc.errors() else {}
-        where = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or "body"
-        more = f" (and {len(exc.errors()) - 1} more)" if len(exc.errors()) > 1 else ""
-        return JSONResponse({"error": {"message": f"{where}: {first.get('msg', 'invalid')}{more}",
-                                       "type": "invalid_request_error", "param": where, "code": 400}},
-                            status_code=400)
-
+    install_error_handlers(app)
     app.state.gates = gates
     app.add_middleware(EarlyRefusal, gates={g.name: g for g in gates.values()})
     app.add_middleware(TokenAuth, token=opts.token, protected=("/",), public=("/health",))   # outermost
@@ -107,8 +103,8 @@ class EarlyRefusal:
         if gate is None or gate.active < gate.limit:
             return await self.app(scope, receive, send)
         gate.refused += 1
-        body = json.dumps({"error": {"message": f"{gate.name}: {gate.active} requests in progress (limit "
-                                                f"{gate.limit}); retry later", "type": "overloaded", "code": 429}})
+        body = json.dumps(error_body(429, "overloaded", f"{gate.name}: {gate.active} requests in progress (limit "
+                                                        f"{gate.limit}); retry later"))
         await send({"type": "http.response.start", "status": 429,
                     "headers": [(b"content-type", b"application/json"),
                                 (b"retry-after", str(gate.retry_after_s()).encode())]})
@@ -120,8 +116,10 @@ async def serve_node(node: Any, specs: Sequence[FunctionSpec], opts: ServeOption
     """Serve an already started node until SIGINT/SIGTERM (or `stop`), then drain and stop it."""
     from forge.errors import ForgeError
 
-    web = QuietServer(build_serve_app(node, specs, opts), opts.host, opts.port, backlog=4096,
-                      timeout_keep_alive=KEEP_ALIVE_S)
+    app = build_serve_app(node, specs, opts)
+    web = QuietServer(app, opts.host, opts.port, backlog=4096, timeout_keep_alive=KEEP_ALIVE_S,
+                      limits=ConnectionLimits(per_client=opts.max_connections_per_client))
+    app.state.connections = web.connections
     task = asyncio.create_task(web.server.serve())
     while not web.server.started:
         if task.done():

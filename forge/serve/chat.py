@@ -33,7 +33,11 @@ def prompt_from_messages(node: Any, messages: list[dict]) -> str:
     hf = _hf_tokenizer(node)
     if hf is not None and getattr(hf, "chat_template", None):
         # tokenize=False: the node tokenizes the prompt (once per tokenizer on the node) like any other
-        return hf.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+        try:
+            return hf.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+        except Exception as e:  # noqa: BLE001 - a template's own refusal (e.g. roles must alternate): the client's
+            first = (str(e).splitlines() or [type(e).__name__])[0]
+            raise ValueError(f"messages: the model's chat template refused them: {first}") from None
     return "".join(f"{m['role']}: {m['content']}\n" for m in msgs) + "assistant:"
 
 

@@ -227,7 +227,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = ap.parse_args(argv)
     cfg = LoadConfig(**{k: getattr(args, k) for k in asdict(LoadConfig()) if k != "token"},
                      token=os.environ.get("FORGE_TOKEN"))
-    proc, url = spawn_server() if args.spawn else (None, args.url)
+    # one address holds up to 2 connections per simulated client: let it (the server bounds one address by default)
+    proc, url = spawn_server("--max-connections-per-client", str(2 * cfg.clients + 64)) if args.spawn else \
+        (None, args.url)
     try:
         report = asyncio.run(run(url, cfg))
     finally:

@@ -15,6 +15,8 @@ from forge.broker.types import QueueFull
 from forge.errors import ForgeError, NodeDown, RequestRejected
 from forge.functions.api import GenerateParams, Generation
 from forge.node.endpoint import ClientGone, until_disconnected
+from forge.runtime import http_errors
+from forge.runtime.stops import StopRule, apply_stop, tokenizer_of
 from forge.serve.limits import BadDeadline, EndpointGate, Overloaded, ONLINE_PRIORITY, Slot
 
 
@@ -42,6 +44,16 @@ class OnlineNode:
     async def generate(self, prompt: str | Sequence[int], params: GenerateParams) -> Generation:
         return (await self.submit(prompt, params)).generation
 
+    async def complete(self, prompt: str | Sequence[int], params: GenerateParams,
+                       stop: StopRule) -> tuple[Generation, Optional[str]]:
+        """A generation cut at its stop strings, and the string matched. A remote node cuts it there (its
+        tokenizer counts the tokens); a node in this process, here."""
+        if hasattr(self.node, "complete"):
+            params = replace(params, priority=ONLINE_PRIORITY, deadline_s=self.remaining_s())
+            return await self.node.complete(prompt, params, stop)
+        gen, _ = await self.submit(prompt, params)
+        return apply_stop(gen, stop, tokenizer_of(self.node, gen.card))
+
     async def embed(self, prompt: str | Sequence[int]) -> list[float]:
         gen, hidden = await self.submit(prompt, GenerateParams(max_tokens=1, embed=True))
         if hidden is None:
@@ -49,9 +61,9 @@ class OnlineNode:
         return list(hidden)
 
 
-def error_response(status: int, kind: str, message: str, headers: Optional[dict] = None) -> JSONResponse:
-    return JSONResponse({"error": {"message": message, "type": kind, "code": status}}, status_code=status,
-                        headers=headers)
+def error_response(status: int, kind: str, message: str, headers: Optional[dict] = None, *,
+                   param: Optional[str] = None) -> JSONResponse:
+    return http_errors.error_response(status, kind, message, param=param, headers=headers)
 
 
 def describe_failure(exc: BaseException, node: Any, gate: EndpointGate) -> JSONResponse:
@@ -72,8 +84,8 @@ def describe_failure(exc: BaseException, node: Any, gate: EndpointGate) -> JSONR
         return error_response(503, "unavailable", str(exc))
     if isinstance(exc, RequestRejected):
         return error_response(400, "invalid_request_error", str(exc))
-    if isinstance(exc, ForgeError):
-        return error_response(500, "engine_error", str(exc))
+    if isinstance(exc, ForgeError):       # the first line: engines may append their internal state
+        return error_response(500, "engine_error", (str(exc).splitlines() or [type(exc).__name__])[0])
     from forge.functions.runner import error_row
 
     return error_response(500, "function_error", error_row(0, exc)["error"]["message"])

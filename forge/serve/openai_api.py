@@ -1,189 +1,207 @@
-"""OpenAI-compatible plain generation: /v1/models, /v1/completions, /v1/chat/completions (streaming included).
+"""OpenAI-compatible plain generation: /v1/models[/{id}], /v1/completions, /v1/chat/completions (streaming too).
 
-What differs from OpenAI, on purpose and said here: the node's cards are one pool (any of its models serves a
-request; `model` must name one of them); n, logprobs, echo, best_of, penalties, logit_bias, tools are refused
-with 400 rather than ignored; `stop` strings cut the returned text (the engine still generates up to its stop).
-Extensions: `top_k`, `guided_choice`, `guided_json`, `deadline_s`; `response_format` json_schema / json_object
-is honoured with guided decoding. Streaming: the engine hands forge the whole result, so the stream sends the
-role at once and then the finished text in token-sized pieces (see docs/serve.md)."""
+What each request parameter does (supported, no effect, refused) is in openai_params.py and docs/serve.md.
+Differences from OpenAI and vLLM, on purpose: the node's cards are one pool (`model` must name one of its tiers);
+`stop` strings cut the returned text (the engine still generates up to its own stop, and usage counts only the
+tokens the answer stands for); a guided request ignores `stop`. Streaming: the engine hands forge the whole
+result, so the stream sends the role at once and then each finished choice's text in token-sized pieces."""
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import uuid
-from typing import Any, Literal, Optional, Union
+from dataclasses import replace
+from typing import Any, Optional
 
 from fastapi import APIRouter, Header, Request
 from fastapi.responses import StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field
 from starlette.background import BackgroundTask
 
-from forge.functions.api import GenerateParams
+from forge.errors import RequestRejected
+from forge.functions.api import GenerateParams, Generation
+from forge.runtime.stops import StopRule
 from forge.serve.chat import prompt_from_messages, stream_pieces
 from forge.serve.limits import EndpointGate, deadline_s
 from forge.serve.online import answer, describe_failure, error_response
+from forge.serve.openai_models import ChatRequest, CompletionRequest, _Common
 
 FINISH = {"eos": "stop", "stop": "stop", "length": "length"}
+COMPLETION_DEFAULT_MAX_TOKENS = 16      # OpenAI's and vLLM's; chat defaults to the tier's max_output_len
 
 
-class _Common(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    model: str
-    max_tokens: Optional[int] = Field(None, gt=0)
-    temperature: float = Field(1.0, ge=0, le=2)
-    top_p: float = Field(1.0, gt=0, le=1)
-    top_k: int = Field(0, ge=0)
-    n: Literal[1] = 1
-    stream: bool = False
-    stream_options: Optional[dict] = None
-    stop: Optional[Union[str, list[str]]] = None
-    seed: Optional[int] = None
-    user: Optional[str] = None
-    presence_penalty: Literal[0, 0.0] = 0
-    frequency_penalty: Literal[0, 0.0] = 0
-    logit_bias: Optional[dict] = Field(None, max_length=0)
-    logprobs: Optional[Literal[False]] = None
-    guided_choice: Optional[list[str]] = Field(None, min_length=1)
-    guided_json: Optional[dict] = None
-    response_format: Optional[dict] = None
-    deadline_s: Optional[float] = Field(None, gt=0)
+class BadRequest(ValueError):
+    def __init__(self, message: str, param: Optional[str] = None):
+        super().__init__(message)
+        self.param = param
 
 
-class CompletionRequest(_Common):
-    prompt: Union[str, list[int]]
-    echo: Literal[False] = False
-    best_of: Literal[1] = 1
-    suffix: Optional[Literal[""]] = None
 
-
-class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    role: Literal["system", "user", "assistant", "developer"]
-    content: Union[str, list[dict]]
-    name: Optional[str] = None
-
-
-class ChatRequest(_Common):
-    messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: Optional[int] = Field(None, gt=0)
-
-
-def models_of(node: Any) -> list[str]:
-    return sorted({c["tier"] for c in node.describe()["cards"]})
+def tier_limits(node: Any) -> dict[str, int]:
+    """tier -> the largest max_output_len among its cards."""
+    tiers: dict[str, int] = {}
+    for c in node.describe()["cards"]:
+        tiers[c["tier"]] = max(tiers.get(c["tier"], 0), int(c["limits"]["max_output_len"]))
+    return tiers
 
 
 def guide_params(req: _Common) -> tuple[Optional[tuple[str, ...]], Optional[dict]]:
-    """(choice, json_schema) from guided_choice / guided_json / response_format; ValueError when contradictory."""
-    choice = tuple(req.guided_choice) if req.guided_choice else None
-    schema = req.guided_json
+    """(choice, json_schema) from structured_outputs / guided_choice / guided_json / response_format."""
+    found: list[tuple[str, Optional[tuple[str, ...]], Optional[dict]]] = []
+    so = req.structured_outputs
+    if so is not None and so.choice:
+        found.append(("structured_outputs.choice", tuple(so.choice), None))
+    if so is not None and so.json_schema is not None:
+        found.append(("structured_outputs.json", None, so.json_schema))
+    if so is not None and so.json_object:
+        found.append(("structured_outputs.json_object", None, {"type": "object"}))
+    if req.guided_choice:
+        found.append(("guided_choice", tuple(req.guided_choice), None))
+    if req.guided_json is not None:
+        found.append(("guided_json", None, req.guided_json))
     rf = req.response_format or {}
     kind = rf.get("type", "text")
     if kind == "json_schema":
         spec = rf.get("json_schema") or {}
         if not isinstance(spec.get("schema"), dict):
-            raise ValueError("response_format.json_schema.schema must be a JSON Schema object")
-        schema = spec["schema"]
+            raise BadRequest("response_format.json_schema.schema must be a JSON Schema object",
+                             "response_format.json_schema.schema")
+        found.append(("response_format", None, spec["schema"]))
     elif kind == "json_object":
-        schema = {"type": "object"}
+        found.append(("response_format", None, {"type": "object"}))
     elif kind != "text":
-        raise ValueError(f"response_format.type {kind!r} is not supported (text, json_object, json_schema)")
-    if sum(x is not None for x in (choice, req.guided_json)) + (kind != "text") > 1:
-        raise ValueError("give one of guided_choice, guided_json, response_format")
-    return choice, schema
-
-
-def cut_at_stop(text: str, stop) -> tuple[str, bool]:
-    stops = [stop] if isinstance(stop, str) else list(stop or [])
-    hits = [i for i in (text.find(s) for s in stops if s) if i >= 0]
-    return (text[:min(hits)], True) if hits else (text, False)
+        raise BadRequest(f"response_format.type {kind!r} is not supported (text, json_object, json_schema)",
+                         "response_format.type")
+    if len(found) > 1:
+        raise BadRequest(f"give one guide, not {' and '.join(f[0] for f in found)}", found[1][0])
+    return (found[0][1], found[0][2]) if found else (None, None)
 
 
 def openai_router(node: Any, gates: dict[str, EndpointGate], *, default_deadline_s: float) -> APIRouter:
     router = APIRouter(tags=["openai"])
+    tiers = tier_limits(node)
+
+    def model_card(model: str) -> dict:
+        return {"id": model, "object": "model", "created": int(node.started_at or 0), "owned_by": f"forge:{node.name}",
+                "max_output_len": tiers[model]}
 
     @router.get("/v1/models")
     async def list_models() -> dict:
-        return {"object": "list", "data": [{"id": m, "object": "model", "created": int(node.started_at or 0),
-                                            "owned_by": f"forge:{node.name}"} for m in models_of(node)]}
+        return {"object": "list", "data": [model_card(m) for m in sorted(tiers)]}
+
+    @router.get("/v1/models/{model_id:path}")
+    async def get_model(model_id: str):
+        if model_id not in tiers:
+            return error_response(404, "model_not_found", f"The model {model_id!r} does not exist here (models: "
+                                  f"{', '.join(sorted(tiers))})", param="model")
+        return model_card(model_id)
 
     @router.post("/v1/completions")
-    async def completions(req: CompletionRequest, request: Request,
-                          x_forge_deadline: Optional[str] = Header(None)):
-        return await _generate(request, req, req.prompt, "text_completion", gates["completions"], x_forge_deadline)
+    async def completions(req: CompletionRequest, request: Request, x_forge_deadline: Optional[str] = Header(None)):
+        echo: list[str] = []
+        if req.echo:
+            try:
+                echo = [p if isinstance(p, str) else _decode(node, p) for p in req.prompts]
+            except BadRequest as e:
+                return error_response(400, "invalid_request_error", str(e), param=e.param)
+        return await _generate(request, req, req.prompts, "text_completion", gates["completions"], x_forge_deadline,
+                               echo)
 
     @router.post("/v1/chat/completions")
     async def chat_completions(req: ChatRequest, request: Request, x_forge_deadline: Optional[str] = Header(None)):
         try:
-            prompt = prompt_from_messages(node, [m.model_dump(exclude_none=True) for m in req.messages])
+            prompt = prompt_from_messages(node, [m.model_dump(include={"role", "content"}) for m in req.messages])
         except ValueError as e:
-            return error_response(400, "invalid_request_error", str(e))
-        return await _generate(request, req, prompt, "chat.completion", gates["chat"], x_forge_deadline)
+            return error_response(400, "invalid_request_error", str(e), param="messages")
+        return await _generate(request, req, [prompt], "chat.completion", gates["chat"], x_forge_deadline, [])
 
-    async def _generate(request: Request, req: _Common, prompt, kind: str, gate: EndpointGate, header):
-        if req.model not in models_of(node):
+    async def _generate(request: Request, req: _Common, prompts: list, kind: str, gate: EndpointGate, header,
+                        echo: list[str]):
+        if req.model not in tiers:
             return error_response(404, "model_not_found", f"model {req.model!r} is not served here "
-                                  f"(models: {', '.join(models_of(node))})")
+                                  f"(models: {', '.join(sorted(tiers))})", param="model")
         try:
             choice, schema = guide_params(req)
             limit_s = deadline_s(header, req.deadline_s, default_deadline_s)
-        except ValueError as e:      # a contradictory guide or a bad deadline
+        except BadRequest as e:
+            return error_response(400, "invalid_request_error", str(e), param=e.param)
+        except ValueError as e:      # a bad deadline
             return error_response(400, "invalid_request_error", str(e))
-        max_tokens = getattr(req, "max_completion_tokens", None) or req.max_tokens or 16
-        params = GenerateParams(max_tokens=max_tokens, temperature=req.temperature, top_p=req.top_p, top_k=req.top_k,
-                                seed=req.seed, choice=choice, json_schema=schema)
-        rid = ("chatcmpl-" if kind == "chat.completion" else "cmpl-") + uuid.uuid4().hex[:24]
+        chat = kind == "chat.completion"
+        max_tokens = (getattr(req, "max_completion_tokens", None) or req.max_tokens or
+                      (tiers[req.model] if chat else COMPLETION_DEFAULT_MAX_TOKENS))
+        try:
+            params = GenerateParams(max_tokens=max_tokens,
+                                    temperature=1.0 if req.temperature is None else req.temperature,
+                                    top_p=1.0 if req.top_p is None else req.top_p, top_k=max(0, req.top_k or 0),
+                                    seed=req.seed, choice=choice, json_schema=schema)
+        except (RequestRejected, ValueError) as e:   # a value no engine can represent (top_k 2**31, ...)
+            return error_response(400, "invalid_request_error", str(e))
+        n = req.n or 1
+        stop = StopRule(req.stops, bool(req.include_stop_str_in_output)) if choice is None and schema is None \
+            else StopRule()
+        rid = ("chatcmpl-" if chat else "cmpl-") + (req.request_id or uuid.uuid4().hex[:24])
         head = {"id": rid, "created": int(time.time()), "model": req.model}
 
+        async def one(online, prompt, i: int):
+            p = params if req.seed is None or i == 0 else replace(params, seed=_wrap_seed(req.seed + i))
+            return await online.complete(prompt, p, stop)
+
         async def work(online, slot):
-            gen, _ = await online.submit(prompt, params)
-            text, stopped = cut_at_stop(gen.text, req.stop) if choice is None and schema is None else (gen.text, False)
-            usage = {"prompt_tokens": gen.input_tokens, "completion_tokens": gen.output_tokens,
-                     "total_tokens": gen.input_tokens + gen.output_tokens}
-            return gen, text, ("stop" if stopped else FINISH.get(gen.finish_reason, "stop")), usage
+            try:
+                async with asyncio.TaskGroup() as group:     # one failing choice cancels the others
+                    tasks = [group.create_task(one(online, prompt, i)) for prompt in prompts for i in range(n)]
+            except BaseExceptionGroup as failed:              # answer for the first failure, as for one choice
+                raise failed.exceptions[0] from None
+            return [t.result() for t in tasks]
 
-        if not req.stream:
-            out = await answer(request, node, gate, limit_s, work)
-            if not isinstance(out, tuple):
-                return out
-            _, text, finish, usage = out
-            choice0 = ({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish,
-                        "logprobs": None} if kind == "chat.completion" else
-                       {"index": 0, "text": text, "finish_reason": finish, "logprobs": None})
-            return {**head, "object": kind, "choices": [choice0], "usage": usage}
-        return _stream(request, req, kind, head, gate, limit_s, work)
+        if req.stream:
+            return _stream(request, req, chat, head, gate, limit_s, work, n, echo)
+        out = await answer(request, node, gate, limit_s, work)
+        if not isinstance(out, list):
+            return out
+        choices = [_choice(chat, j, gen, matched, echo[j // n] if echo else "") for j, (gen, matched) in enumerate(out)]
+        return {**head, "object": kind, "choices": choices, "usage": _usage(out, n)}
 
-    def _stream(request, req: _Common, kind: str, head: dict, gate: EndpointGate, limit_s: float, work):
+    def _stream(request, req: _Common, chat: bool, head: dict, gate: EndpointGate, limit_s: float, work, n: int,
+                echo: list[str]):
         """SSE. The gate is entered before the 200 goes out, so a full endpoint still answers 429."""
         try:
             slot = gate.enter()
         except Exception as e:  # noqa: BLE001 - Overloaded
             return describe_failure(e, node, gate)
-        chat = kind == "chat.completion"
         obj = "chat.completion.chunk" if chat else "text_completion"
-        include_usage = bool((req.stream_options or {}).get("include_usage"))
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
 
-        def event(delta: Optional[str], finish: Optional[str] = None, role: bool = False) -> str:
+        def event(j: int, delta: Optional[str], finish: Optional[str] = None, role: bool = False,
+                  matched: Optional[str] = None) -> str:
             if chat:
-                d = ({"role": "assistant", "content": ""} if role else {} if delta is None else {"content": delta})
-                ch = {"index": 0, "delta": d, "finish_reason": finish, "logprobs": None}
+                d = {"role": "assistant", "content": ""} if role else {} if delta is None else {"content": delta}
+                ch = {"index": j, "delta": d, "finish_reason": finish, "logprobs": None}
             else:
-                ch = {"index": 0, "text": delta or "", "finish_reason": finish, "logprobs": None}
+                ch = {"index": j, "text": delta or "", "finish_reason": finish, "logprobs": None}
+            if finish is not None:
+                ch["stop_reason"] = matched
             return "data: " + json.dumps({**head, "object": obj, "choices": [ch]}) + "\n\n"
 
         async def events():
             try:
                 if chat:
-                    yield event(None, role=True)
+                    for j in range(n):
+                        yield event(j, None, role=True)
                 out = await answer(request, node, _Borrowed(gate, slot), limit_s, work)
-                if not isinstance(out, tuple):
+                if not isinstance(out, list):
                     yield "data: " + out.body.decode() + "\n\n"
                 else:
-                    gen, text, finish, usage = out
-                    for piece in stream_pieces(node, gen, text):
-                        yield event(piece)
-                    yield event(None, finish)
+                    for j, (gen, matched) in enumerate(out):
+                        if echo:
+                            yield event(j, echo[j // n])
+                        for piece in stream_pieces(node, gen, gen.text):
+                            yield event(j, piece)
+                        yield event(j, None, FINISH.get(gen.finish_reason, "stop"), matched=matched)
                     if include_usage:
-                        yield "data: " + json.dumps({**head, "object": obj, "choices": [], "usage": usage}) + "\n\n"
+                        yield "data: " + json.dumps({**head, "object": obj, "choices": [],
+                                                     "usage": _usage(out, n)}) + "\n\n"
                 yield "data: [DONE]\n\n"
             finally:
                 slot.release()
@@ -192,6 +210,35 @@ def openai_router(node: Any, gates: dict[str, EndpointGate], *, default_deadline
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
     return router
+
+
+def _choice(chat: bool, index: int, gen: Generation, matched: Optional[str], echo: str) -> dict:
+    finish = FINISH.get(gen.finish_reason, "stop")
+    if chat:
+        return {"index": index, "message": {"role": "assistant", "content": gen.text}, "finish_reason": finish,
+                "stop_reason": matched, "logprobs": None}
+    return {"index": index, "text": echo + gen.text, "finish_reason": finish, "stop_reason": matched,
+            "logprobs": None}
+
+
+def _usage(out: list[tuple[Generation, Optional[str]]], n: int) -> dict:
+    """Prompt tokens once per prompt (not per choice, as vLLM counts them); completion tokens of every choice."""
+    prompt = sum(gen.input_tokens for j, (gen, _) in enumerate(out) if j % n == 0)
+    completion = sum(gen.output_tokens for gen, _ in out)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def _wrap_seed(seed: int) -> int:
+    return seed if seed < 2**64 else seed - 2**64
+
+
+def _decode(node: Any, ids: list[int]) -> str:
+    tokenizers = getattr(node, "tokenizers", None) or {}
+    tok = next(iter(tokenizers.values()), None)
+    if tok is None:
+        raise BadRequest("echo of a token-id prompt needs the node's tokenizer, which is not in this process "
+                         "(forge serve --remote)", "echo")
+    return tok.decode(ids)
 
 
 class _Borrowed:
@@ -205,3 +252,4 @@ class _Borrowed:
 
     def retry_after_s(self) -> int:
         return self._gate.retry_after_s()
+

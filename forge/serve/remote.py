@@ -14,6 +14,7 @@ from forge.broker.types import QueueFull
 from forge.errors import ForgeError, NodeDown, RequestRejected
 from forge.functions.api import GenerateParams, Generation
 from forge.node.interface import Answer
+from forge.runtime.stops import StopRule
 
 
 class RemoteOnlineNode:
@@ -55,9 +56,24 @@ class RemoteOnlineNode:
         self.closed = True
         await self._http.aclose()
 
-    async def submit(self, prompt: str | Sequence[int], params: GenerateParams, *, wait: bool = True):
-        if self.closed:
-            raise RequestRejected(f"forge serve for node {self.name} is draining")
+    async def submit(self, prompt: str | Sequence[int], params: GenerateParams, *, wait: bool = True) -> Answer:
+        out = await self._post(self._item(prompt, params))
+        gen = Generation(text=out["text"], output_tokens=out["output_tokens"], input_tokens=out["input_tokens"],
+                         finish_reason=out["finish_reason"], card=out.get("card", ""))
+        return Answer(gen, out.get("hidden"))
+
+    async def complete(self, prompt: str | Sequence[int], params: GenerateParams, stop: StopRule):
+        """A generation cut at its stop strings by the node, which has the tokenizer to count what remains."""
+        item = self._item(prompt, params)
+        if stop.strings:
+            item.update(stop=list(stop.strings), include_stop_str_in_output=stop.include)
+        out = await self._post(item)
+        gen = Generation(text=out["text"], output_tokens=out["output_tokens"], input_tokens=out["input_tokens"],
+                         finish_reason=out["finish_reason"], card=out.get("card", ""))
+        return gen, out.get("stop_reason")
+
+    @staticmethod
+    def _item(prompt: str | Sequence[int], params: GenerateParams) -> dict[str, Any]:
         item: dict[str, Any] = {"prompt": prompt if isinstance(prompt, str) else list(prompt),
                                 "max_tokens": params.max_tokens, "temperature": params.temperature,
                                 "top_p": params.top_p, "top_k": params.top_k, "seed": params.seed,
@@ -66,6 +82,11 @@ class RemoteOnlineNode:
             item["choice"] = list(params.choice)
         if params.json_schema is not None:
             item["json_schema"] = params.json_schema
+        return item
+
+    async def _post(self, item: dict[str, Any]) -> dict:
+        if self.closed:
+            raise RequestRejected(f"forge serve for node {self.name} is draining")
         self._open += 1
         try:
             r = await self._http.post("/v1/generate", json={"requests": [item]})
@@ -85,6 +106,4 @@ class RemoteOnlineNode:
         if "error" in out:
             err = out["error"]
             raise (RequestRejected if err.get("type") == "RequestRejected" else ForgeError)(err.get("message", "?"))
-        gen = Generation(text=out["text"], output_tokens=out["output_tokens"], input_tokens=out["input_tokens"],
-                         finish_reason=out["finish_reason"], card=out.get("card", ""))
-        return Answer(gen, out.get("hidden"))
+        return out

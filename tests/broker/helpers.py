@@ -51,12 +51,14 @@ class SimEngine:
 
 
 def simulate(core: BrokerCore, engines: list[SimEngine], reqs: list[BrokerRequest], *, feed_per_tick: int = 0,
-             max_ticks: int = 1_000_000) -> int:
-    """Discrete time: each slot of an engine progresses speed/slots tokens per tick; finished requests are
-    reported (on_done + record_delivery); an engine with free slots calls take. Returns the makespan in
-    ticks. feed_per_tick=0 adds everything up front, else that many requests per tick (while room)."""
+             in_system: int = 0, max_ticks: int = 1_000_000) -> int:
+    """Discrete time: each slot of an engine progresses speed/slots tokens per tick (a decode-bound batcher: a
+    half-full engine delivers half its speed); finished requests are reported (on_done, and record_delivery
+    with the share of slots that were busy); an engine with free slots calls take. Returns the makespan in
+    ticks. Arrivals: everything up front; or feed_per_tick a tick (while the broker has room); or a closed
+    loop keeping `in_system` requests pending or in flight (as `forge run --concurrency` does)."""
     todo = list(reversed(reqs))
-    if not feed_per_tick:
+    if not feed_per_tick and not in_system:
         while todo:
             core.add(todo.pop())
     total = len(reqs)
@@ -65,12 +67,15 @@ def simulate(core: BrokerCore, engines: list[SimEngine], reqs: list[BrokerReques
         for _ in range(feed_per_tick):
             if todo and core.has_room():
                 core.add(todo.pop())
+        while in_system and todo and core.pending() + core.in_flight() < in_system:
+            core.add(todo.pop())
         order = engines if tick % 2 == 0 else engines[::-1]      # no engine always pulls first
         for e in order:
             g = e.geom
             if not e.healthy:
                 continue
             rate = e.speed / g.max_batch_size
+            busy = len(e.inflight)
             delivered = 0.0
             still = []
             for item in e.inflight:
@@ -85,7 +90,7 @@ def simulate(core: BrokerCore, engines: list[SimEngine], reqs: list[BrokerReques
                     still.append(item)
             e.inflight = still
             if delivered:
-                core.record_delivery(g.engine_id, int(round(delivered)), 1.0)
+                core.record_delivery(g.engine_id, int(round(delivered)), 1.0, busy / g.max_batch_size)
             free = g.max_batch_size - len(e.inflight)
             used = sum(it[2] for it in e.inflight)
             if free > 0:

@@ -67,6 +67,15 @@ def test_provision_dry_run_prints_the_plan_per_card():
         assert text in proc.stdout, text
 
 
+def test_provision_dry_run_shows_replicas_and_their_engines():
+    proc = forge("provision", "tests/cases/valid/replicas/node.yaml", "--dry-run")
+    assert proc.returncode == 0, proc.stderr
+    out = " ".join(proc.stdout.split())
+    for text in ("1 card(s), 2 engine(s)", "replicas", "3,829 x 32", "106", "card memory",
+                 "engines (one process each): gpu0.r0, gpu0.r1"):
+        assert text in out, text
+
+
 def test_provision_refuses_an_invalid_node(tmp_path):
     import yaml
 

@@ -70,3 +70,16 @@ def test_validation_needs_no_engine_library():
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60,
                          env={**os.environ, "FORGE_LOAD_PLUGINS": ""})
     assert out.stdout.strip() == "True []", out.stderr
+
+
+def test_packaged_default_is_the_repo_default():
+    """forge/embedded/local.yaml (shipped in the package, `--node local`) and node_descriptions/local.yaml
+    describe the same node with the same packaged contract; only the path to that contract differs."""
+    import yaml
+
+    from forge.embedded import default_node_path
+
+    packaged, repo = (yaml.safe_load(p.read_text()) for p in (default_node_path(), REPO / "node_descriptions/local.yaml"))
+    assert {k: v for k, v in packaged.items() if k != "contracts"} == {k: v for k, v in repo.items() if k != "contracts"}
+    a, b = load_node(default_node_path()), load_node(REPO / "node_descriptions/local.yaml")
+    assert a.contracts["tiny-llama-cpu"].source.resolve() == b.contracts["tiny-llama-cpu"].source.resolve()

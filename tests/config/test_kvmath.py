@@ -89,3 +89,31 @@ def test_plan_invariants(layers, kv_heads, head_dim, kv, tpb, card_gib, weights_
     assert per_seq * tpb >= seq > (per_seq - 1) * tpb
     slots = (tokens // tpb) // per_seq
     assert slots * per_seq <= tokens // tpb < (slots + 1) * per_seq
+
+
+def test_replicas_share_the_memory_left_after_every_copy_of_the_weights():
+    kw = dict(card_memory_bytes=32 * GIB, weights_bytes=kvmath.gib(7.2), bytes_per_token=65536, tokens_per_block=32,
+              free_gpu_memory_fraction=0.85, max_tokens=None)
+    one, two = kvmath.pool_tokens(**kw), kvmath.pool_tokens(replicas=2, **kw)
+    assert two == int((32 * GIB - 2 * kvmath.gib(7.2)) // 2 * 0.85) // 65536 // 32 * 32 == 122528
+    assert two < one // 2                                    # the second copy of the weights is paid for
+    assert kvmath.pool_tokens(replicas=5, **kw) == 0         # 5 x 7.2 GiB of weights leave nothing
+    assert kvmath.pool_tokens(**dict(kw, free_gpu_memory_fraction=None, max_tokens=4096), replicas=3) == 4096
+
+
+def test_plan_of_a_card_with_replicas_and_its_engines():
+    from forge.config.plan import engine_plans, one_engine, replica_plans
+
+    card = GPU32.model_copy(update={"replicas": 2})
+    p = plan_card(card, Contract.model_validate(trt_contract()))
+    assert (p.replicas, p.replica, p.num_blocks, p.full_length_slots) == (2, None, 3829, 106)
+    assert p.card_bytes == 2 * (p.weights_bytes + p.kv_pool_bytes) and p.fits_memory
+    assert p.engine_id == "gpu0" and "replicas: 2" in one_engine(p)
+    reps = replica_plans(p)
+    assert [r.engine_id for r in reps] == ["gpu0.r0", "gpu0.r1"] and [r.replica for r in reps] == [0, 1]
+    assert all(r.num_blocks == p.num_blocks and r.card_id == "gpu0" and one_engine(r) is None for r in reps)
+    single = plan_card(GPU32, Contract.model_validate(trt_contract()))
+    assert [r.engine_id for r in engine_plans([single, p])] == ["gpu0", "gpu0.r0", "gpu0.r1"]
+    assert one_engine(single) is None
+    five = plan_card(GPU32.model_copy(update={"replicas": 5}), Contract.model_validate(trt_contract()))
+    assert five.num_blocks == 0 and not five.fits_memory            # 5 x 7.2 GiB leave no KV: validation refuses

@@ -1,6 +1,8 @@
 """The loader's public API as the rest of forge uses it."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from pydantic import BaseModel, ConfigDict
 
@@ -33,7 +35,7 @@ def test_strict_turns_the_slots_warning_into_an_error(write):
 
 def test_load_node_refuses_a_contract_file():
     with pytest.raises(ConfigError, match=r"::\$: expected a node description"):
-        load_node(REPO / "engine_contracts" / "tiny-llama-cpu.yaml")
+        load_node(REPO / "forge" / "embedded" / "tiny-llama-cpu.yaml")
 
 
 def test_load_node_reports_every_problem_of_the_file(write):
@@ -110,3 +112,17 @@ def test_an_empty_folder_is_an_error(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (p,) = load_paths(["none"]).problems
     assert p.render() == "none::$: no .yaml/.yml files in this folder"
+
+
+def test_a_copied_node_file_names_where_its_relative_contracts_point(tmp_path, monkeypatch):
+    """node_descriptions/local.yaml copied elsewhere: `contracts: ../forge/...` now points nowhere, and the
+    error says where it looked, as an absolute path, whatever the current folder."""
+    (tmp_path / "work").mkdir()
+    copy = tmp_path / "work" / "mynode.yaml"
+    copy.write_text((REPO / "node_descriptions" / "local.yaml").read_text())
+    monkeypatch.chdir(tmp_path / "work")
+    with pytest.raises(ConfigError) as e:
+        load_node(Path("mynode.yaml"))
+    looked = tmp_path / "forge" / "embedded" / "tiny-llama-cpu.yaml"
+    assert str(e.value) == (f"mynode.yaml::$.contracts: '../forge/embedded/tiny-llama-cpu.yaml' (relative to the node "
+                            f"file's folder: {looked}) does not exist")

@@ -74,20 +74,38 @@ def test_rerun_of_a_finished_job_redoes_nothing(tmp_path):
     r = forge("run", "tests/e2e/fixtures/short.py", "--input", inp, "--output", out)
     assert r.returncode == 0, r.stderr
     assert out.read_text() == before
-    assert "0 done" in r.stderr and "12 resumed" in r.stderr
+    assert "is already complete: all 12 records are in it" in r.stderr     # answered before the engine loads
+
+
+# Shares of two cards at speeds 3:1 through the real `forge run` (a pool of 64 functions feeding 2 x 16 slots)
+# must sit within 5 points of 75/25. On the shared 2-core dev machine (load 6-8) they measured 0.748 (rate
+# engines) and 0.727-0.738 (CPU-bound engines, one GIL): +-5 points holds with room; tighter would not.
+def _fast_share(tmp_path, node: str, records: list[dict]) -> float:
+    inp = write_records(tmp_path / "in.jsonl", records)
+    out = tmp_path / "out.jsonl"
+    r = forge("run", "tests/e2e/fixtures/short.py", "--node", node, "--input", inp, "--output", out,
+              "--concurrency", "64")
+    assert r.returncode == 0, r.stderr
+    cards = [row["result"]["card"] for row in read_output(out)]
+    assert len(cards) == len(records)
+    return cards.count("cpu0") / len(cards)
 
 
 def test_two_cards_of_different_speed_share_one_queue_in_proportion(tmp_path):
-    """instant engines at 3,000 and 1,000 tokens/s on one node: the fast card should take ~3/4."""
-    inp = write_records(tmp_path / "in.jsonl",
-                        [{"id": i, "text": f"record {i} " * 8, "max_tokens": 16} for i in range(600)])
-    out = tmp_path / "out.jsonl"
-    r = forge("run", "tests/e2e/fixtures/short.py", "--node", "tests/e2e/fixtures/two-speed/node.yaml",
-              "--input", inp, "--output", out, "--concurrency", "64")
-    assert r.returncode == 0, r.stderr
-    cards = [row["result"]["card"] for row in read_output(out)]
-    fast = cards.count("cpu0") / len(cards)
-    assert 0.62 <= fast <= 0.88, f"fast card took {fast:.2f} of the work (expected ~0.75)"
+    """instant engines at 3,000 and 1,000 tokens/s on one node: the fast card takes 3/4."""
+    fast = _fast_share(tmp_path, "tests/e2e/fixtures/two-speed/node.yaml",
+                       [{"id": i, "text": f"record {i} " * 8, "max_tokens": 16} for i in range(600)])
+    assert 0.70 <= fast <= 0.80, f"fast card took {fast:.3f} of the work (expected 0.75)"
+
+
+def test_cpu_bound_cards_at_3_to_1_share_one_hot_prefix_in_proportion(tmp_path):
+    """CPU-bound instant engines (4 and 12 ms of Python per step, one interpreter) and every record sharing
+    one prefix: the card that pins the group must not keep it from the other (fast card 0.92 before the
+    broker's work-conserving spill)."""
+    head = "Family 0: the quick brown fox jumps over the lazy dog, again and again, said the narrator. " * 2
+    fast = _fast_share(tmp_path, "tests/e2e/fixtures/two-speed-cpu/node.yaml",
+                       [{"id": i, "text": head + f"record {i} " * 4, "max_tokens": 16} for i in range(600)])
+    assert 0.70 <= fast <= 0.80, f"fast card took {fast:.3f} of the work (expected 0.75)"
 
 
 def test_parquet_in_and_out(tmp_path):

@@ -176,4 +176,8 @@ def test_guides_need_the_eager_loop():
 
     assert guides_unavailable(TransformersSection()) == ""
     why = guides_unavailable(TransformersSection(use_cuda_graph=True, compile_level=2))
-    assert "transformers.use_cuda_graph" in why and "compile_level" in why
+    assert "transformers.use_cuda_graph (the CUDA graph captures the logits processors" in why and "compile_level" in why
+    assert "silently ignored" in why and "async" not in why
+    why = guides_unavailable(TransformersSection(async_batching=True))
+    assert why.startswith("guided output needs the eager loop; this contract sets transformers.async_batching")
+    assert "one token behind" in why

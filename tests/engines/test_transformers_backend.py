@@ -102,15 +102,30 @@ def test_greedy_is_deterministic_and_sampling_per_request(engine):
     assert len({tuple(got[f"s{i}"].output_ids) for i in range(4)}) > 1       # temperature 1.5 really samples
 
 
+def test_per_request_seeds(engine):
+    """A sampled request with a seed draws its tokens from its own generator: the same seed gives the same tokens
+    (alone or batched with unseeded sampled requests), another seed other tokens. Before forge's seeded sampler
+    the engine refused sampled requests with a seed."""
+    def seeded(rid, seed, temperature=1.5):
+        return req(engine, rid, "The Queen said", 24, sampling=Sampling(temperature=temperature, top_p=0.95,
+                                                                        seed=seed))
+
+    alone, _ = run_all(engine, [seeded("a", 7)])
+    noise = [req(engine, f"n{i}", "The Queen said", 24, sampling=Sampling(temperature=1.5)) for i in range(3)]
+    batch, _ = run_all(engine, [seeded("b", 7), seeded("c", 8), seeded("d", 9), *noise])
+    assert alone["a"].error is None and alone["a"].output_ids == batch["b"].output_ids
+    assert len({tuple(batch[k].output_ids) for k in "bcd"}) == 3
+    assert not engine._seeds._seeds and not engine._seeds._generators        # forgotten when done
+
+
 def test_refuses_what_it_cannot_honour(engine):
     ok = tuple(engine.tokenizer.encode("Alice"))
     bad = [EngineRequest("long", (1,) * 385, 4), EngineRequest("out", ok, 129), EngineRequest("vocab", (1, 5000), 4),
-           EngineRequest("empty", (), 4), EngineRequest("guide", ok, 4, guide=Guide(regex="yes|no")),
-           EngineRequest("seed", ok, 4, sampling=Sampling(temperature=0.7, seed=3))]
+           EngineRequest("empty", (), 4), EngineRequest("guide", ok, 4, guide=Guide(regex="yes|no"))]
     got, _ = run_all(engine, bad + [EngineRequest("fine", ok, 4, sampling=Sampling(temperature=0, seed=3))])
     for r in bad:
         assert got[r.request_id].finish_reason == REFUSED and got[r.request_id].error
-    assert "max_input_len" in got["long"].error and "seed" in got["seed"].error
+    assert "max_input_len" in got["long"].error
     assert got["fine"].finish_reason in ("eos", "length") and got["fine"].error is None
     with pytest.raises(ValueError):
         engine.submit([EngineRequest("dup", ok, 2), EngineRequest("dup", ok, 2)])
@@ -242,6 +257,23 @@ def test_bad_section_and_precision_are_refused():
         start(contract(TINY, sections={"transformers": {"dtype": "float64"}}))
     with pytest.raises(ForgeError, match="kv_cache"):
         start(contract(TINY, sections={"transformers": {"dtype": "bfloat16"}}))
+
+
+def test_a_card_plan_of_several_replicas_is_refused_one_replica_plan_loads():
+    """Until the runtime starts one engine worker per replica, handing the factory the card's plan would start one
+    engine where the node declares two: refused before any load. A replica's own plan builds its engine."""
+    from forge.config.plan import replica_plans
+    from forge.engines.transformers_backend import _factory
+
+    c = contract(TINY)
+    card_plan = plan_card(Card(index=0, kind="cpu", model="cpu", memory_gib=2, engine=c.contract, replicas=2), c)
+    with pytest.raises(ForgeError, match="declares replicas: 2.*not one replica's"):
+        _factory(c, card_plan)
+    eng = _factory(c, replica_plans(card_plan)[1])
+    try:
+        assert eng.describe()["card"] == "cpu0"
+    finally:
+        eng.shutdown(5)
 
 
 def test_backend_module_imports_without_torch():

@@ -20,12 +20,32 @@ def test_identity_is_kept_and_a_different_run_is_refused(tmp_path):
     led = Ledger(path, run_key=KEY)
     assert not led.fresh and led.counts().attempts == 1
     led.close()
-    with pytest.raises(LedgerMismatch, match=r"belongs to another run \(function_sha256 was aaaaaaaaaaaa…aaaaaaaa, "
-                                             r"now bbbbbbbbbbbb…bbbbbbbb\); pass --restart"):
+    with pytest.raises(LedgerMismatch, match=r"the function file changed since this run started \(.*: function_sha256 "
+                                             r"was aaaaaaaaaaaa…aaaaaaaa, now bbbbbbbbbbbb…bbbbbbbb\); if the change "
+                                             r"leaves the 0 finished row\(s\) valid, pass --accept-changed-function"):
         Ledger(path, run_key={**KEY, "function_sha256": "b" * 64})
+    with pytest.raises(LedgerMismatch, match=r"belongs to another run \(input_size was .*\); pass --restart"):
+        Ledger(path, run_key={**KEY, "input_size": 7}, accept_changes=["function_sha256"])
     led = Ledger(path, run_key={**KEY, "function_sha256": "b" * 64}, restart=True)
     assert led.fresh and led.counts() == LedgerCounts()
     led.close()
+
+
+def test_a_changed_function_declared_compatible_keeps_the_records(tmp_path):
+    path = tmp_path / "l.sqlite"
+    led = Ledger(path, run_key=KEY)
+    led.apply(written=[(0, False), (1, True)])
+    led.close()
+    new = {**KEY, "function_sha256": "c" * 64}
+    led = Ledger(path, run_key=new, accept_changes=["function_sha256"])
+    assert led.accepted == ["function_sha256"] and not led.fresh
+    assert led.counts().written == 2 and led.counts().written_errors == 1
+    led.close()
+    led = Ledger(path, run_key=new)                   # the new code is now the run's identity
+    assert led.accepted == []
+    led.close()
+    with pytest.raises(LedgerMismatch, match="2 finished row"):
+        Ledger(path, run_key=KEY)
 
 
 def test_a_ledger_is_used_by_one_run_at_a_time(tmp_path):

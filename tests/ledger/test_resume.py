@@ -138,7 +138,7 @@ def test_a_complete_run_has_nothing_to_do(job):
 def test_output_without_its_ledger_is_refused_unless_restart(job):
     output, key = job
     output.write_text(_row(0) + "\n")
-    with pytest.raises(ForgeError, match=r"already holds 1 rows but its ledger .* is new; pass --restart"):
+    with pytest.raises(ForgeError, match=r"already holds 1 rows but its ledger .* is new; .*pass --restart"):
         open_run(output, run_key=key, total=N)
     _finish(output, key, restart=True)
     _check_output(output)

@@ -155,3 +155,26 @@ def test_an_unknown_card_transport_is_refused():
 
     with pytest.raises(ForgeError, match="card_transport must be one of process, thread"):
         LocalNode(load_node(NODES / "instant.yaml"), card_transport="carrier-pigeon")
+
+
+@pytest.mark.engine
+def test_a_card_with_replicas_runs_one_worker_per_replica():
+    """`replicas: 2` on one card of the tiny model: two engines, two worker processes, one broker over both."""
+    from pathlib import Path
+
+    async def main():
+        node = LocalNode(load_node(Path(__file__).parent / "fixtures" / "replicas-tiny.yaml"))
+        await node.start()
+        try:
+            gens = await asyncio.gather(*(node.generate(f"Alice was beginning {i}", GenerateParams(max_tokens=4))
+                                          for i in range(96)))
+            return gens, node.describe(), [s.card for s in node.engine_stats()]
+        finally:
+            await node.stop()
+
+    gens, desc, stat_cards = run(main())
+    assert {g.card for g in gens} == {"cpu0.r0", "cpu0.r1"}
+    assert [c["card"] for c in desc["cards"]] == ["cpu0.r0", "cpu0.r1"] == stat_cards
+    assert [c["replica"] for c in desc["cards"]] == [0, 1]
+    pids = {c["pid"] for c in desc["cards"]}
+    assert len(pids) == 2 and __import__("os").getpid() not in pids

@@ -46,7 +46,7 @@ def _bundle(node_file: Path, contract_files: list[Path]) -> dict[str, dict]:
 
 
 BUNDLES = [
-    _bundle(REPO / "node_descriptions/local.yaml", [REPO / "engine_contracts/tiny-llama-cpu.yaml"]),
+    _bundle(REPO / "node_descriptions/local.yaml", [REPO / "forge/embedded/tiny-llama-cpu.yaml"]),
     _bundle(REPO / "node_descriptions/fabric-a.yaml", [REPO / "engine_contracts/llama7b-fp8-1k.yaml",
                                                        REPO / "engine_contracts/llama7b-fp8-1k-half.yaml"]),
     _bundle(FIXTURES / "nodes/freeze-brief.yaml", [FIXTURES / "contracts/freeze-brief.yaml"]),

@@ -59,7 +59,7 @@ def test_markdown_names_every_card_and_the_ratios(written):
     md = md_path.read_text()
     assert "fabric-a/gpu0" in md and "fabric-a/gpu1" in md
     assert "| 42.0% |" in md                                 # prefix reuse
-    assert "forge report out.jsonl.report.json" in md
+    assert f"forge report {_json}" in md           # the path as the user can type it (absolute: not below cwd)
 
 
 def test_plots_render_as_real_images(written, tmp_path):
@@ -108,8 +108,13 @@ def test_not_a_report_is_one_clear_line(tmp_path):
     with pytest.raises(UsageError, match=r"::\$: not JSON"):
         load_report(bogus)
     from forge.cli.report import find_report
-    with pytest.raises(UsageError, match="no run report found"):
+    with pytest.raises(UsageError, match="missing.jsonl: no such output, report or folder"):
         find_report(str(tmp_path / "missing.jsonl"))
+    (tmp_path / "there.jsonl").write_text("")
+    with pytest.raises(UsageError, match="no run report found"):
+        find_report(str(tmp_path / "there.jsonl"))
+    with pytest.raises(UsageError, match=r"x.jsonl.report.json: no such run report"):
+        find_report(str(tmp_path / "x.jsonl.report.md"))
 
 
 def test_a_report_with_one_sample_cannot_be_plotted(tmp_path):

@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 from forge.broker import BrokerRequest
 from forge.engines.interface import Sampling
 from forge.host.flights import FlightTable
+from forge.host.progress import DeliveryRate, Occupancy, StallWatch
 from forge.requests import RequestOptions, options_of
-from forge.host.progress import DeliveryRate, StallWatch
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -88,6 +88,27 @@ def test_delivery_rate_counts_busy_time_only():
     r.busy(50.0)                                  # 39 s idle in between: not counted
     assert r.delivered(300, 51.0) == pytest.approx(1.0)
     assert 100 < r.tokens_per_s < 300
+
+
+def test_occupancy_is_time_weighted_over_busy_time_only():
+    o = Occupancy()
+    assert o.take(0.0) == 1.0                     # nothing measured yet: the broker's old reading
+    o.set(10.0, 0.25)
+    o.set(11.0, 0.75)                             # 1 s at a quarter, then 1 s at three quarters
+    assert o.take(12.0) == pytest.approx(0.5)
+    o.set(12.0, 0.0)
+    o.set(40.0, 1.0)                              # 28 s idle: not counted
+    assert o.take(41.0) == pytest.approx(1.0)
+
+
+def test_flight_table_occupancy_is_its_fuller_resource():
+    t = FlightTable(slots=8, kv_blocks=100)
+    t.add(BrokerRequest(request_id="a", prompts={"k": (1, 2)}, max_new_tokens=4), key="a#0", blocks=50,
+          input_tokens=2, deadline=None)
+    assert t.occupancy() == pytest.approx(0.5)    # 1 of 8 slots, 50 of 100 blocks
+    t.add(BrokerRequest(request_id="b", prompts={"k": (1, 2)}, max_new_tokens=4), key="b#0", blocks=1,
+          input_tokens=2, deadline=None)
+    assert t.occupancy() == pytest.approx(0.51)
 
 
 def test_options_are_read_from_the_payload_or_its_options():

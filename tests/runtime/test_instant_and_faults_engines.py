@@ -9,7 +9,7 @@ from _rt_harness import TINY, contract, faulty, instant, plan
 from forge.config.load import load_paths
 from forge.config.plan import plan_card
 from forge.config.models import Card
-from forge.engines.instant import ByteTokenizer, InstantEngine, JsonTokenizer, synthetic_output
+from forge.engines.instant import ByteTokenizer, InstantEngine, InstantSection, JsonTokenizer, synthetic_output
 from forge.engines.interface import EngineBusy, EngineFailed, EngineRequest, Guide
 from forge.errors import ForgeError
 from forge.plugins import collect
@@ -182,3 +182,98 @@ def test_faults_section_refuses_nonsense(section, message):
     factories = {a[0]: a[1] for a in collect("forge_register_backends")}
     with pytest.raises(ForgeError, match=message):
         factories["faults"](c, plan(c))
+
+
+# ---------------------------------------------------------------- the step model (instant: {step_cpu_ms: X})
+def stepper(c, cpu_ms: float = 1.0) -> InstantEngine:
+    return InstantEngine(c, plan(c), InstantSection(step_cpu_ms=cpu_ms))
+
+
+def test_step_engine_prefills_then_decodes_one_token_per_request_per_step():
+    c = contract(slots=4)                                   # budget 512: all four prompts prefill in one step
+    eng = stepper(c)
+    eng.submit([req(i, n_in=10, n_out=8) for i in range(4)])
+    results, tokens = drain(eng, 4)
+    assert tokens == 32 and all(len(r.output_ids) == 8 and r.finish_reason == "length" for r in results)
+    assert results[0].output_ids == synthetic_output(tuple(range(3, 13)), 8, 3, 2048)
+    st = eng.stats()
+    assert st.steps == 1 + 8 and st.tokens_last_step == 4     # one prefill step, eight decode steps of 4 tokens
+
+
+def test_step_engine_budget_chunks_prefill_and_caps_every_step():
+    c = contract(slots=4).model_copy(update={"limits": contract().limits.model_copy(update={"max_num_tokens": 16})})
+    eng = stepper(c)
+    eng.submit([req_ids(i, range(100 * i + 3, 100 * i + 13), n_out=2) for i in range(4)])
+    # budget 16; decode goes first, then prefill in arrival order:
+    # step 1: p0 10 + p1 6 | 2: d0, p1 4, p2 10, p3 1 | 3: d0 (done), d1, d2, p3 9 | 4: d1, d2 (done), d3 | 5: d3
+    seen = []
+    while len(seen) < 4:
+        seen += eng.poll(0.05).results
+        if eng.stats().steps == 3:
+            assert eng.stats().tokens_last_step == 12
+    assert eng.stats().steps == 5 and eng.stats().tokens_last_step == 1
+    assert all(len(r.output_ids) == 2 for r in seen)
+
+
+def req_ids(i: int, ids, n_out: int = 4) -> EngineRequest:
+    return EngineRequest(request_id=f"q{i}", prompt_ids=tuple(ids), max_new_tokens=n_out)
+
+
+def test_step_engine_reuses_cached_prefix_blocks_and_counts_them():
+    c = contract(slots=4, tpb=32)
+    eng = stepper(c)
+    head = list(range(3, 3 + 64))                           # two full blocks shared
+    eng.submit([req_ids(0, head + [500, 501, 502])])
+    drain(eng, 1)
+    assert eng.stats().prefix_hit_tokens == 0
+    eng.submit([req_ids(1, head + [600, 601])])
+    drain(eng, 1)
+    assert eng.stats().prefix_hit_tokens == 64
+    eng.submit([req_ids(2, head)])                          # a whole-prompt hit still computes its last token
+    drain(eng, 1)
+    assert eng.stats().prefix_hit_tokens == 64 + 63
+
+
+def test_step_engine_spends_its_cpu_in_the_polling_thread():
+    """The work is Python on the caller's thread (thread CPU time), not a sleep and not another thread."""
+    c = contract(slots=2)
+    eng = stepper(c, cpu_ms=20.0)
+    eng.submit([req(0, n_in=10, n_out=4)])
+    t0 = time.thread_time()
+    drain(eng, 1)
+    used = time.thread_time() - t0
+    assert eng.stats().steps == 5 and used >= 5 * 0.020
+
+
+def test_step_engine_cancel_and_errors_come_back_without_a_step():
+    c = contract(slots=4, max_in=16)
+    eng = stepper(c, cpu_ms=50.0)
+    eng.submit([req(0, n_in=20), req(1, n_in=5, n_out=100)])
+    eng.cancel("q1")
+    results, _ = drain(eng, 2)
+    assert {r.request_id: r.finish_reason for r in results} == {"q0": "error", "q1": "cancelled"}
+    assert eng.stats().steps == 0
+
+
+@pytest.mark.parametrize("section, message", [
+    ("{step_cpu_ms: 5, tokens_per_s_limit: 100}", "give tokens_per_s_limit or step_cpu_ms, not both"),
+    ("{step_cpu_ms: 0}", "greater than 0"),
+    ("{step_cpu_ms: 5000}", "must be at most 1000.0, got 5000"),
+    ("{step_ms: 5}", "step_ms"),
+])
+def test_instant_section_is_validated_at_load(tmp_path, section, message):
+    (tmp_path / "i.yaml").write_text(f"""
+contract: spin
+backend: instant
+model: {{architecture: LlamaForCausalLM, num_layers: 4, num_kv_heads: 4, head_dim: 32, vocab_size: 2048,
+         weights_gib: 0.011}}
+artifact: {{checkpoint: {TINY}}}
+precision: {{weights: fp32, kv_cache: fp32}}
+limits: {{max_batch_size: 4, max_num_tokens: 512, max_input_len: 384, max_output_len: 128}}
+kv_cache: {{tokens_per_block: 32, max_tokens: 4096, host_cache_size: 0, block_reuse: true}}
+target: {{kind: cpu}}
+instant: {section}
+""")
+    loaded = load_paths([tmp_path / "i.yaml"])
+    lines = [p.render() for p in loaded.problems]
+    assert not loaded.ok and any("i.yaml::$.instant" in line and message in line for line in lines), lines

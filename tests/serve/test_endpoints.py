@@ -97,8 +97,8 @@ def test_openai_client_guided_output(client):
 def test_refusals_name_the_field(client, served):
     with pytest.raises(openai.NotFoundError, match="not served here"):
         client.completions.create(model="gpt-4", prompt="x", max_tokens=2)
-    with pytest.raises(openai.BadRequestError, match="n: "):
-        client.completions.create(model=MODEL, prompt="x", max_tokens=2, n=2)
+    with pytest.raises(openai.BadRequestError, match="presence_penalty is not supported"):
+        client.completions.create(model=MODEL, prompt="x", max_tokens=2, presence_penalty=0.5)
     with pytest.raises(openai.BadRequestError, match="max_tokens 1 cannot hold the shortest choice"):
         client.completions.create(model=MODEL, prompt="x", max_tokens=1, extra_body={"guided_choice": ["the Queen"]})
     r = httpx.post(served.url + "/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 2},

@@ -41,6 +41,13 @@ def test_serve_against_a_provisioned_node(tmp_path):
             r = httpx.post(url + "/v1/completions", json={"model": "tiny-llama-cpu", "prompt": "Alice was",
                                                           "max_tokens": 8, "temperature": 0}, timeout=60)
             assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] <= 8
+            body = {"model": "tiny-llama-cpu", "prompt": "Alice was beginning to", "max_tokens": 40, "temperature": 0}
+            full = httpx.post(url + "/v1/completions", json=body, timeout=60).json()["choices"][0]["text"]
+            stop = next(w for w in (" the", " and", " of", " a") if w in full[3:])
+            cut = httpx.post(url + "/v1/completions", json={**body, "stop": [stop]}, timeout=60).json()
+            assert cut["choices"][0]["text"] == full[:full.index(stop)], cut      # cut on the node, counted there
+            assert cut["choices"][0]["finish_reason"] == "stop" and cut["choices"][0]["stop_reason"] == stop
+            assert cut["usage"]["completion_tokens"] < 40
             assert httpx.get(url + "/health").json()["remote"] == node_url
 
             async def leave():

@@ -2,7 +2,10 @@
 # The GPU captures of docs/benchmarks.md, as run on the device machine (one NVIDIA H200) from the repo root:
 #   bash docs/bench/h200/run.sh STAGE [STAGE...]      (stages: the case labels below)
 # call 1: env demo mixed-1p5b prefix-1p5b; call 2: mixed-1p5b-gate prefix-1p5b-gate prefix-short-1p5b mixed-8b
-# sweep-1p5b; call 3: mixed-1p5b-repeat; call 4: prefix-1p5b-credit prefix-short-1p5b-credit
+# sweep-1p5b (then: budget x slots only, `--records 96 --tokens 2048,8192,16384 --slots 64,128`); call 3: mixed-1p5b-repeat; call 4: prefix-1p5b-credit
+# prefix-short-1p5b-credit. Issue 16 (one call each): sweep-1p5b, sweep-8b, confirm-1p5b, confirm-8b.
+# issue 14: scaling-cpu (the device's CPUs, no GPU used; one call). Issue 17: cards-2x1p5b and cards-1p5b-8b (two H200s,
+# kind nvidia-h200-x2; one call each). CARD_TRANSPORT=thread|process picks where the engines run (default process).
 # forge's own Python dependencies missing from the device image travel as wheels in .whl/ (see the README of
 # the device tool); transformers 5.24.0 travels too (the image has 5.17). Results go to $OUT/results.tgz,
 # the log to $OUT/log.txt. Every stage has its own time limit, so one stuck stage cannot eat the call.
@@ -37,6 +40,38 @@ stage() {  # name limit_s command...
   pack
 }
 
+# The sweep (forge bench sweep) of one tier: every candidate in its own process under --candidate-limit, the whole
+# sweep under a --deadline taken from the time this stage has left, so it ends with its report before `timeout`
+# would stop it. The winner is written as CONTRACT-fast.yaml + node-…-fast.yaml into $TIERS (default: beside the
+# shipped tiers, so its paths are right for docs/bench/h200/ and the confirm stages of this call find it) and
+# copied into the capture folder.
+sweep() {  # name limit_s contract node records confirm_records [extra sweep flags...]
+  local name=$1 limit=$2 contract=$3 node=$4 recs=$5 crecs=$6; shift 6
+  local tiers=${TIERS:-$H} newnode
+  newnode=node-${contract#h200-}-fast.yaml
+  local left=$((DEADLINE - SECONDS)); [ "$left" -gt "$limit" ] && left=$limit
+  left=$((left - 20))
+  [ "$left" -lt 30 ] && { echo "=== $name: skipped, no time left"; return; }
+  mkdir -p "$R/$name" "$tiers"
+  stage "$name" "$limit" $F bench sweep "$contract" --workload "$WL" --node "$node" --records "$recs" \
+    --confirm-records "$crecs" --confirm-repeat 2 --candidate-limit "${CANDIDATE_LIMIT:-75}" --deadline "$left" \
+    --out "$R/$name" --write-best "$tiers/$contract-fast.yaml" --best-name "$contract-fast" \
+    --write-best-node "$tiers/$newnode" "$@"
+  cp "$tiers/$contract-fast.yaml" "$tiers/$newnode" "$R/$name/" 2>/dev/null; pack
+}
+# New vs shipped tier, interleaved in one process, through forge and direct (same switches): the issue's ratios
+# (new ÷ shipped through forge, forge ÷ direct on the new tier) and each tier's time beside the hardware bounds.
+compare() {  # name limit_s records shipped_node new_node
+  local name=$1 limit=$2 recs=$3 shipped=$4 new=$5
+  [ -f "$new" ] || { echo "=== $name: skipped, no new tier at $new (run the sweep stage, or set NEW_1P5B / NEW_8B)"; return; }
+  stage "$name" "$limit" $F bench compare "$WL" --node "$shipped" --label shipped --node "$new" --label new \
+    --modes forge,direct --repeat 2 --records "$recs" --out "$R/$name"
+}
+# the new tiers: written beside the shipped ones by this call's sweep stage, or committed there by the lead
+NEW_1P5B=${NEW_1P5B:-$H/node-llama-1p5b-fast.yaml}
+NEW_8B=${NEW_8B:-$H/node-llama-8b-fast.yaml}
+WL=$W/gpu-mixed.yaml
+
 for s in "$@"; do case $s in
   env)
     stage env 120 bash -c "nvidia-smi; python3 -c 'import torch, transformers, pydantic, sys; print(sys.version); \
@@ -64,9 +99,6 @@ for n in ('node-llama-1p5b', 'node-llama-8b', 'node-llama-1p5b-small-pool'):
   prefix-1p5b)
     stage prefix-1p5b 300 $F bench run $W/gpu-prefix-heavy.yaml --node $H/node-llama-1p5b-small-pool.yaml \
       --out "$R/prefix-1p5b" --direct sorted ;;
-  sweep-1p5b)
-    stage sweep-1p5b 300 $F bench sweep h200-llama-1p5b --workload $W/gpu-mixed.yaml --node $H/node-llama-1p5b.yaml \
-      --records 96 --tokens 2048,8192,16384 --slots 64,128 --out "$R/sweep-1p5b" ;;
   mixed-8b)
     stage mixed-8b 330 $F bench run $W/gpu-mixed.yaml --node $H/node-llama-8b.yaml --records 128 \
       --out "$R/mixed-8b" --direct sorted,depth ;;
@@ -91,6 +123,37 @@ for n in ('node-llama-1p5b', 'node-llama-8b', 'node-llama-1p5b-small-pool'):
   prefix-short-1p5b-credit)
     stage prefix-short-1p5b-credit 150 $F bench run $W/gpu-prefix-heavy-short.yaml \
       --node $H/node-llama-1p5b-small-pool.yaml --out "$R/prefix-short-1p5b-credit" --modes forge,fifo ;;
+  # issue 16: the sweep over the backend's switches, budget, slots (and replicas, skipped until card workers land)
+  sweep-1p5b)   # 12+ candidates in one call: 256 records each, confirm 2 x 256 interleaved, winner written
+    sweep sweep-1p5b 560 h200-llama-1p5b $H/node-llama-1p5b.yaml 256 256 --set transformers.compile_level=1 \
+      --try transformers.use_cuda_graph=true,transformers.compile_level=1 \
+      --try transformers.use_cuda_graph=true,limits.max_batch_size=256 ;;
+  sweep-8b)     # smaller: no compile, no scheduler; 128 records each
+    sweep sweep-8b 560 h200-llama-8b $H/node-llama-8b.yaml 128 128 --skip transformers.compile_level \
+      --skip transformers.scheduler --try transformers.use_cuda_graph=true,limits.max_batch_size=256 ;;
+  confirm-1p5b) compare confirm-1p5b 560 "${CONFIRM_RECORDS:-512}" $H/node-llama-1p5b.yaml "$NEW_1P5B" ;;
+  confirm-8b)   compare confirm-8b 560 "${CONFIRM_RECORDS_8B:-256}" $H/node-llama-8b.yaml "$NEW_8B" ;;
+  confirm)      # both, one after the other (each needs most of a call at 512 records: prefer one per call)
+    compare confirm-1p5b 280 "${CONFIRM_RECORDS:-256}" $H/node-llama-1p5b.yaml "$NEW_1P5B"
+    compare confirm-8b 280 "${CONFIRM_RECORDS_8B:-128}" $H/node-llama-8b.yaml "$NEW_8B" ;;
+  # the same commands on the embedded CPU tier (tiny model, quick workload): flags parse, children start, reports
+  cpu-check)
+    WL=forge/bench/quick.yaml TIERS=$R/cpu-tiers
+    sweep sweep-cpu 200 tiny-llama-cpu node_descriptions/local.yaml 8 8 --set transformers.compile_level=1 \
+      --skip transformers.attn_implementation --skip limits.max_batch_size \
+      --try transformers.use_cuda_graph=true,transformers.compile_level=1
+    compare confirm-cpu 150 8 node_descriptions/local.yaml "$R/cpu-tiers/node-tiny-llama-cpu-fast.yaml"
+    WL=$W/gpu-mixed.yaml; unset TIERS ;;
+  # issue 14: several cards. The CPU-scaling harness (N = 1, 2, 4, 8 CPU-bound instant cards, engines in the
+  # node's process vs worker processes, 3:1 shares, control plane per transport) and two-H200 nodes.
+  scaling-cpu)
+    stage scaling-cpu 540 $F bench scaling --out "$R/scaling-cpu" ;;
+  cards-2x1p5b)
+    stage cards-2x1p5b 540 $F bench run $W/gpu-mixed.yaml --node docs/bench/h200x2/node-equal-1p5b.yaml --records 256 \
+      --together-records 512 --repeats 2 --card-transport "${CARD_TRANSPORT:-process}" --out "$R/cards-2x1p5b" ;;
+  cards-1p5b-8b)
+    stage cards-1p5b-8b 540 $F bench run $W/gpu-mixed.yaml --node docs/bench/h200x2/node-1p5b-8b.yaml --records 256 \
+      --together-records 384 --repeats 2 --card-transport "${CARD_TRANSPORT:-process}" --out "$R/cards-1p5b-8b" ;;
   # issue 14 (every card in its own worker process): forge ÷ direct on one H200, three interleaved repeats, the
   # default (process) transport; then the same with the card's engine in the node's own process (the before)
   mixed-1p5b-process)
@@ -103,4 +166,7 @@ for n in ('node-llama-1p5b', 'node-llama-8b', 'node-llama-1p5b-small-pool'):
 esac; done
 pack
 echo "=== summary"
-for f in "$R"/*/bench.md "$R"/*/sweep.md; do [ -f "$f" ] && { echo "--- $f"; grep -A3 "^| forge ÷\|^\*\*Best" "$f"; }; done
+for f in "$R"/*/bench.md "$R"/*/sweep.md "$R"/*/compare.md; do
+  [ -f "$f" ] && { echo "--- $f"; grep -A3 "^| forge ÷\|^\*\*Best\|^\*\*Winner\|^Confirm\|^| tier" "$f"; }; done
+for f in "$R"/cards-*/bench.md; do [ -f "$f" ] && { echo "--- $f"; grep -A1 "^together ÷ Σ alone" "$f"; }; done
+[ -f "$R/scaling-cpu/scaling.md" ] && { echo "--- scaling"; sed -n '/^## Equal/,$p' "$R/scaling-cpu/scaling.md"; }

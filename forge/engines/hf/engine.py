@@ -53,7 +53,7 @@ class TransformersEngine(Engine):
     supports_guides: frozenset[str] = frozenset()     # set per instance from the guide support it was built with
 
     def __init__(self, plan: CardPlan, section, model, tokenizer, manager, *, device: str, eos, info: dict[str, Any],
-                 guides=None, no_guides_why: str = ""):
+                 guides=None, no_guides_why: str = "", seeds=None):
         self.plan, self.section, self.model, self.tokenizer = plan, section, model, tokenizer
         self._manager = manager
         self._device = device
@@ -62,7 +62,8 @@ class TransformersEngine(Engine):
         self.supports_guides = guides[0].kinds if guides is not None else frozenset()
         self._limits = dict(max_input_len=lim.max_input_len, max_output_len=lim.max_output_len,
                             vocab_size=plan.contract.model.vocab_size, sampling_mode=section.sampling,
-                            guides=self.supports_guides, no_guides_why=no_guides_why)
+                            guides=self.supports_guides, no_guides_why=no_guides_why, seeds=seeds is not None)
+        self._seeds = seeds                        # SeededSampler (forge/engines/hf/seeded.py) or None
         eos_ids = eos if isinstance(eos, (list, tuple)) else [eos]
         self._eos_set = {int(e) for e in eos_ids if e is not None and int(e) >= 0}
         self._eos_arg = sorted(self._eos_set) if len(self._eos_set) > 1 else (next(iter(self._eos_set), -1))
@@ -180,13 +181,21 @@ class TransformersEngine(Engine):
 
     # ------------------------------------------------------------------ internals
     def _accept(self, req: EngineRequest) -> None:
-        why = reqs.refusal(req, **self._limits)
+        """One request in. Anything about this request that fails (a check, a guide's compiler, the manager refusing
+        its arguments) fails it alone with an error result; only a failure of the engine itself raises."""
+        try:
+            why = reqs.refusal(req, **self._limits)
+        except Exception as exc:  # noqa: BLE001 - a request the checks cannot even read is refused, not fatal
+            why = f"the request cannot be checked: {type(exc).__name__}: {str(exc)[:300]}"
         if why is not None:
             self._ready.append(EngineResult(req.request_id, [], REFUSED, error=why))
             return
         entry = _Pending(req, f"{req.request_id}#{next(self._attempts)}")
         if req.guide is not None and req.max_new_tokens > 0:
-            state, why = self._guides[0].start(req.guide, req.max_new_tokens)
+            try:
+                state, why = self._guides[0].start(req.guide, req.max_new_tokens)
+            except Exception as exc:  # noqa: BLE001 - a guide that breaks its compiler fails its request, not the card
+                state, why = None, f"guided output cannot be compiled: {type(exc).__name__}: {str(exc)[:300]}"
             if why is not None:
                 self._ready.append(EngineResult(req.request_id, [], REFUSED, error=why))
                 return
@@ -194,20 +203,34 @@ class TransformersEngine(Engine):
             self._guides[1].add(entry.internal_id, state, len(req.prompt_ids), req.max_new_tokens)
         self._pending[req.request_id] = entry
         self._by_internal[entry.internal_id] = req.request_id
+        if self._seeds is not None and req.sampling.seed is not None and not reqs.is_greedy(req.sampling):
+            self._seeds.add(entry.internal_id, req.sampling.seed)
         if req.want_hidden:
             self._hidden.submit(entry.internal_id, req.prompt_ids, lambda e=entry: e.cancelled)
         if req.max_new_tokens > 0:
             kwargs = reqs.processor_kwargs(req.sampling, sampling_mode=self.section.sampling,
                                            vocab_size=self._limits["vocab_size"])
-            got = self._manager.add_request(list(req.prompt_ids), request_id=entry.internal_id,
-                                            max_new_tokens=req.max_new_tokens, streaming=True,
-                                            eos_token_id=self._eos_arg if req.sampling.stop_at_eos else -1, **kwargs)
+            try:
+                got = self._manager.add_request(list(req.prompt_ids), request_id=entry.internal_id,
+                                                max_new_tokens=req.max_new_tokens, streaming=True,
+                                                eos_token_id=self._eos_arg if req.sampling.stop_at_eos else -1, **kwargs)
+            except (TypeError, ValueError, OverflowError) as exc:    # this request's arguments, not the engine
+                self._forget(entry)
+                self._ready.append(EngineResult(req.request_id, [], "error",
+                                                error=f"refused: transformers: {type(exc).__name__}: {exc}"))
+                return
             if got is None:   # the manager refuses work only when its loop is stopping or dead
                 self._unguide(entry)
                 self._failure = self._loop_dead() or "transformers generation loop is not accepting requests"
                 raise EngineFailed(self._failure)
             entry.generating = True
         self._finish_if_complete(entry)
+
+    def _forget(self, entry: _Pending) -> None:
+        self._pending.pop(entry.request.request_id, None)
+        self._by_internal.pop(entry.internal_id, None)
+        self._unguide(entry)
+        entry.cancelled = True      # a hidden-state job already queued for it is dropped
 
     def _take_outputs(self, wait_s: float) -> list:
         started = time.monotonic()
@@ -277,8 +300,11 @@ class TransformersEngine(Engine):
         self._ready.append(EngineResult(rid, tokens, reason, hidden=entry.hidden))
 
     def _unguide(self, entry: _Pending) -> None:
+        """Forget the request's per-request processor state (its guide, its seed)."""
         if entry.guide is not None and self._guides is not None:
             self._guides[1].remove(entry.internal_id)
+        if self._seeds is not None:
+            self._seeds.remove(entry.internal_id)
 
     def _loop_dead(self) -> Optional[str]:
         if self._closed:

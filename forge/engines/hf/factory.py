@@ -2,19 +2,53 @@
 the contract (never from transformers' defaults), check it holds what the plan says, start its loop."""
 from __future__ import annotations
 
-from forge.config.plan import CardPlan
+from forge.config.plan import CardPlan, one_engine
 from forge.engines.hf import requests as reqs
 from forge.engines.hf.sizing import cb_config_kwargs, device_of, dtype_of, section_of, where
 from forge.errors import EngineUnavailable, ForgeError
 
 
+# Why each fast path cannot run a guide, as read in transformers 5.24's continuous batching (docs/serve.md, "Guided
+# output and the fast tiers", has the file/function walk-through). The guide processor (guided.py) builds each
+# guided row's mask in Python every step: prepare_tensor_args computes it from the request's tokens so far, and
+# __call__ applies it (and, for JSON near the end of the budget, reads that row's scores on the host).
+GUIDE_BLOCKERS = (
+    ("use_cuda_graph", "transformers.use_cuda_graph",
+     "the CUDA graph captures the logits processors together with the forward "
+     "(model_runner.py ModelRunner._forward_process_and_sample, captured once by _capture_graph), so a replay "
+     "repeats the masks of the warm-up, where no request was guided: guides would be silently ignored"),
+    ("compile_level", "transformers.compile_level > 0",
+     "torch.compile wraps that same step (ModelRunner.__init__: _compiled_varlen, _compiled_decode), tracing the "
+     "guide's per-step Python into it: correct only through dynamo's guards, at a recompile every step"),
+    ("async_batching", "transformers.async_batching",
+     "batch N+1 (its processors' arguments included) is prepared while batch N still runs and N's token reaches "
+     "N+1 only on the device (continuous_api.py _generation_loop_body, input_outputs.py carry_over_tokens): every "
+     "mask would be one token behind"),
+)
+
+
 def guides_unavailable(section) -> str:
-    """Why guided output is off for these settings ('' when it is on): the guide processor runs Python each step,
-    which a captured CUDA graph, a compiled step or a step prepared ahead (async batching) would not re-run."""
-    off = [name for name, on in (("transformers.use_cuda_graph", section.use_cuda_graph),
-                                 ("transformers.compile_level > 0", section.compile_level > 0),
-                                 ("transformers.async_batching", section.async_batching)) if on]
-    return f"guided output needs the eager loop; this contract sets {', '.join(off)}" if off else ""
+    """Why guided output is off for these settings ('' when it is on): one reason per fast path the contract sets."""
+    off = [f"{name} ({why})" for attr, name, why in GUIDE_BLOCKERS
+           if (getattr(section, attr) > 0 if attr == "compile_level" else getattr(section, attr))]
+    return f"guided output needs the eager loop; this contract sets {'; '.join(off)}" if off else ""
+
+
+def _guard_request_kwargs(manager) -> None:
+    """Defence in depth: the loop checks each new request's processor values (types only) inside its own try, so
+    a request failing there fails alone. Add forge's range checks to it: should a value the engine's submit checks
+    missed ever reach the loop (top_k 2**31, a zero temperature to divide by), that request ends with an error
+    instead of the step that would have run it ending the loop for every request on the card."""
+    lp = manager.logit_processor
+    types_only = lp.check_kwargs
+
+    def check_kwargs(kwargs: dict) -> None:
+        types_only(kwargs)
+        why = reqs.loop_kwargs_problem(kwargs or {})
+        if why is not None:
+            raise ValueError(f"refused: {why} is outside what the sampler can represent")
+
+    lp.check_kwargs = check_kwargs
 
 
 def build_engine(contract, plan: CardPlan):
@@ -29,6 +63,8 @@ def build_engine(contract, plan: CardPlan):
     if contract is not plan.contract and contract != plan.contract:
         raise ForgeError(f"{where(plan)}: the card plan was made for contract {plan.contract.contract}, "
                          f"not {contract.contract}")
+    if one_engine(plan):
+        raise ForgeError(one_engine(plan))
     section = section_of(plan)
     device = device_of(plan)
     if device.startswith("cuda") and (not torch.cuda.is_available() or plan.card.index >= torch.cuda.device_count()):
@@ -51,12 +87,18 @@ def build_engine(contract, plan: CardPlan):
     try:
         manager = model.init_continuous_batching(generation_config=GenerationConfig(**gen_kwargs),
                                                  continuous_batching_config=ContinuousBatchingConfig(**cb_kwargs))
+        _guard_request_kwargs(manager)
         guides = None
         if not no_guides_why:   # the guide processor must be in place before warmup builds the loop's buffers
             from forge.engines.hf.guided import install
 
             eos_ids = eos if isinstance(eos, (list, tuple)) else [eos]
             guides = install(manager, tokenizer, vocab, [int(e) for e in eos_ids if e is not None and int(e) >= 0])
+        seeds = None
+        if not no_guides_why and section.sampling == "per_request":   # per-request seeds: the same eager loop
+            from forge.engines.hf.seeded import install as install_seeds
+
+            seeds = install_seeds(manager)
         # Builds the paged cache and the scheduler now, in this thread, so a sizing error is raised here and not
         # inside the loop thread (on CPU nothing is captured or compiled).
         manager.warmup()
@@ -83,6 +125,6 @@ def build_engine(contract, plan: CardPlan):
         "generation_config": gen_kwargs,
     }
     engine = TransformersEngine(plan, section, model, tokenizer, manager, device=device, eos=eos, info=info,
-                                guides=guides, no_guides_why=no_guides_why)
+                                guides=guides, no_guides_why=no_guides_why, seeds=seeds)
     manager.start()
     return engine

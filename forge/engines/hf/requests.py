@@ -3,18 +3,22 @@
 transformers' continuous batching picks tokens with one engine-wide rule: `do_sample` and the logits processors
 are fixed when the manager is built. With `per_request_processors` the temperature, top-k and top-p processors
 read each request's own values, but only if the engine-wide generation config created them; and there is one
-random generator per engine, so a per-request seed cannot be honoured. Hence:
+random generator per engine; a per-request seed is honoured by a processor of forge's (seeded.py) that draws
+a seeded request's tokens with its own generator, on the eager loop. Hence:
 
 - sampling "per_request": do_sample on, the three processors created with placeholder defaults, and every
   request passes all three values (greedy requests as top_k=1), so the placeholders are never used by a request;
 - sampling "greedy": no processors, argmax; requests asking for temperature > 0 are refused;
-- a sampled request (temperature > 0) with a seed is refused in both modes.
+- a sampled request (temperature > 0) with a seed is refused where the seeded processor is not installed
+  (greedy mode, or a CUDA graph / compiled / async loop).
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Optional
 
-from forge.engines.interface import EngineRequest, Sampling
+from forge import constants
+from forge.engines.interface import EngineRequest, Sampling, sampling_problem
 
 # Placeholders that make transformers create the per-request processors (1.0 / 0 / >=1.0 would not).
 _PLACEHOLDER_TEMPERATURE = 0.5
@@ -26,7 +30,8 @@ def is_greedy(s: Sampling) -> bool:
 
 
 def refusal(req: EngineRequest, *, max_input_len: int, max_output_len: int, vocab_size: int,
-            sampling_mode: str, guides: frozenset = frozenset(), no_guides_why: str = "") -> Optional[str]:
+            sampling_mode: str, guides: frozenset = frozenset(), no_guides_why: str = "",
+            seeds: bool = False) -> Optional[str]:
     """Why this engine cannot take the request as asked, or None. Refused requests come back as error results."""
     n = len(req.prompt_ids)
     if n == 0:
@@ -48,17 +53,30 @@ def refusal(req: EngineRequest, *, max_input_len: int, max_output_len: int, voca
             return f"guided output of kind {kinds[0]} is not supported by the transformers backend here: {why}"
         if not req.sampling.stop_at_eos:
             return "a guided request must stop at EOS (the guide ends the output with it)"
+    why = sampling_problem(req.sampling)
+    if why is not None:
+        return why
     s = req.sampling
-    if s.temperature < 0 or not 0 < s.top_p <= 1 or s.top_k < 0:
-        return f"invalid sampling {s}: temperature >= 0, 0 < top_p <= 1 and top_k >= 0 are required"
     if is_greedy(s):
         return None
     if sampling_mode == "greedy":
         return (f"temperature {s.temperature} asked, but this engine decodes greedily (transformers.sampling: greedy); "
                 "use temperature 0 or a contract with sampling: per_request")
-    if s.seed is not None:
-        return ("a per-request seed cannot be honoured: transformers' continuous batching has one random generator "
-                "per engine (transformers.seed); leave seed unset or use temperature 0")
+    if s.seed is not None and not seeds:
+        return ("a per-request seed cannot be honoured here: per-request seeds need the eager loop "
+                f"({no_guides_why or 'this engine has no seeded sampler'}); leave seed unset or use temperature 0")
+    return None
+
+
+def loop_kwargs_problem(kwargs: dict[str, Any]) -> Optional[str]:
+    """The same limits on the values a request hands the loop's processors (what `processor_kwargs` made)."""
+    t, p, k = kwargs.get("temperature", 1.0), kwargs.get("top_p", 1.0), kwargs.get("top_k", 1)
+    if not (isinstance(t, float) and math.isfinite(t) and t > 0):
+        return f"temperature {t!r}"
+    if not (isinstance(p, float) and math.isfinite(p) and 0 < p <= 1):
+        return f"top_p {p!r}"
+    if not (isinstance(k, int) and 1 <= k <= constants.INT32_MAX):
+        return f"top_k {k!r}"
     return None
 
 
@@ -68,7 +86,8 @@ def processor_kwargs(s: Sampling, *, sampling_mode: str, vocab_size: int) -> dic
         return {}
     if is_greedy(s):
         return {"temperature": 1.0, "top_k": 1, "top_p": 1.0}
-    return {"temperature": float(s.temperature), "top_k": int(s.top_k) if s.top_k > 0 else vocab_size,
+    # top_k beyond the vocabulary keeps every token, as top_k 0 does
+    return {"temperature": float(s.temperature), "top_k": min(int(s.top_k), vocab_size) if s.top_k > 0 else vocab_size,
             "top_p": float(s.top_p)}
 
 

@@ -33,7 +33,7 @@ def card_headroom(loaded) -> Iterable[Problem]:
         file = display_path(node.source) if node.source else f"<node {name}>"
         for plan in plans:
             i = next(i for i, card in enumerate(node.cards) if card is plan.card)
-            used = plan.weights_bytes + plan.kv_pool_bytes
+            used = plan.card_bytes            # every replica's weights + KV pool
             headroom = (plan.card_memory_bytes - used) / GIB
             if headroom < minimum:
                 yield Problem(file, f"$.cards[{i}]",

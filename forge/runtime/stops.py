@@ -1,0 +1,55 @@
+"""Stop strings applied to a finished generation, as vLLM applies them: the text ends before the first match
+(or after it, with include_stop_str_in_output), finish_reason becomes "stop", and the token count is the tokens
+up to and including the one that completed the match: only what the answer stands for, not the tokens the
+engine went on to generate (it cannot be told to stop: the engine interface has no stop strings)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any, Optional
+
+from forge.functions.api import Generation
+
+
+@dataclass(frozen=True)
+class StopRule:
+    strings: tuple[str, ...] = ()
+    include: bool = False          # keep the matched string in the text
+
+
+def tokenizer_of(node: Any, card: str) -> Any:
+    """The tokenizer of the card that produced a generation (None where the node's tokenizers are elsewhere)."""
+    tokenizers = getattr(node, "tokenizers", None) or {}
+    key = getattr((getattr(node, "links", None) or {}).get(card), "key", None)     # the card's link knows it
+    return tokenizers.get(key) if key in tokenizers else next(iter(tokenizers.values()), None)
+
+
+def apply_stop(gen: Generation, rule: StopRule, tokenizer: Any) -> tuple[Generation, Optional[str]]:
+    """(the generation cut at the first stop string, the string matched); unchanged and None without a match."""
+    hits = [(gen.text.find(s), s) for s in rule.strings if s]
+    hits = [(at, s) for at, s in hits if at >= 0]
+    if not hits:
+        return gen, None
+    at, matched = min(hits, key=lambda h: (h[0], -len(h[1])))
+    through = at + len(matched)
+    tokens = _tokens_through(gen, through, tokenizer)
+    cut = replace(gen, text=gen.text[:through if rule.include else at], output_tokens=tokens,
+                  finish_reason="stop", token_ids=tuple(gen.token_ids[:tokens]))
+    return cut, matched
+
+
+def _tokens_through(gen: Generation, chars: int, tokenizer: Any) -> int:
+    """The fewest leading tokens whose decoded text holds the first `chars` characters of the output."""
+    ids = list(gen.token_ids)
+    if tokenizer is None or not ids:
+        return gen.output_tokens
+    target = gen.text[:chars]
+    lo, hi = 1, len(ids)
+    if not tokenizer.decode(ids).startswith(target):
+        return gen.output_tokens
+    while lo < hi:                       # decoded prefixes only grow: binary search for the first that holds it
+        mid = (lo + hi) // 2
+        if tokenizer.decode(ids[:mid]).startswith(target):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
