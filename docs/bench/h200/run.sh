@@ -162,6 +162,12 @@ for n in ('node-llama-1p5b', 'node-llama-8b', 'node-llama-1p5b-small-pool'):
   mixed-1p5b-thread)
     stage mixed-1p5b-thread 300 $F bench run $W/gpu-mixed.yaml --node $H/node-llama-1p5b.yaml --records 512 \
       --out "$R/mixed-1p5b-thread" --direct depth --repeat 2 --card-transport thread ;;
+  # issue 14, one call with the 16-core scaling below: forge ÷ direct only (no FIFO), three interleaved repeats
+  mixed-1p5b-df)
+    stage mixed-1p5b-df 330 $F bench run $W/gpu-mixed.yaml --node $H/node-llama-1p5b.yaml --records 512 \
+      --out "$R/mixed-1p5b-df" --modes direct,forge --direct depth --repeat 3 --card-transport process ;;
+  scaling-cpu-1)   # the scaling harness, one repeat (fits beside mixed-1p5b-df in one call)
+    stage scaling-cpu-1 240 $F bench scaling --repeat 1 --out "$R/scaling-cpu" ;;
   *) echo "unknown stage $s" ;;
 esac; done
 pack
