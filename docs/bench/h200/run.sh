@@ -125,9 +125,9 @@ for n in ('node-llama-1p5b', 'node-llama-8b', 'node-llama-1p5b-small-pool'):
       --node $H/node-llama-1p5b-small-pool.yaml --out "$R/prefix-short-1p5b-credit" --modes forge,fifo ;;
   # issue 16: the sweep over the backend's switches, budget, slots (and replicas, skipped until card workers land)
   sweep-1p5b)   # 12+ candidates in one call: 256 records each, confirm 2 x 256 interleaved, winner written
-    sweep sweep-1p5b 560 h200-llama-1p5b $H/node-llama-1p5b.yaml 256 256 --set transformers.compile_level=1 \
-      --try transformers.use_cuda_graph=true,transformers.compile_level=1 \
-      --try transformers.use_cuda_graph=true,limits.max_batch_size=256 ;;
+    # compile is skipped: its warm-up outlasts a candidate's limit (cut at 150 s on CPU); replicas 2 and 3
+    sweep sweep-1p5b 570 h200-llama-1p5b $H/node-llama-1p5b.yaml 256 256 --skip transformers.compile_level \
+      --replicas 2,3 ;;
   sweep-8b)     # smaller: no compile, no scheduler; 128 records each
     sweep sweep-8b 560 h200-llama-8b $H/node-llama-8b.yaml 128 128 --skip transformers.compile_level \
       --skip transformers.scheduler --try transformers.use_cuda_graph=true,limits.max_batch_size=256 ;;
