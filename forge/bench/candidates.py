@@ -12,8 +12,8 @@ product:
    each next winner is added to the best combination so far and kept only if it is faster again (at most
    --combine steps).
 
-A value this machine cannot run (an absent package, a GPU-only switch on a CPU card, replicas before the card
-worker runtime) is listed as skipped with the backend's reason; a candidate that breaks a contract rule is
+A value this machine cannot run (an absent package, a GPU-only switch on a CPU card, replicas on a runtime of
+one engine per card) is listed as skipped with the backend's reason; a candidate that breaks a contract rule is
 skipped with the validator's own message (each candidate is written as files and loaded like a user's)."""
 from __future__ import annotations
 

@@ -47,43 +47,32 @@ def run_remote(url: str, token: Optional[str], opts: JobOptions, *, node_label: 
 
 
 def run_with_node(make_node: Callable[[], Any], opts: JobOptions, *, node_label: str = "") -> int:
-    """Load the function, start a local node's card workers (they import their engine libraries and load their
-    engines meanwhile), open the job's input, ledger and output, then wait for the node (local, remote or
-    cluster: forge.node.interface.Node), run the job, and stop the node whatever happens. Everything that can
-    refuse the job answers before the node is waited for, and then stops the workers at once (still loading,
-    they hold nothing); a run already complete answers the same way. The node's stats feed the report."""
+    """Load the function and open the job's input, ledger and output (everything that can refuse the job answers
+    before any engine loads; a run already complete answers at once), then start the node `make_node()` builds
+    (a forge.node.interface.Node: local, remote or cluster), run the job, and stop the node whatever happens.
+    The node's stats feed the report."""
     from forge.functions.store import open_store
 
     spec, digest = load_function(opts.target)
-    node = make_node()
-    node.launch()
-    store, handed_over = None, False
+    stats = RunStats()
+    store = open_store(opts, function_name=spec.name, function_file=spec.fn.__code__.co_filename, node=node_label,
+                       stats=stats)
     try:
-        stats = RunStats()
-        store = open_store(opts, function_name=spec.name, function_file=spec.fn.__code__.co_filename,
-                           node=node_label, stats=stats)
         if store.run.report.complete:
             return _already_complete(store, opts)
+        node = make_node()
 
         async def main() -> int:
-            await node.start()
-            return await _run(spec, digest, node, opts, node_label=node.name, engine_stats=node.engine_stats,
-                              broker_stats=node.broker_stats, store=store, stats=stats)
+            try:
+                await node.start()
+                return await _run(spec, digest, node, opts, node_label=node.name, engine_stats=node.engine_stats,
+                                  broker_stats=node.broker_stats, store=store, stats=stats)
+            finally:
+                await node.stop()
 
-        handed_over = True
-        return asyncio.run(_stopping(node, main()))
+        return asyncio.run(main())
     finally:
-        if not handed_over:
-            asyncio.run(node.stop())          # refused before the node was waited for: end its workers now
-        if store is not None:
-            store.run.close()
-
-
-async def _stopping(node: Any, work) -> int:
-    try:
-        return await work
-    finally:
-        await node.stop()
+        store.run.close()
 
 
 def _already_complete(store, opts: JobOptions) -> int:

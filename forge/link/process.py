@@ -58,8 +58,10 @@ class ProcessTransport(Transport):
         the thread that runs the node's loop: the worker's parent-death signal follows that thread."""
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            self.proc = subprocess.Popen([sys.executable, "-m", "forge.host", str(theirs.fileno())],
-                                         pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
+            # The interpreter's own flags go along (-X importtime, -W, -O ...), as multiprocessing passes them.
+            argv = [sys.executable, *subprocess._args_from_interpreter_flags(), "-m", "forge.host",
+                    str(theirs.fileno())]
+            self.proc = subprocess.Popen(argv, pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
         except BaseException:
             mine.close()
             raise

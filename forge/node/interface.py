@@ -28,9 +28,6 @@ class Node(abc.ABC):
     closed: bool = False
     abandoned: int = 0                        # requests whose caller stopped waiting (cancelled)
 
-    def launch(self) -> None:
-        """Start now what can load while the caller does its own setup (a local node's workers); start() waits."""
-
     @abc.abstractmethod
     async def start(self) -> None:
         """Bring the node up (or reach it); raise ForgeError with one line if it cannot be."""

@@ -69,7 +69,7 @@ def test_a_two_card_node_runs_each_card_alone_then_together(tmp_path):
                  "--out", tmp_path / "out")
     assert proc.returncode == 0, proc.stderr[-3000:]
     data = json.loads((tmp_path / "out" / "bench.json").read_text())
-    assert data["kind"] == "forge-bench-cards" and data["card_transport"] == "thread"
+    assert data["kind"] == "forge-bench-cards" and data["card_transport"] == "process"      # the default
     order = [(r["repeat"], r["mode"], r["scope"]) for r in data["results"]]
     assert order == [(rep, mode, scope) for rep in (1, 2) for mode in ("forge", "fifo")
                      for scope in ("cpu0", "cpu1", "together")]

@@ -91,7 +91,7 @@ def _answer(engine, requests, timeout_s=30.0):
 @pytest.mark.engine
 def test_the_engine_refuses_what_its_loop_cannot_take_and_keeps_working(engine):
     """Past the node's edge (a plugin, a future caller): the engine's submit checks again; the loop lives."""
-    from forge.engines.interface import EngineRequest, Sampling
+    from forge.engines.interface import REFUSED, EngineRequest, Sampling
 
     ids = tuple(engine.tokenizer.encode("Alice was beginning to"))
     bad = [Sampling(temperature=0.7, top_k=2**31), Sampling(temperature=1e-45), Sampling(temperature=math.nan),
@@ -100,7 +100,7 @@ def test_the_engine_refuses_what_its_loop_cannot_take_and_keeps_working(engine):
                   + [EngineRequest("big-k", ids, 4, sampling=Sampling(temperature=0.7, top_k=10**6)),
                      EngineRequest("ok", ids, 4)])
     for i in range(len(bad)):
-        assert got[f"bad{i}"].finish_reason == "error" and "refused: invalid sampling" in got[f"bad{i}"].error
+        assert got[f"bad{i}"].finish_reason == REFUSED and got[f"bad{i}"].error.startswith("invalid sampling")
     assert got["big-k"].finish_reason == "length" and len(got["big-k"].output_ids) == 4   # top_k past the vocab
     assert got["ok"].finish_reason == "length"
     assert engine._loop_dead() is None
