@@ -168,6 +168,16 @@ for n in ('node-llama-1p5b', 'node-llama-8b', 'node-llama-1p5b-small-pool'):
       --out "$R/mixed-1p5b-df" --modes direct,forge --direct depth --repeat 3 --card-transport process ;;
   scaling-cpu-1)   # the scaling harness, one repeat (fits beside mixed-1p5b-df in one call)
     stage scaling-cpu-1 240 $F bench scaling --repeat 1 --out "$R/scaling-cpu" ;;
+  # issue 16, the last call: the new tiers (the sweep's CUDA graphs; replicas 2) against the shipped ones through
+  # forge, interleaved in one process
+  final-8b)
+    stage final-8b 240 $F bench compare $W/gpu-mixed.yaml --node $H/node-llama-8b.yaml --label shipped \
+      --node $H/node-llama-8b-fast-r2.yaml --label graphs-r2 --modes forge --repeat 2 --records 128 \
+      --out "$R/final-8b" ;;
+  final-1p5b-r2)
+    stage final-1p5b-r2 200 $F bench compare $W/gpu-mixed.yaml --node $H/node-llama-1p5b.yaml --label shipped \
+      --node $H/node-llama-1p5b-fast-r2.yaml --label graphs-r2 --modes forge --repeat 2 --records 256 \
+      --out "$R/final-1p5b-r2" ;;
   *) echo "unknown stage $s" ;;
 esac; done
 pack
