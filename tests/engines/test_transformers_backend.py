@@ -328,3 +328,26 @@ def test_sampling_modes():
     assert reqs.processor_kwargs(Sampling(temperature=0.7, top_p=0.9), sampling_mode="per_request",
                                  vocab_size=100) == {"temperature": 0.7, "top_k": 100, "top_p": 0.9}
     assert reqs.processor_kwargs(hot.sampling, sampling_mode="greedy", vocab_size=100) == {}
+
+
+def test_the_loop_hands_over_one_output_per_request_not_one_per_step(engine):
+    """Requests run without streaming, as transformers' own API runs them: the generation loop builds and queues
+    one output per request when it ends (streaming cost one per running request per step, under the loop's GIL),
+    and the token progress still adds up exactly."""
+    manager, taken = engine._manager, []
+    real = manager.get_result
+
+    def counted(*a, **kw):
+        out = real(*a, **kw)
+        if out is not None:
+            taken.append(out.request_id)
+        return out
+
+    manager.get_result = counted
+    try:
+        got, tokens = run_all(engine, [req(engine, f"o{i}", "The Queen of Hearts", 20,
+                                           sampling=Sampling(stop_at_eos=False)) for i in range(3)])
+    finally:
+        del manager.get_result
+    assert all(len(r.output_ids) == 20 for r in got.values())
+    assert len(taken) == 3 and tokens == 60
