@@ -351,3 +351,19 @@ def test_the_loop_hands_over_one_output_per_request_not_one_per_step(engine):
         del manager.get_result
     assert all(len(r.output_ids) == 20 for r in got.values())
     assert len(taken) == 3 and tokens == 60
+
+
+def test_the_load_time_warm_up_runs_a_full_budget_step_and_a_full_slot_decode_and_leaves_the_engine_as_it_was(engine):
+    """forge/engines/hf/warm.py, run at load on CUDA cards, here through the tiny engine's own started manager:
+    both rounds finish within their bound, and the engine's requests before and after are untouched by them."""
+    from forge.engines.hf.warm import warm_up
+
+    lim = engine.plan.contract.limits
+    steps = engine.stats().steps
+    why = warm_up(engine._manager, budget=lim.max_num_tokens, max_input_len=lim.max_input_len,
+                  slots=lim.max_batch_size, vocab_size=2048, request_kwargs={}, timeout_s=60)
+    assert why is None and engine.stats().steps >= steps + 2
+    got, tokens = run_all(engine, [req(engine, "after", "The Queen of Hearts", 8, sampling=Sampling(stop_at_eos=False))])
+    assert list(got) == ["after"] and len(got["after"].output_ids) == 8 and tokens == 8
+    assert warm_up(engine._manager, budget=lim.max_num_tokens, max_input_len=lim.max_input_len, slots=lim.max_batch_size,
+                   vocab_size=2048, request_kwargs={}, timeout_s=0.0) is not None      # bounded: says when cut short
