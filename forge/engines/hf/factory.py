@@ -137,10 +137,13 @@ def build_engine(contract, plan: CardPlan):
         from forge.engines.hf.warm import warm_up
 
         t0 = time.monotonic()
-        why = warm_up(manager, budget=plan.contract.limits.max_num_tokens,
-                      max_input_len=plan.contract.limits.max_input_len, slots=plan.contract.limits.max_batch_size,
-                      vocab_size=vocab, request_kwargs=reqs.processor_kwargs(Sampling(), sampling_mode=section.sampling,
-                                                                              vocab_size=vocab))
+        try:
+            why = warm_up(manager, budget=plan.contract.limits.max_num_tokens,
+                          max_input_len=plan.contract.limits.max_input_len, slots=plan.contract.limits.max_batch_size,
+                          vocab_size=vocab, request_kwargs=reqs.processor_kwargs(
+                              Sampling(), sampling_mode=section.sampling, vocab_size=vocab))
+        except Exception as exc:  # noqa: BLE001 - a warm-up never stops a card; its loop's health is checked on use
+            why = f"{type(exc).__name__}: {exc}"
         if why is not None:
             log.warning("%s: engine warm-up cut short (%s); the engine is used as it is", plan.card_id, why)
         engine._info["warm_up_s"] = round(time.monotonic() - t0, 2)
