@@ -171,7 +171,7 @@ for n in ('node-llama-1p5b', 'node-llama-8b', 'node-llama-1p5b-small-pool'):
   # ~20 s); within the 270 s this stage may take, FINAL_RECORDS defaults to 384 (FINAL_RECORDS=512 FINAL_LIMIT=330
   # for the exact size when the call has room).
   final-1p5b-df)
-    stage final-1p5b-df "${FINAL_LIMIT:-270}" $F bench run $W/gpu-mixed.yaml --node $H/node-llama-1p5b.yaml \
+    stage final-1p5b-df "${FINAL_LIMIT:-270}" $F bench run $W/gpu-mixed.yaml --node "${FINAL_NODE:-$H/node-llama-1p5b.yaml}" \
       --records "${FINAL_RECORDS:-384}" --out "$R/final-1p5b-df" --modes direct,forge --direct depth --repeat 3 \
       --card-transport process ;;
   scaling-cpu-1)   # the scaling harness, one repeat (fits beside mixed-1p5b-df in one call)
