@@ -42,6 +42,12 @@ _SETTLE = ("INSERT INTO records (idx, state, is_error, row) VALUES (?, ?, ?, ?) 
            "row = excluded.row WHERE records.state != 'written'")
 _WRITTEN = ("INSERT INTO records (idx, state, is_error) VALUES (?, 'written', ?) "
             "ON CONFLICT (idx) DO UPDATE SET state = 'written', is_error = excluded.is_error, row = NULL")
+# The same two writes as plain UPDATEs of rows that exist. In a running job they nearly always do (the attempt row
+# went in first), and an UPDATE by rowid costs SQLite about half of what the upsert's failed INSERT + UPDATE does
+# (docs/benchmarks.md, "Cutting the node's CPU per task"). Where fewer rows changed than were given (an input
+# error settled without an attempt row, a row already written), the upserts above run for the whole batch.
+_SETTLE_EXISTING = "UPDATE records SET state = ?, is_error = ?, row = ? WHERE idx = ? AND state != 'written'"
+_WRITTEN_EXISTING = "UPDATE records SET state = 'written', is_error = ?, row = NULL WHERE idx = ?"
 
 
 class LedgerMismatch(ForgeError):
@@ -191,14 +197,19 @@ class Ledger:
                 if attempts:
                     self._db.executemany(_ATTEMPT, attempts)
                 if settled:
-                    self._db.executemany(_SETTLE, settled)
+                    self._upsert(_SETTLE_EXISTING, _SETTLE, settled, lambda r: (r[1], r[2], r[3], r[0]))
                 if written:
-                    self._db.executemany(_WRITTEN, written)
+                    self._upsert(_WRITTEN_EXISTING, _WRITTEN, written, lambda r: (r[1], r[0]))
             elapsed = time.perf_counter() - start
         self.stats.commits += 1
         self.stats.rows_committed += len(attempts) + len(settled) + len(written)
         self.stats.last_commit_s = elapsed
         self.stats.total_commit_s += elapsed
+
+    def _upsert(self, update: str, upsert: str, rows: list[tuple], update_args) -> None:
+        """UPDATE the rows that exist; if any did not change, the idempotent upsert for all (same end state)."""
+        if self._db.executemany(update, [update_args(r) for r in rows]).rowcount != len(rows):
+            self._db.executemany(upsert, rows)
 
     def set_meta(self, key: str, value: str) -> None:
         with self._mutex, self._txn():

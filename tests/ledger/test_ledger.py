@@ -82,3 +82,24 @@ def test_state_changes_in_one_transaction_and_rows_dropped_once_written(tmp_path
     assert db.execute("SELECT row FROM records WHERE state = 'written'").fetchall() == [(None,), (None,)]
     assert db.execute("PRAGMA journal_mode").fetchone() == ("wal",)
     db.close()
+
+
+def test_a_batch_mixing_rows_with_and_without_an_attempt_settles_them_all(tmp_path):
+    # apply() first UPDATEs rows that exist and falls back to the upsert when some do not (an input error is
+    # settled without an attempt row; `written` can name rows the ledger lost): the end state is the upsert's.
+    led = Ledger(tmp_path / "l.sqlite", run_key=KEY)
+    led.apply(attempts=[0, 1])
+    led.apply(settled=[(0, "row0", False), (1, "row1", False)], written=[])
+    led.apply(written=[(0, False)])
+    led.apply(settled=[(0, "late", False), (1, "row1b", True), (5, "input error", True)])
+    assert led.counts() == LedgerCounts(failed=2, written=1, attempts=2)
+    assert list(led.unwritten_rows()) == [[(1, "row1b", True), (5, "input error", True)]]
+    led.apply(written=[(1, True), (5, True), (7, False)])
+    assert sorted(led.indices("written")) == [0, 1, 5, 7]
+    assert led.counts() == LedgerCounts(written=4, written_errors=2, attempts=2)
+    db = sqlite3.connect(tmp_path / "l.sqlite")
+    assert db.execute("SELECT idx, state, attempts, is_error, row FROM records ORDER BY idx").fetchall() == [
+        (0, "written", 1, 0, None), (1, "written", 1, 1, None), (5, "written", 0, 1, None),
+        (7, "written", 0, 0, None)]
+    db.close()
+    led.close()
