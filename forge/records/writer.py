@@ -30,11 +30,16 @@ def encode_error(index: int, type_: str, message: str) -> str:
     return f'{{"index": {int(index)}, "error": {body}}}'
 
 
+# One encoder for every row: json.dumps with keywords builds a new JSONEncoder per call (docs/benchmarks.md,
+# "Cutting the node's CPU per task"); encode() gives the same text.
+_RESULT_ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False)
+
+
 def encode_result(index: int, result: object) -> tuple[str, bool]:
     """(row line without newline, is_error). A result that is not strict JSON (objects, NaN,
     lone surrogates, cycles) becomes a SerializationError row instead of crashing the run."""
     try:
-        body = json.dumps(result, ensure_ascii=False, allow_nan=False)
+        body = _RESULT_ENCODER.encode(result)
         body.encode("utf-8")  # lone surrogates pass dumps but cannot be written as UTF-8
     except (TypeError, ValueError, RecursionError, UnicodeEncodeError) as e:
         return encode_error(index, "SerializationError", f"result is not JSON-serializable: {e}"), True
