@@ -65,6 +65,8 @@ class Committer:
     async def _aput(self, item: tuple) -> None:
         # Never block the event loop on a full queue: park on a future the committer resolves
         # when it takes a batch (and re-check at least every _PUT_POLL_S, so no wake-up is lost).
+        if self._try_put(item):         # the usual case, room in the queue: no future made (two per record)
+            return
         loop = asyncio.get_running_loop()
         while True:
             space = loop.create_future()
