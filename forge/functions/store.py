@@ -36,7 +36,8 @@ class JobStore:
                   file=sys.stderr)
 
     def records(self):
-        return self.source.records(skip=self.run.is_settled)
+        # `settled` is fixed when the run opens: a fresh run has nothing to skip, so no check per record.
+        return self.source.records(skip=self.run.is_settled if len(self.run.settled) else None)
 
     async def started(self, index: int) -> None:
         await self.run.aput_attempt(index)
