@@ -24,7 +24,7 @@ from forge.cluster.links import HELLO_TIMEOUT_S, EngineLink, geometry_of
 from forge.cluster.names import ENGINE_ACTOR_PREFIX, NAMESPACE
 from forge.engines.interface import Guide, Sampling
 from forge.errors import ForgeError, NodeDown, RequestRejected
-from forge.functions.api import GenerateParams, Generation
+from forge.functions.api import GenerateParams, Generation, prompt_problem
 from forge.runtime.options import RequestOptions
 from forge.stats import BrokerStats, EngineStats
 
@@ -116,6 +116,9 @@ class ClusterNode:
 
     # ------------------------------------------------------------------ requests
     async def encode(self, prompt: str | Sequence[int]) -> dict[str, tuple[int, ...]]:
+        why = prompt_problem(prompt)        # text no tokenizer takes must not fail the batch it would travel in
+        if why is not None:
+            raise RequestRejected(why)
         if not isinstance(prompt, str):
             ids = tuple(int(i) for i in prompt)
             return {k: ids for k in self.encoders}

@@ -30,7 +30,8 @@ log = logging.getLogger("forge.cluster.links")
 
 CREDIT_FACTOR = 1.25         # in flight + queued at an engine, relative to its contract's slots and KV blocks
 COLLECT_WAIT_S = 0.5         # long-poll length (a collect returns as soon as something is ready)
-CALL_TIMEOUT_S = 30.0        # beyond its own wait, any call to an engine actor
+CALL_TIMEOUT_S = constants.STALL_WINDOW_S   # beyond its own wait, any call to an engine actor: silence this long
+                                            # is a lost engine, as a stalled card is in an embedded run
 HELLO_TIMEOUT_S = 10.0
 REATTACH_INTERVAL_S = 0.5
 TAKE_WAIT_S = 0.25
@@ -119,14 +120,27 @@ class EngineLink:
             if epoch != self.epoch:           # lost while taking: give these back too
                 self._lost_batch(batch)
                 continue
-            now = time.monotonic()
-            wire = [to_wire(r, self.key, now) for r in batch]
+            wire = self._to_wire(batch)
+            if not wire:
+                continue
             try:
                 await asyncio.wait_for(self.handle.submit.remote(self.session, wire), CALL_TIMEOUT_S)
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # noqa: BLE001 - any failure to hand over is a loss
                 self.lost(f"submit failed: {type(e).__name__}: {_first_line(e)}", epoch)
+
+    def _to_wire(self, batch: list[BrokerRequest]) -> list[tuple]:
+        """The batch as it travels; a request that cannot be put on the wire fails alone (its future must end)."""
+        now, wire = time.monotonic(), []
+        for r in batch:
+            try:
+                wire.append(to_wire(r, self.key, now))
+            except Exception as e:  # noqa: BLE001 - that request's fault, not the link's
+                if self._release(r.request_id, r.attempt) is not None:
+                    self.broker.on_done(self.eid, r)
+                    self._fail(r, f"request cannot be sent to engine {self.eid}: {type(e).__name__}: {e}")
+        return wire
 
     def _has_credit(self) -> bool:
         return self.used_slots < self.cap_slots and self.used_blocks < self.cap_blocks and self.healthy
@@ -162,7 +176,10 @@ class EngineLink:
                 self.lost(f"{type(e).__name__}: {_first_line(e)}", epoch)
                 continue
             if epoch == self.epoch:
-                self._apply(reply, epoch)
+                try:
+                    self._apply(reply, epoch)
+                except Exception as e:  # noqa: BLE001 - a reply forge cannot read: the engine's work is as lost
+                    self.lost(f"unreadable reply: {type(e).__name__}: {_first_line(e)}", epoch)
 
     def _apply(self, reply: dict, epoch: int) -> None:
         if reply.get("ended"):
