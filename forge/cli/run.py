@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from forge import constants
 from forge.errors import UsageError
 
 
@@ -25,10 +26,32 @@ def _common(f):
         click.option("--progress", type=click.Choice(["auto", "bar", "lines", "off"]), default="auto",
                      help="a live bar on a terminal, periodic lines otherwise"),
         click.option("--report/--no-report", default=True, help="write OUTPUT.report.{json,md} at the end"),
+        click.option("--max-errors", "max_errors", default=None, metavar="N|P%",
+                     help="stop early (incomplete, resumable) once more than N records, or more than P% of the "
+                          f"records settled in this run (counted after {constants.MAX_ERRORS_MIN_SAMPLE}), failed"),
     ]
     for o in reversed(opts):
         f = o(f)
     return f
+
+
+EXIT_CODES = f"""
+\b
+Exit codes:
+  {constants.EXIT_OK}    complete: every input line has its row, none is an error row
+  {constants.EXIT_ERROR_ROWS}    complete, with error rows (the function failed, or a line was unreadable)
+  {constants.EXIT_INCOMPLETE}    incomplete: rows are missing (the node went down or froze, --max-errors,
+       the output could not be written, the input changed during the run); rerun to resume
+  130  incomplete: stopped by SIGINT (143: by SIGTERM); rerun to resume
+  {constants.EXIT_FAILED}    refused before the run could start (one line says why)
+  {constants.EXIT_USAGE}    usage error
+"""
+
+
+def _max_errors(text):
+    from forge.functions.errorbudget import MaxErrors
+
+    return None if text is None else MaxErrors.parse(text)
 
 
 def _ledger_default(output_path: Path, ledger_path: Path | None) -> Path:
@@ -36,7 +59,7 @@ def _ledger_default(output_path: Path, ledger_path: Path | None) -> Path:
 
 
 def register(cli: click.Group) -> None:
-    @cli.command("run")
+    @cli.command("run", epilog=EXIT_CODES)
     @click.argument("target", metavar="FILE.py[:NAME]")
     @click.option("--node", "node_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
                   help="node description to provision in-process; default: the embedded CPU node")
@@ -44,21 +67,23 @@ def register(cli: click.Group) -> None:
     @click.option("--strict", is_flag=True, help="treat validation warnings as errors")
     @_common
     def run_cmd(target, node_path, grouping, strict, input_path, output_path, ledger_path, restart,
-                concurrency, metrics_port, progress, report):
+                concurrency, metrics_port, progress, report, max_errors):
         """Run a function over records on a node provisioned in this process."""
         from forge.config.load import load_node
         from forge.embedded import default_node_path
         from forge.functions.job import JobOptions, run_embedded
 
+        budget = _max_errors(max_errors)        # a bad flag is refused before the node loads
         loaded = load_node(node_path or default_node_path(), strict=strict)
         for w in loaded.warnings:
             click.echo(w.render(), err=True)
         opts = JobOptions(target=target, input_path=input_path, output_path=output_path,
                           ledger_path=_ledger_default(output_path, ledger_path), restart=restart,
-                          concurrency=concurrency, metrics_port=metrics_port, progress=progress, report=report)
+                          concurrency=concurrency, metrics_port=metrics_port, progress=progress, report=report,
+                          max_errors=budget)
         return run_embedded(loaded, opts, grouping=grouping)
 
-    @cli.command("deploy")
+    @cli.command("deploy", epilog=EXIT_CODES)
     @click.argument("target", metavar="FILE.py[:NAME]")
     @click.option("--node", "node", default=None,
                   help="a provisioned node's name on this machine or its URL; default: the only one running")
@@ -70,14 +95,15 @@ def register(cli: click.Group) -> None:
                   help="with --cluster: broker prefix/length grouping (off = FIFO)")
     @_common
     def deploy_cmd(target, node, token_env, cluster, grouping, input_path, output_path, ledger_path, restart,
-                   concurrency, metrics_port, progress, report):
+                   concurrency, metrics_port, progress, report, max_errors):
         """Run a function over records against a node provisioned with `forge provision` (or, with
         --cluster, across every node provisioned on a Ray cluster)."""
         from forge.functions.job import JobOptions, run_remote
 
         opts = JobOptions(target=target, input_path=input_path, output_path=output_path,
                           ledger_path=_ledger_default(output_path, ledger_path), restart=restart,
-                          concurrency=concurrency, metrics_port=metrics_port, progress=progress, report=report)
+                          concurrency=concurrency, metrics_port=metrics_port, progress=progress, report=report,
+                          max_errors=_max_errors(max_errors))
         if cluster is not None:
             if node is not None:
                 raise UsageError("give --node or --cluster, not both")

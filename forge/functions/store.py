@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import Any, Iterator, Optional
 
 from forge.errors import display_path
 from forge.ledger import make_run_key, open_run
@@ -17,22 +17,47 @@ class JobStore:
         opts.ledger_path.parent.mkdir(parents=True, exist_ok=True)
         total = self.source.count()
         key = make_run_key(function_file=function_file, function_name=function_name, source=self.source)
+        self._fingerprint = self.source.fingerprint()      # what the run was counted on (a change is noticed)
         self.run = open_run(opts.output_path, run_key=key, total=total, ledger_path=opts.ledger_path,
                             restart=opts.restart, info={"node": node, "input": str(opts.input_path)},
                             input_path=opts.input_path)
         rep = self.run.report
+        self.total = total
         stats.total = total
         stats.skipped = len(self.run.settled)
+        # records invoked before and never settled (in flight when a run stopped): invoking them again is a retry
+        self._unsettled = self.run.ledger.indices("pending") if rep.resumed and not rep.complete else None
+        stats.retried = self.run.counts().retried if rep.resumed else 0
         self.stats = stats
+        if rep.rebuilt:
+            print(f"forge: {rep.rebuilt}", file=sys.stderr)
         if rep.resumed:
             print(f"forge: resuming {display_path(opts.output_path)}: {stats.skipped} of {total} records already "
                   f"settled ({rep.recovered} written now from the ledger, {rep.truncated_bytes} torn bytes cut)",
                   file=sys.stderr)
 
-    def records(self):
-        return self.source.records(skip=self.run.is_settled)
+    def records(self) -> Iterator:
+        """The records still to do, never past the line count the run was opened with (an input that grows while
+        it is read does not get rows the ledger cannot place)."""
+        for index, record in self.source.records(skip=self.run.is_settled):
+            if index >= self.total:
+                return
+            yield index, record
+
+    def input_changed(self) -> Optional[str]:
+        """How the input differs from when the run opened it (size, or its first/last MiB), or None."""
+        try:
+            now = self.source.fingerprint()
+        except OSError as e:
+            return f"it cannot be read any more ({e.strerror})"
+        if now == self._fingerprint:
+            return None
+        was, size = self._fingerprint["input_size"], now["input_size"]
+        return f"it was {was:,} bytes, now {size:,}" if was != size else "its first or last MiB changed"
 
     async def started(self, index: int) -> None:
+        if self._unsettled is not None and index in self._unsettled:
+            self.stats.retried += 1
         await self.run.aput_attempt(index)
 
     async def result(self, index: int, value: Any) -> None:

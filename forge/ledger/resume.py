@@ -60,6 +60,7 @@ class ResumeReport:
     duplicates: int = 0            # rows present twice in the output (never expected)
     first_duplicates: tuple[int, ...] = ()
     complete: bool = False         # nothing left to do
+    rebuilt: str = ""              # the ledger was missing or damaged and was rebuilt from the output: what happened
 
 
 class Run:

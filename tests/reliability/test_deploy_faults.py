@@ -52,6 +52,7 @@ def test_a_prompt_with_a_lone_surrogate_fails_its_record_and_the_job_ends(node, 
     out = tmp_path / "out.jsonl"
     r = _deploy(node, tmp_path / "sur.py", inp, out, 120)          # hung forever before the fix
     assert_no_traceback(r.stderr)
+    assert r.returncode == constants.EXIT_ERROR_ROWS, r.stderr
     rows = {row["index"]: row for row in map(json.loads, out.read_text().splitlines())}
     bad = sorted(i for i, row in rows.items() if "error" in row)
     assert bad == [i for i in range(300) if i % 50 == 7]
@@ -155,14 +156,40 @@ def test_deploy_notices_a_frozen_node_within_the_stall_window_and_resumes(tmp_pa
         noticed_s = time.monotonic() - frozen_at
         err = (tmp_path / "deploy.err").read_text()
         assert_no_traceback(err)
-        assert rc == 1 and "has answered nothing for" in err and "run the same command again" in err, (rc, err)
+        assert rc == constants.EXIT_INCOMPLETE and "has answered nothing for" in err, (rc, err)
+        assert "run the same command again" in err, err
         assert noticed_s < constants.STALL_WINDOW_S + 15
         os.kill(node.proc.pid, signal.SIGCONT)
         r = forge(*argv[3:], timeout=300, env_extra={"FORGE_HOME": str(node.home)})
-        assert r.returncode in (0, 3), r.stderr                # complete (echo fails a few records on purpose)
+        assert r.returncode == constants.EXIT_ERROR_ROWS, r.stderr     # complete (echo fails a few on purpose)
         assert_complete(out, ledger, 20_000)
         record_figures("deploy_sigstop", noticed_s=round(noticed_s, 1), stall_window_s=constants.STALL_WINDOW_S)
     finally:
         if node.proc.poll() is None:
             os.kill(node.proc.pid, signal.SIGCONT)
+        node.stop()
+
+
+def test_deploy_reports_the_retries_its_ledger_holds(tmp_path):
+    """Killed mid-run, the records in flight are invoked again on resume: the summary says how many records were
+    invoked more than once, as the ledger does (it said 0 retried: it counted engine requeues, none remote)."""
+    import re
+
+    from tests.reliability._rel import kill9, ledger_summary
+
+    node = Node(tmp_path, NODES / "paced.yaml")
+    try:
+        inp = write_echo_input(tmp_path / "in.jsonl", 5000)
+        out, ledger = tmp_path / "out.jsonl", tmp_path / "out.jsonl.ledger.sqlite"
+        argv = forge_argv("deploy", ECHO, "--node", node.local, "--input", inp, "--output", out, "--progress", "off",
+                          "--no-report")
+        proc = start(argv, stderr_path=tmp_path / "first.err", env_extra={"FORGE_HOME": str(node.home)})
+        assert wait_for_growth(out, proc, beyond=2000, timeout_s=60)
+        assert kill9(proc)
+        r = forge(*argv[3:], timeout=300, env_extra={"FORGE_HOME": str(node.home)})
+        assert r.returncode == constants.EXIT_ERROR_ROWS, r.stderr
+        assert_complete(out, ledger, 5000)
+        said = int(re.search(r"(\d+) retried", r.stderr).group(1))
+        assert said == ledger_summary(ledger)["retried"] > 0, r.stderr
+    finally:
         node.stop()
