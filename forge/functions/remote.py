@@ -22,6 +22,7 @@ from forge.functions.api import GenerateParams, Generation
 
 CONNECT_RETRIES = 3
 PROBE_INTERVAL_S = 2.0
+CLOSE_GRACE_S = 5.0
 
 
 class RemoteNode:
@@ -68,8 +69,11 @@ class RemoteNode:
         if self._timer:
             self._timer.cancel()
         self._flush()
-        if self._tasks:
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._tasks:     # answers on their way get a moment; a frozen node does not hold the exit for 600 s
+            _, late = await asyncio.wait(set(self._tasks), timeout=CLOSE_GRACE_S)
+            for task in late:
+                task.cancel()
+            await asyncio.gather(*late, return_exceptions=True)
         await self._client.aclose()
 
     async def generate(self, prompt: str | Sequence[int], params: GenerateParams) -> Generation:

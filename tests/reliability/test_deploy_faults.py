@@ -59,6 +59,7 @@ def test_a_prompt_with_a_lone_surrogate_fails_its_record_and_the_job_ends(node, 
     assert all(rows[i]["error"]["type"] == "RequestRejected" and "lone surrogate" in rows[i]["error"]["message"]
                for i in bad)
     assert_complete(out, tmp_path / "out.jsonl.ledger.sqlite", 300)
+    record_figures("deploy-lone-surrogate", records=300, error_rows=len(bad), exit_code=r.returncode)
 
 
 def test_remote_calls_that_cannot_travel_fail_alone_over_real_http(node):
@@ -137,6 +138,27 @@ def test_calls_to_a_node_that_stops_answering_end_within_the_stall_window():
     assert all(isinstance(g, NodeDown) and "answered nothing" in str(g) for g in got)
 
 
+def test_closing_while_the_node_is_frozen_ends_every_call_at_once():
+    """Ctrl-C on a job whose node froze: closing the client does not wait out the 600 s read timeout."""
+    async def main():
+        async def hang(req):
+            await asyncio.sleep(3600)
+
+        rn = RemoteNode("http://node.test", linger_s=0.01, stall_window_s=600)
+        rn._client = httpx.AsyncClient(base_url="http://node.test", transport=httpx.MockTransport(hang))
+        calls = [asyncio.ensure_future(rn.generate(f"p{i}", GenerateParams(max_tokens=2))) for i in range(3)]
+        await asyncio.sleep(0.2)
+        t0 = time.monotonic()
+        await asyncio.wait_for(rn.close(), 30)
+        took = time.monotonic() - t0
+        got = await asyncio.wait_for(asyncio.gather(*calls, return_exceptions=True), 5)
+        return took, got
+
+    took, got = asyncio.run(main())
+    assert took < 10
+    assert all(isinstance(g, ForgeError) and "stopped before the request was answered" in str(g) for g in got), got
+
+
 def test_deploy_notices_a_frozen_node_within_the_stall_window_and_resumes(tmp_path):
     node = Node(tmp_path, NODES / "paced.yaml")
     try:
@@ -191,5 +213,7 @@ def test_deploy_reports_the_retries_its_ledger_holds(tmp_path):
         assert_complete(out, ledger, 5000)
         said = int(re.search(r"(\d+) retried", r.stderr).group(1))
         assert said == ledger_summary(ledger)["retried"] > 0, r.stderr
+        record_figures("deploy-kill9-retried", records=5000, summary_retried=said,
+                       ledger_retried=ledger_summary(ledger)["retried"])
     finally:
         node.stop()

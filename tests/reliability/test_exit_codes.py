@@ -10,7 +10,8 @@ import pytest
 
 from forge import constants
 from tests.reliability._rel import (ECHO, NODES, assert_complete, assert_no_traceback, forge, ledger_summary,
-                                    read_rows, run_argv, start, wait_for_growth, write_echo_input)
+                                    read_rows, record_figures, run_argv, start, wait_for_growth,
+                                    write_echo_input)
 
 ALL_FAIL = '''
 import forge
@@ -70,9 +71,11 @@ def test_max_errors_stops_a_broken_function_early_and_the_job_resumes(tmp_path, 
     assert f"more than --max-errors {limit}" in _last_line(r) and "run the same command again" in _last_line(r)
     floor = int(limit) + 1 if limit.isdigit() else constants.MAX_ERRORS_MIN_SAMPLE
     assert floor <= len(rows) < 3000 and all("error" in row for row in rows)
+    stopped_after = len(rows)
     r = _run(tmp_path / "broken.py", inp, out)                          # no limit: the same command completes
     assert r.returncode == 3, r.stderr
     assert_complete(out, tmp_path / "out.jsonl.ledger.sqlite", 3000)
+    record_figures(f"max-errors-{limit}", records=3000, error_rows_when_stopped=stopped_after, concurrency=8)
 
 
 def test_a_share_counts_only_after_the_minimum_sample(tmp_path):
@@ -121,6 +124,8 @@ def test_an_input_changed_mid_run_never_ends_in_zero(tmp_path, change):
         assert len(rows) < n
     s = ledger_summary(tmp_path / "out.jsonl.ledger.sqlite")
     assert s["stored_rows"] == 0
+    record_figures(f"input-{change}d-mid-run", records_counted=n, rows=len(rows), exit_code=rc,
+                   message=err.strip().splitlines()[-1])
 
 
 def test_help_lists_the_exit_codes():

@@ -3,15 +3,14 @@ output is complete it rebuilds the ledger from it, generating nothing again (an 
 keeps the damaged file. Never `internal error`."""
 from __future__ import annotations
 
-import json
 import random
 from pathlib import Path
 
 import pytest
 
 from forge import constants
-from tests.reliability._rel import (ECHO, NODES, assert_complete, assert_no_traceback, forge, read_rows, run_argv,
-                                    write_echo_input)
+from tests.reliability._rel import (ECHO, NODES, assert_complete, assert_no_traceback, forge, read_rows,
+                                    record_figures, run_argv, write_echo_input)
 
 N = 3000
 
@@ -63,8 +62,10 @@ def test_a_damaged_ledger_beside_a_complete_output_is_rebuilt_from_it(finished, 
     kept = [p for p in out.parent.iterdir() if ".damaged-" in p.name and not p.name.endswith(("-wal", "-shm"))]
     assert len(kept) == 1                                  # the damaged file is kept, not deleted
     assert_complete(out, ledger, N)
-    r = _run(inp, out)                                     # and the rebuilt ledger resumes like any other
-    assert r.returncode == constants.EXIT_ERROR_ROWS and "3000 of 3000 records already settled" in r.stderr
+    r2 = _run(inp, out)                                    # and the rebuilt ledger resumes like any other
+    assert r2.returncode == constants.EXIT_ERROR_ROWS and "3000 of 3000 records already settled" in r2.stderr
+    record_figures(f"ledger-damaged-{how}", records=N, exit_code=r.returncode, rebuilt=True, generated_again=0,
+                   message=text.strip().splitlines()[0].split(" (")[0])
 
 
 def test_a_damaged_ledger_beside_an_incomplete_output_says_what_to_do(tmp_path):
@@ -148,4 +149,5 @@ def test_random_damage_never_ends_in_an_internal_error(finished, seed):
         assert r.returncode == constants.EXIT_ERROR_ROWS, r.stderr
         rows = read_rows(out)
         assert sorted(row["index"] for row in rows) == list(range(N))
-    print(json.dumps({"seed": seed, "exit": r.returncode, "rebuilt": "rebuilt it" in r.stderr}))
+    record_figures("ledger-random-damage", seed=seed, exit_code=r.returncode, rebuilt="rebuilt it" in r.stderr,
+                   refused=r.returncode == constants.EXIT_FAILED)
