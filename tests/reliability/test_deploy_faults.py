@@ -181,11 +181,18 @@ def test_deploy_notices_a_frozen_node_within_the_stall_window_and_resumes(tmp_pa
         assert rc == constants.EXIT_INCOMPLETE and "has answered nothing for" in err, (rc, err)
         assert "run the same command again" in err, err
         assert noticed_s < constants.STALL_WINDOW_S + 15
+        # The node itself, woken after 30 s or more, may judge its engine wedged (a call "has not returned for
+        # 30 s"): it is replaced, as an operator would, and the same job resumes against the new one.
         os.kill(node.proc.pid, signal.SIGCONT)
+        node.stop()
+        (tmp_path / "again").mkdir()
+        node = Node(tmp_path / "again", NODES / "paced.yaml")
+        argv[argv.index("--node") + 1] = node.local
         r = forge(*argv[3:], timeout=300, env_extra={"FORGE_HOME": str(node.home)})
         assert r.returncode == constants.EXIT_ERROR_ROWS, r.stderr     # complete (echo fails a few on purpose)
         assert_complete(out, ledger, 20_000)
-        record_figures("deploy_sigstop", noticed_s=round(noticed_s, 1), stall_window_s=constants.STALL_WINDOW_S)
+        record_figures("deploy_sigstop", noticed_s=round(noticed_s, 1), stall_window_s=constants.STALL_WINDOW_S,
+                       exit_code=rc, message=err.strip().splitlines()[-1])
     finally:
         if node.proc.poll() is None:
             os.kill(node.proc.pid, signal.SIGCONT)

@@ -124,7 +124,8 @@ def test_an_input_changed_mid_run_never_ends_in_zero(tmp_path, change):
         assert len(rows) < n
     s = ledger_summary(tmp_path / "out.jsonl.ledger.sqlite")
     assert s["stored_rows"] == 0
-    record_figures(f"input-{change}d-mid-run", records_counted=n, rows=len(rows), exit_code=rc,
+    name = {"truncate": "input-truncated-mid-run", "append": "input-appended-mid-run"}[change]
+    record_figures(name, records_counted=n, rows=len(rows), exit_code=rc,
                    message=err.strip().splitlines()[-1])
 
 
