@@ -11,7 +11,7 @@ import pytest
 
 from forge.errors import RequestRejected
 from forge.functions.api import GenerateParams
-from tests.reliability._rel import assert_complete, assert_no_traceback, forge
+from tests.reliability._rel import assert_complete, assert_no_traceback, forge, record_figures
 
 BAD = [
     (dict(top_k=2**31), "top_k must be an int in [0, 2**31 - 1]"),
@@ -154,3 +154,5 @@ def test_top_k_2_to_the_31_fails_one_record_of_200_on_the_real_engine(tmp_path):
     assert rows[117]["error"]["type"] == "RequestRejected" and "top_k" in rows[117]["error"]["message"]
     assert all(rows[i]["result"]["id"] == i for i in rows if i != 117)
     assert_complete(out, tmp_path / "out.jsonl.ledger.sqlite", 200)
+    record_figures("top-k-2-31-real", records=200, error_rows=1, results=199, exit_code=r.returncode,
+                   message=rows[117]["error"]["message"])
