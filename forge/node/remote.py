@@ -20,6 +20,7 @@ from forge import constants
 from forge.errors import ForgeError, NodeDown, RequestRejected
 from forge.functions.api import GenerateParams, Generation
 from forge.node.interface import Answer, Node
+from forge.runtime.awake import pause_clock
 
 CONNECT_RETRIES = 3
 PROBE_INTERVAL_S = 2.0
@@ -174,7 +175,10 @@ class RemoteNode(Node):
             raise ForgeError(f"node {self.name} answered {len(results)} of {len(batch)} requests")
 
     async def _watch(self) -> None:
-        """Probe /health while calls are open; silence for the stall window fails them all (NodeDown)."""
+        """Probe /health while calls are open; silence for the stall window fails them all (NodeDown). Silence is
+        counted in this process's running time: a job stopped (Ctrl-Z) and woken does not blame the node for its
+        own absence (forge/runtime/awake.py)."""
+        clock = pause_clock()
         last_heard = time.monotonic()
         probe_timeout = max(1.0, min(10.0, self._stall_window_s / 3))
         while True:
@@ -182,13 +186,13 @@ class RemoteNode(Node):
             if not self._open:
                 last_heard = time.monotonic()         # nothing waits on the node: nothing to notice
                 continue
-            wait_s = min(probe_timeout, max(last_heard + self._stall_window_s - time.monotonic(), 0.1))
+            wait_s = min(probe_timeout, max(self._stall_window_s - clock.awake_since(last_heard), 0.1))
             try:    # bounded here (whatever the transport does), and never past the end of the window
                 await asyncio.wait_for(self._client.get("/health", timeout=probe_timeout), wait_s)
                 last_heard = time.monotonic()         # any answer, even an error status, is a node alive
             except (httpx.HTTPError, asyncio.TimeoutError):
                 pass
-            silent_s = time.monotonic() - last_heard
+            silent_s = clock.awake_since(last_heard)
             if silent_s >= self._stall_window_s:
                 self._silent = NodeDown(f"node {self.name} at {self.url} has answered nothing for {silent_s:.0f} s "
                                         "(frozen, stopped or unreachable)")

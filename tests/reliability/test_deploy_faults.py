@@ -159,16 +159,26 @@ def test_closing_while_the_node_is_frozen_ends_every_call_at_once():
     assert all(isinstance(g, ForgeError) and "stopped before the request was answered" in str(g) for g in got), got
 
 
-def test_deploy_notices_a_frozen_node_within_the_stall_window_and_resumes(tmp_path):
-    node = Node(tmp_path, NODES / "paced.yaml")
+# What a node stopped and woken must not take for a fault of its peers (its own absence is not their silence):
+NOT_A_FAULT = ("has not returned", "lost", "no engine can work", "no token for", "wedged", "restart")
+
+
+def _freeze_deploy_and_resume(tmp_path, node: Node, pids, *, started) -> dict:
+    """Run forge deploy on `node`; once `started(out, proc)` says so, SIGSTOP `pids()` (workers first, as a stop
+    of the process group catches them). forge deploy must say the node is silent within the stall window (exit
+    4). The stop lasts past the node's own window; after SIGCONT the same command completes on the same node,
+    which must have taken nothing for lost, stalled or hung. Returns the figures."""
+    inp = write_echo_input(tmp_path / "in.jsonl", 20_000)
+    out, ledger = tmp_path / "out.jsonl", tmp_path / "out.jsonl.ledger.sqlite"
+    argv = forge_argv("deploy", ECHO, "--node", node.local, "--input", inp, "--output", out, "--progress", "off",
+                      "--no-report")
+    proc = start(argv, stderr_path=tmp_path / "deploy.err", env_extra={"FORGE_HOME": str(node.home)})
+    stopped: list[int] = []
     try:
-        inp = write_echo_input(tmp_path / "in.jsonl", 20_000)
-        out, ledger = tmp_path / "out.jsonl", tmp_path / "out.jsonl.ledger.sqlite"
-        argv = forge_argv("deploy", ECHO, "--node", node.local, "--input", inp, "--output", out, "--progress", "off",
-                          "--no-report")
-        proc = start(argv, stderr_path=tmp_path / "deploy.err", env_extra={"FORGE_HOME": str(node.home)})
-        assert wait_for_growth(out, proc, beyond=2000, timeout_s=60), (tmp_path / "deploy.err").read_text()
-        os.kill(node.proc.pid, signal.SIGSTOP)
+        assert started(out, proc), (tmp_path / "deploy.err").read_text()
+        stopped = pids()
+        for pid in reversed(stopped):
+            os.kill(pid, signal.SIGSTOP)
         frozen_at = time.monotonic()
         try:
             rc = proc.wait(timeout=constants.STALL_WINDOW_S + 30)
@@ -176,26 +186,69 @@ def test_deploy_notices_a_frozen_node_within_the_stall_window_and_resumes(tmp_pa
             proc.kill()
             raise AssertionError(f"forge deploy still waiting {constants.STALL_WINDOW_S + 30:g} s after SIGSTOP")
         noticed_s = time.monotonic() - frozen_at
-        err = (tmp_path / "deploy.err").read_text()
-        assert_no_traceback(err)
-        assert rc == constants.EXIT_INCOMPLETE and "has answered nothing for" in err, (rc, err)
-        assert "run the same command again" in err, err
-        assert noticed_s < constants.STALL_WINDOW_S + 15
-        # The node itself, woken after 30 s or more, may judge its engine wedged (a call "has not returned for
-        # 30 s"): it is replaced, as an operator would, and the same job resumes against the new one.
-        os.kill(node.proc.pid, signal.SIGCONT)
-        node.stop()
-        (tmp_path / "again").mkdir()
-        node = Node(tmp_path / "again", NODES / "paced.yaml")
-        argv[argv.index("--node") + 1] = node.local
-        r = forge(*argv[3:], timeout=300, env_extra={"FORGE_HOME": str(node.home)})
-        assert r.returncode == constants.EXIT_ERROR_ROWS, r.stderr     # complete (echo fails a few on purpose)
-        assert_complete(out, ledger, 20_000)
-        record_figures("deploy_sigstop", noticed_s=round(noticed_s, 1), stall_window_s=constants.STALL_WINDOW_S,
-                       exit_code=rc, message=err.strip().splitlines()[-1])
+        time.sleep(max(0.0, constants.STALL_WINDOW_S + 5 - noticed_s))     # frozen past the node's own window
     finally:
-        if node.proc.poll() is None:
-            os.kill(node.proc.pid, signal.SIGCONT)
+        for pid in stopped:
+            os.kill(pid, signal.SIGCONT)
+    frozen_s = time.monotonic() - frozen_at
+    err = (tmp_path / "deploy.err").read_text()
+    assert_no_traceback(err)
+    assert rc == constants.EXIT_INCOMPLETE and "has answered nothing for" in err, (rc, err)
+    assert "run the same command again" in err, err
+    assert noticed_s < constants.STALL_WINDOW_S + 15
+    assert frozen_s > constants.STALL_WINDOW_S + 2
+    r = forge(*argv[3:], timeout=300, env_extra={"FORGE_HOME": str(node.home)})
+    assert r.returncode == constants.EXIT_ERROR_ROWS, r.stderr         # complete (echo fails a few on purpose)
+    assert_complete(out, ledger, 20_000)
+    health = httpx.get(node.local + "/health", timeout=10).json()
+    assert health["status"] == "ok" and health["healthy_cards"] == ["cpu0"], health
+    (card,) = httpx.get(node.local + "/v1/stats", timeout=10).json()["engines"]
+    assert card["stalls"] == 0 and card["requests_requeued"] == 0, card
+    node_log = node.err.read_text()
+    assert not [w for w in NOT_A_FAULT if w in node_log], node_log
+    return dict(noticed_s=round(noticed_s, 1), stall_window_s=constants.STALL_WINDOW_S, exit_code=rc,
+                frozen_s=round(frozen_s, 1), message=err.strip().splitlines()[-1], same_node_completed=True,
+                node_stalls=card["stalls"], node_requeued=card["requests_requeued"])
+
+
+def test_deploy_notices_a_frozen_node_within_the_stall_window_and_resumes(tmp_path):
+    """SIGSTOP of the provisioned node (its card worker runs on) mid-job. Woken, the node finds its worker's
+    answers waiting: its calls to the worker are timed on the time it was running, so the worker is not taken
+    for lost (it was, and restarted, when they were timed on the wall clock)."""
+    node = Node(tmp_path, NODES / "paced.yaml")
+    try:
+        figures = _freeze_deploy_and_resume(
+            tmp_path, node, lambda: [node.proc.pid],
+            started=lambda out, proc: wait_for_growth(out, proc, beyond=2000, timeout_s=60))
+        record_figures("deploy_sigstop", **figures)
+    finally:
+        node.stop()
+
+
+def test_a_node_stopped_with_its_workers_does_not_take_the_stop_for_a_stall(tmp_path):
+    """SIGSTOP of the node and its card worker (as Ctrl-Z on their process group), while the engine is silent
+    (a 40 s freeze, past the 30 s stall window, starts after 300 results; the stop lasts 35 s of it). Woken, the
+    worker's watchdog counts only the time it was running: 5 s of silence, not a stall (it counted one when it
+    timed the silence on the wall clock), and the same job completes once the engine recovers."""
+    from tests.node.test_worker_lifecycle import worker_pids
+
+    node = Node(tmp_path, NODES / "freeze-40s.yaml")
+
+    def frozen(out, proc) -> bool:          # the engine has handed out its 300 results: the freeze has begun
+        end = time.monotonic() + 60
+        while time.monotonic() < end and proc.poll() is None:
+            (card,) = httpx.get(node.local + "/v1/stats", timeout=10).json()["engines"]
+            if card["requests_ok"] >= 300:
+                return True
+            time.sleep(0.05)
+        return False
+
+    try:
+        workers = worker_pids(node.proc.pid)
+        assert len(workers) == 1, workers
+        figures = _freeze_deploy_and_resume(tmp_path, node, lambda: [node.proc.pid] + workers, started=frozen)
+        record_figures("deploy_sigstop_group", engine_freeze_s=40, **figures)
+    finally:
         node.stop()
 
 
