@@ -24,6 +24,7 @@ from forge.bench.workload import BenchRequest
 from forge.config.plan import CardPlan
 from forge.engines.interface import Sampling
 from forge.errors import ForgeError, UsageError
+from forge.gc_tuning import tune_for_throughput
 
 RESULT_WAIT_S = 0.5               # one bounded wait on the manager's output queue
 STALL_LIMIT_S = 120.0             # no result for this long with work outstanding: the run is failed
@@ -78,6 +79,9 @@ class DirectEngine:
         self.request_kwargs = reqs.processor_kwargs(Sampling(), sampling_mode=section.sampling,
                                                     vocab_size=plan.contract.model.vocab_size)
         self.cb_kwargs = dict(cb_config_kwargs(plan, section), max_queue_size=0)
+        # The same collector settings as forge's node and card workers (forge/gc_tuning.py), so that every direct
+        # repeat runs alike: the bench's process is tuned anyway once its first forge run has started a node.
+        tune_for_throughput()
 
     def manager(self):
         from transformers import ContinuousBatchingConfig, GenerationConfig

@@ -27,6 +27,8 @@ from forge.engines.interface import Engine, EngineBusy, EngineFailed, EngineRequ
 log = logging.getLogger("forge.host.driver")
 
 STATS_INTERVAL_S = 0.1          # engine.stats() sampling period
+COMMAND_LATENCY_S = 0.005       # a poll lasts at most this long, so a submit waits at most this for the engine
+PROGRESS_EVERY_S = 0.05         # token progress without results reaches the loop this often (liveness only)
 OUTBOX_PUT_SLICE_S = 0.05       # a full outbox is retried in slices, checking for stop between
 
 
@@ -146,7 +148,9 @@ class EngineDriver:
             self._call(self.engine.cancel, value)
 
     def _main(self) -> None:
-        last_stats = 0.0
+        last_stats = last_progress = 0.0
+        tokens = 0                          # progress polled and not yet handed to the loop
+        slice_s = min(self.poll_timeout_s, COMMAND_LATENCY_S)
         try:
             while not self._stop.is_set():
                 try:
@@ -161,9 +165,14 @@ class EngineDriver:
                     except queue.Empty:
                         pass
                 else:
-                    progress = self._call(self.engine.poll, self.poll_timeout_s)
-                    if progress.results or progress.new_tokens:
+                    # Short polls: a submit the loop queued meanwhile (a freed slot's refill) reaches the engine
+                    # within one slice, not at the next result; results still go out as soon as they come.
+                    progress = self._call(self.engine.poll, slice_s)
+                    tokens += progress.new_tokens
+                    if progress.results or (tokens and time.monotonic() - last_progress >= PROGRESS_EVERY_S):
                         self._active -= len(progress.results)
+                        progress.new_tokens, tokens = tokens, 0
+                        last_progress = time.monotonic()
                         self._emit("progress", progress)
                 now = time.monotonic()
                 if now - last_stats >= STATS_INTERVAL_S:

@@ -11,6 +11,7 @@ call it: the card id on one machine (`cpu0.r1` for a card's replica 1), node/car
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import socket
@@ -127,7 +128,7 @@ class EngineHost:
                 "limits": p.contract.limits.model_dump(), "kv_blocks": p.num_blocks,
                 "full_length_slots": p.full_length_slots, "guides": sorted(self.engine.supports_guides),
                 "hidden": bool(self.engine.supports_hidden), "engine": self.engine.describe(),
-                "lifeline": self.lifeline, "stats": self._rt.stats()}
+                "lifeline": self.lifeline, "gc": _collector(), "stats": self._rt.stats()}
 
     async def tokenizer_copy(self) -> tuple[Any, list[tuple[str, list[int]]]]:
         """The tokenizer a node measures with, and this engine's own encoding of a few probe texts (the node
@@ -205,6 +206,11 @@ class EngineHost:
                 t.cancel()
             await asyncio.gather(*self._tasks, return_exceptions=True)
         self.stopped = True
+
+
+def _collector() -> dict:
+    """This process's cyclic-GC setting (forge/gc_tuning.py): a card worker freezes its loaded engine out of it."""
+    return {"threshold": list(gc.get_threshold()), "frozen": gc.get_freeze_count()}
 
 
 # What the node's copy of a tokenizer must encode exactly as the engine's own does before it is trusted:

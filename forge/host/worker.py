@@ -20,6 +20,7 @@ from typing import Any, Optional
 from forge import constants
 from forge.config.plan import CardPlan
 from forge.errors import ForgeError
+from forge.gc_tuning import tune_for_throughput
 from forge.host.lifeline import EXIT_ORPHANED, die_with_parent, watch_parent
 
 log = logging.getLogger("forge.host.worker")
@@ -62,6 +63,9 @@ def main(fd: int) -> None:
 
         host = EngineHost(spec.plan, node=spec.node, stall_window_s=spec.stall_window_s, node_tokenizer=for_node)
         host.lifeline = {"pdeathsig": pdeathsig, "parent": spec.parent_pid}
+        # The engine is loaded: freeze it out of the cyclic collector, which otherwise walks the model's objects
+        # in every full pass while the generation thread waits for the GIL (docs/benchmarks.md, issue 14 perf).
+        tune_for_throughput()
     except ForgeError as e:
         error = str(e)
     except BaseException as e:  # noqa: BLE001 - whatever stops the engine from loading is the card's, in one line

@@ -199,11 +199,11 @@ def test_a_written_winner_sits_beside_the_shipped_tiers(tmp_path, gpu_loaded):
     folder = tmp_path / "h200"
     sections = from_plugins().sections
     contract, card, _ = apply(gpu_loaded.plans[0], {"transformers.use_cuda_graph": True}, sections)
-    contract = contract.model_copy(update={"contract": "h200-llama-1p5b-fast"})
-    cpath = write_contract(contract, folder / "h200-llama-1p5b-fast.yaml")
-    npath = write_node(gpu_loaded, card.model_copy(update={"engine": "h200-llama-1p5b-fast"}), cpath,
-                       folder / "node-llama-1p5b-fast.yaml")
-    assert "- h200-llama-1p5b-fast.yaml" in npath.read_text() and "node: node-llama-1p5b-fast" in npath.read_text()
+    contract = contract.model_copy(update={"contract": "h200-llama-1p5b-winner"})
+    cpath = write_contract(contract, folder / "h200-llama-1p5b-winner.yaml")
+    npath = write_node(gpu_loaded, card.model_copy(update={"engine": "h200-llama-1p5b-winner"}), cpath,
+                       folder / "node-llama-1p5b-winner.yaml")
+    assert "- h200-llama-1p5b-winner.yaml" in npath.read_text() and "node: node-llama-1p5b-winner" in npath.read_text()
     got = load_paths([H200, cpath, npath])
     assert got.ok, [p.render() for p in got.errors]
-    assert got.nodes["node-llama-1p5b-fast"].cards[0].engine == "h200-llama-1p5b-fast"
+    assert got.nodes["node-llama-1p5b-winner"].cards[0].engine == "h200-llama-1p5b-winner"

@@ -328,3 +328,42 @@ def test_sampling_modes():
     assert reqs.processor_kwargs(Sampling(temperature=0.7, top_p=0.9), sampling_mode="per_request",
                                  vocab_size=100) == {"temperature": 0.7, "top_k": 100, "top_p": 0.9}
     assert reqs.processor_kwargs(hot.sampling, sampling_mode="greedy", vocab_size=100) == {}
+
+
+def test_the_loop_hands_over_one_output_per_request_not_one_per_step(engine):
+    """Requests run without streaming, as transformers' own API runs them: the generation loop builds and queues
+    one output per request when it ends (streaming cost one per running request per step, under the loop's GIL),
+    and the token progress still adds up exactly."""
+    manager, taken = engine._manager, []
+    real = manager.get_result
+
+    def counted(*a, **kw):
+        out = real(*a, **kw)
+        if out is not None:
+            taken.append(out.request_id)
+        return out
+
+    manager.get_result = counted
+    try:
+        got, tokens = run_all(engine, [req(engine, f"o{i}", "The Queen of Hearts", 20,
+                                           sampling=Sampling(stop_at_eos=False)) for i in range(3)])
+    finally:
+        del manager.get_result
+    assert all(len(r.output_ids) == 20 for r in got.values())
+    assert len(taken) == 3 and tokens == 60
+
+
+def test_the_load_time_warm_up_runs_a_full_budget_step_and_a_full_slot_decode_and_leaves_the_engine_as_it_was(engine):
+    """forge/engines/hf/warm.py, run at load on CUDA cards, here through the tiny engine's own started manager:
+    both rounds finish within their bound, and the engine's requests before and after are untouched by them."""
+    from forge.engines.hf.warm import warm_up
+
+    lim = engine.plan.contract.limits
+    steps = engine.stats().steps
+    why = warm_up(engine._manager, budget=lim.max_num_tokens, max_input_len=lim.max_input_len,
+                  slots=lim.max_batch_size, vocab_size=2048, request_kwargs={}, timeout_s=60)
+    assert why is None and engine.stats().steps >= steps + 2
+    got, tokens = run_all(engine, [req(engine, "after", "The Queen of Hearts", 8, sampling=Sampling(stop_at_eos=False))])
+    assert list(got) == ["after"] and len(got["after"].output_ids) == 8 and tokens == 8
+    assert warm_up(engine._manager, budget=lim.max_num_tokens, max_input_len=lim.max_input_len, slots=lim.max_batch_size,
+                   vocab_size=2048, request_kwargs={}, timeout_s=0.0) is not None      # bounded: says when cut short

@@ -31,16 +31,19 @@ def test_answers_embeddings_and_stats_are_the_same_over_both_transports(transpor
             hidden = await node.embed("an embedding")
             ans = await node.submit([5, 6, 7], GenerateParams(max_tokens=3, priority=2))
             (st,) = node.engine_stats()
-            return gens, hidden, ans, st, node.describe(), node.healthy_cards()
+            (link,) = node.links.values()
+            return gens, hidden, ans, st, node.describe(), node.healthy_cards(), link.info["gc"]
         finally:
             await node.stop()
 
-    gens, hidden, ans, st, desc, healthy = run(main())
+    gens, hidden, ans, st, desc, healthy, desc_gc = run(main())
     import gc
 
     from forge.gc_tuning import GEN0_THRESHOLD
 
     assert gc.get_threshold()[0] == GEN0_THRESHOLD and gc.get_freeze_count() > 0     # the node's collector setting
+    # ... and the card's: a worker process tunes its own once its engine is loaded (the thread shares the node's)
+    assert desc_gc["threshold"][0] == GEN0_THRESHOLD and desc_gc["frozen"] > 0
     assert all(g.card == "cpu0" and g.output_tokens == 5 and g.finish_reason == "length" and g.input_tokens > 2
                for g in gens)
     assert len(hidden) == 16 and ans.hidden is None and ans.generation.input_tokens == 3

@@ -4,7 +4,7 @@
 # call 1: env demo mixed-1p5b prefix-1p5b; call 2: mixed-1p5b-gate prefix-1p5b-gate prefix-short-1p5b mixed-8b
 # sweep-1p5b (then: budget x slots only, `--records 96 --tokens 2048,8192,16384 --slots 64,128`); call 3: mixed-1p5b-repeat; call 4: prefix-1p5b-credit
 # prefix-short-1p5b-credit. Issue 16 (one call each): sweep-1p5b, sweep-8b, confirm-1p5b, confirm-8b.
-# issue 14: scaling-cpu (the device's CPUs, no GPU used; one call). Issue 17: cards-2x1p5b and cards-1p5b-8b (two H200s,
+# issue 14: scaling-cpu (the device's CPUs, no GPU used; one call); last call: final-1p5b-df. Issue 17: cards-2x1p5b and cards-1p5b-8b (two H200s,
 # kind nvidia-h200-x2; one call each). CARD_TRANSPORT=thread|process picks where the engines run (default process).
 # forge's own Python dependencies missing from the device image travel as wheels in .whl/ (see the README of
 # the device tool); transformers 5.24.0 travels too (the image has 5.17). Results go to $OUT/results.tgz,
@@ -166,8 +166,26 @@ for n in ('node-llama-1p5b', 'node-llama-8b', 'node-llama-1p5b-small-pool'):
   mixed-1p5b-df)
     stage mixed-1p5b-df 330 $F bench run $W/gpu-mixed.yaml --node $H/node-llama-1p5b.yaml --records 512 \
       --out "$R/mixed-1p5b-df" --modes direct,forge --direct depth --repeat 3 --card-transport process ;;
+  # issue 14, the last call (after docs/benchmarks.md "Closing forge ÷ direct"): forge ÷ direct, three interleaved
+  # repeats, worker process. 512 records need ~310 s here (each forge run spawns its worker and builds the 1.5B,
+  # ~20 s); within the 270 s this stage may take, FINAL_RECORDS defaults to 384 (FINAL_RECORDS=512 FINAL_LIMIT=330
+  # for the issue's exact size when the call has room).
+  final-1p5b-df)
+    stage final-1p5b-df "${FINAL_LIMIT:-270}" $F bench run $W/gpu-mixed.yaml --node "${FINAL_NODE:-$H/node-llama-1p5b.yaml}" \
+      --records "${FINAL_RECORDS:-384}" --out "$R/final-1p5b-df" --modes direct,forge --direct depth --repeat 3 \
+      --card-transport process ;;
   scaling-cpu-1)   # the scaling harness, one repeat (fits beside mixed-1p5b-df in one call)
     stage scaling-cpu-1 240 $F bench scaling --repeat 1 --out "$R/scaling-cpu" ;;
+  # issue 16, the last call: the new tiers (the sweep's CUDA graphs; replicas 2) against the shipped ones through
+  # forge, interleaved in one process
+  final-8b)
+    stage final-8b 240 $F bench compare $W/gpu-mixed.yaml --node $H/node-llama-8b.yaml --label shipped \
+      --node $H/node-llama-8b-fast-r2.yaml --label graphs-r2 --modes forge --repeat 2 --records 128 \
+      --out "$R/final-8b" ;;
+  final-1p5b-r2)
+    stage final-1p5b-r2 200 $F bench compare $W/gpu-mixed.yaml --node $H/node-llama-1p5b.yaml --label shipped \
+      --node $H/node-llama-1p5b-fast-r2.yaml --label graphs-r2 --modes forge --repeat 2 --records 256 \
+      --out "$R/final-1p5b-r2" ;;
   *) echo "unknown stage $s" ;;
 esac; done
 pack

@@ -1,8 +1,11 @@
 """TransformersEngine: forge's Engine interface over transformers' ContinuousBatchingManager.
 
-The manager runs its generation loop in its own thread. Every request is added with streaming=True, so each
-engine step delivers one output per running request: poll turns those into token progress and, when a request
-ends, into its result. Each attempt gets its own manager id (`<request_id>#<n>`): a request cancelled and
+The manager runs its generation loop in its own thread. Requests are added without streaming, as transformers'
+own API runs them: the loop hands over one output per request, when it ends (streaming would have the loop
+build and queue an output for every running request at every step, and this engine's poll take each of them,
+all under the GIL the loop is bound by: measured in docs/benchmarks.md, "Closing forge ÷ direct"). Token
+progress (the runtime's liveness signal) is read from the loop's request states at most every LIVE_COUNT_S,
+and a cancelled request's tokens so far from its state. Each attempt gets its own manager id (`<request_id>#<n>`): a request cancelled and
 resubmitted under the same id never meets its earlier self inside the manager (which drains new requests before
 cancellations). The manager gives no result for a cancelled request, so cancel answers it here at once.
 """
@@ -28,13 +31,15 @@ log = logging.getLogger("forge.engines.transformers")
 
 _SLICE_S = 0.01          # poll waits in slices this long, so hidden-state results wake it as well
 _DRAIN_LIMIT = 65536     # outputs taken by one poll at most: bounded work per call
+LIVE_COUNT_S = 0.1       # running requests' token counts are read this often (liveness, not results)
 
 
 @dataclass
 class _Pending:
     request: EngineRequest
     internal_id: str
-    tokens: list[int] = field(default_factory=list)   # generated so far (from the streamed outputs)
+    tokens: list[int] = field(default_factory=list)   # generated (from the final output, or read at a cancel)
+    counted: int = 0                                   # tokens already reported as progress
     generating: bool = False                           # handed to the manager and not finished
     hidden: Optional[list[float]] = None
     error: Optional[str] = None
@@ -76,6 +81,7 @@ class TransformersEngine(Engine):
         self._failure: Optional[str] = None
         self._closed = False
         self._prefix_hits = 0
+        self._live_counted_at = 0.0
         self._info = dict(info, capacity=self._capacity, hidden_pooling=section.hidden_pooling,
                           guides=sorted(self.supports_guides) or no_guides_why)
         self._hidden = HiddenWorker(model, device, section.hidden_pooling, maxsize=self._capacity)
@@ -111,6 +117,10 @@ class TransformersEngine(Engine):
                     new_tokens += self._on_output(out, dead is not None)
                 for key, vec, err in hidden:
                     self._on_hidden(key, vec, err)
+                now = time.monotonic()
+                if now - self._live_counted_at >= LIVE_COUNT_S:
+                    self._live_counted_at = now
+                    new_tokens += self._count_running()
                 results = list(self._ready)
                 self._ready.clear()
             if dead is not None:
@@ -129,6 +139,7 @@ class TransformersEngine(Engine):
             self._unguide(entry)
             entry.cancelled = True
             if entry.generating:
+                entry.tokens = self._tokens_so_far(entry)
                 self._manager.cancel_request(entry.internal_id)
             self._ready.append(EngineResult(request_id, list(entry.tokens), "cancelled"))
 
@@ -212,7 +223,7 @@ class TransformersEngine(Engine):
                                            vocab_size=self._limits["vocab_size"])
             try:
                 got = self._manager.add_request(list(req.prompt_ids), request_id=entry.internal_id,
-                                                max_new_tokens=req.max_new_tokens, streaming=True,
+                                                max_new_tokens=req.max_new_tokens, streaming=False,
                                                 eos_token_id=self._eos_arg if req.sampling.stop_at_eos else -1, **kwargs)
             except (TypeError, ValueError, OverflowError) as exc:    # this request's arguments, not the engine
                 self._forget(entry)
@@ -255,7 +266,8 @@ class TransformersEngine(Engine):
             return 0                      # cancelled (already answered) or from before a cancel
         entry = self._pending[ext]
         tokens = out.generated_tokens
-        new = max(len(tokens) - len(entry.tokens), 0)
+        new = max(len(tokens) - entry.counted, 0)
+        entry.counted = max(entry.counted, len(tokens))
         entry.tokens = list(tokens)
         if out.is_finished():
             if out.error is not None:
@@ -265,6 +277,36 @@ class TransformersEngine(Engine):
             entry.generating = False
             self._finish_if_complete(entry)
         return new
+
+    def _running_states(self) -> list:
+        """The loop's states of the requests it holds (a copy of its dicts' values: atomic under the GIL)."""
+        bp = self._manager.batch_processor
+        if bp is None:
+            return []
+        try:
+            sch = bp.scheduler
+            return list(sch.active_requests.values()) + list(sch.waiting_requests.values())
+        except (RuntimeError, AttributeError):   # the loop replaced a structure while we read it: next time
+            return []
+
+    def _count_running(self) -> int:
+        """Tokens the running requests generated since they were last counted (under self._lock)."""
+        new = 0
+        for state in self._running_states():
+            ext = self._by_internal.get(state.request_id)
+            entry = self._pending.get(ext) if ext is not None else None
+            if entry is not None:
+                n = state.generated_len()
+                if n > entry.counted:
+                    new += n - entry.counted
+                    entry.counted = n
+        return new
+
+    def _tokens_so_far(self, entry: _Pending) -> list[int]:
+        for state in self._running_states():
+            if state.request_id == entry.internal_id:
+                return list(state.to_generation_output().generated_tokens)
+        return list(entry.tokens)
 
     def _on_hidden(self, key: str, vec: Optional[list[float]], err: Optional[str]) -> None:
         ext = self._by_internal.get(key)

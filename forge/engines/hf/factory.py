@@ -2,10 +2,16 @@
 the contract (never from transformers' defaults), check it holds what the plan says, start its loop."""
 from __future__ import annotations
 
+import logging
+import time
+
 from forge.config.plan import CardPlan, one_engine
 from forge.engines.hf import requests as reqs
 from forge.engines.hf.sizing import cb_config_kwargs, device_of, dtype_of, section_of, where
+from forge.engines.interface import Sampling
 from forge.errors import EngineUnavailable, ForgeError
+
+log = logging.getLogger("forge.engines.transformers")
 
 
 # Why each fast path cannot run a guide, as read in transformers 5.24's continuous batching (docs/serve.md, "Guided
@@ -127,4 +133,18 @@ def build_engine(contract, plan: CardPlan):
     engine = TransformersEngine(plan, section, model, tokenizer, manager, device=device, eos=eos, info=info,
                                 guides=guides, no_guides_why=no_guides_why, seeds=seeds)
     manager.start()
+    if device.startswith("cuda"):      # a fresh process's first full-size steps, before any job's (warm.py)
+        from forge.engines.hf.warm import warm_up
+
+        t0 = time.monotonic()
+        try:
+            why = warm_up(manager, budget=plan.contract.limits.max_num_tokens,
+                          max_input_len=plan.contract.limits.max_input_len, slots=plan.contract.limits.max_batch_size,
+                          vocab_size=vocab, request_kwargs=reqs.processor_kwargs(
+                              Sampling(), sampling_mode=section.sampling, vocab_size=vocab))
+        except Exception as exc:  # noqa: BLE001 - a warm-up never stops a card; its loop's health is checked on use
+            why = f"{type(exc).__name__}: {exc}"
+        if why is not None:
+            log.warning("%s: engine warm-up cut short (%s); the engine is used as it is", plan.card_id, why)
+        engine._info["warm_up_s"] = round(time.monotonic() - t0, 2)
     return engine
