@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Optional, Protocol, Sequence
 
 from forge.errors import RequestRejected
-from forge.functions.api import LLM, FunctionSpec, GenerateParams, Generation
+from forge.functions.api import LLM, FunctionSpec, GenerateParams, Generation, prompt_problem
 
 
 class NodeBackend(Protocol):
@@ -36,12 +36,11 @@ class NodeLLM(LLM):
         return await self._node.generate(prompt, params)
 
     async def embed(self, text) -> list[float]:
+        _check_prompt(text)
         return await self._node.embed(text)
 
 
 def _check_prompt(prompt) -> None:
-    if isinstance(prompt, str):
-        return
-    if isinstance(prompt, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-        return
-    raise RequestRejected(f"prompt must be a string or a list of token ids, got {type(prompt).__name__}")
+    why = prompt_problem(prompt)
+    if why is not None:
+        raise RequestRejected(why)
