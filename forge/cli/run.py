@@ -41,7 +41,7 @@ def _common(f):
         click.option("--report/--no-report", default=True, help="write OUTPUT.report.{json,md} at the end"),
         click.option("--max-errors", "max_errors", default=None, metavar="N|P%",
                      help="stop early (incomplete, resumable) once more than N records, or more than P% of the "
-                          f"records settled in this run (counted after {constants.MAX_ERRORS_MIN_SAMPLE}), failed"),
+                          f"records started in this run (counted once {constants.MAX_ERRORS_MIN_SAMPLE} have settled), failed"),
     ]
     for o in reversed(opts):
         f = o(f)
