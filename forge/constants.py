@@ -29,6 +29,16 @@ BROKER_QUEUE_MAX_REQUESTS = 65536            # pending requests before producers
 DEFAULT_RECORD_CONCURRENCY = 1024            # function invocations in flight (bounded async pool)
 AFFINITY_LOAD_FACTOR = 1.25                  # bounded-load affinity: stick while load <= c * mean
 
+MAX_ERRORS_MIN_SAMPLE = 100                  # --max-errors P%: records settled in a run before the share counts
+
+# --- exit codes of forge run / forge deploy (README, `forge run --help`) ---------------
+EXIT_OK = 0                                  # every input line has its row; none is an error row
+EXIT_FAILED = 1                              # refused or failed before the run could start (one line says why)
+EXIT_USAGE = 2                               # bad flags or arguments
+EXIT_ERROR_ROWS = 3                          # every input line has its row; some are error rows
+EXIT_INCOMPLETE = 4                          # stopped with rows missing: rerun the same command to resume
+                                             # (130 / 143: the same, stopped by SIGINT / SIGTERM)
+
 # --- ledger --------------------------------------------------------------------------
 LEDGER_COMMIT_INTERVAL_S = 0.05
 LEDGER_COMMIT_MAX_ROWS = 2048

@@ -9,7 +9,7 @@ from typing import Iterator
 
 from forge.broker.dispatch import Balancer
 from forge.broker.pending import HIT, NEW, SPILL, Entry, Pending
-from forge.broker.prefix import BoundedLRU
+from forge.prefix_blocks import BoundedLRU
 from forge.broker.types import EngineGeometry
 
 

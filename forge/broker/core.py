@@ -13,7 +13,7 @@ from forge.broker.batching import Batcher
 from forge.broker.dispatch import DEFAULT_SPEED_HALF_LIFE_S, DEFAULT_TAIL_SLACK, Balancer
 from forge.broker.geometry import FitTable, LengthBuckets, grouping_view
 from forge.broker.pending import HIT, NEW, SPILL, Entry, Pending
-from forge.broker.prefix import BlockMirror, BoundedLRU, chain_hashes
+from forge.prefix_blocks import BlockMirror, BoundedLRU, chain_hashes
 from forge.broker.types import BrokerRequest, EngineGeometry, QueueFull
 from forge.stats import BrokerStats
 

@@ -10,7 +10,7 @@ from collections import OrderedDict, deque
 from typing import Optional
 
 from forge.broker.dispatch import Balancer
-from forge.broker.prefix import BoundedLRU
+from forge.prefix_blocks import BoundedLRU
 from forge.broker.types import BrokerRequest
 
 NEW, HIT, SPILL = 0, 1, 2        # how a request reached its engine (unpinned / its pin / spilled)

@@ -106,7 +106,9 @@ def register(cli: click.Group) -> None:
             if host is not None or port is not None or token_env is not None:
                 raise UsageError("--host/--port/--token-env configure the single-machine control endpoint; "
                                  "with --cluster, jobs reach the engines through Ray")
-            from forge.cluster.agent import provision_on_cluster
+            from forge.cluster.agent import provision_on_cluster, refuse_replicas
+
+            refuse_replicas(loaded)
 
             return provision_on_cluster(loaded, cluster, ray_node=ray_node, metrics_port=metrics_port,
                                         ready_file=ready_file)

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from forge import constants
 from forge.cli.interrupt import exit_at_once_until_draining
 from forge.cli.node_arg import HELP_DESCRIPTION, HELP_PROVISIONED
 from forge.errors import UsageError
@@ -38,6 +39,9 @@ def _common(f):
         click.option("--progress", type=click.Choice(["auto", "bar", "lines", "off"]), default="auto",
                      help="a live bar on a terminal, periodic lines otherwise"),
         click.option("--report/--no-report", default=True, help="write OUTPUT.report.{json,md} at the end"),
+        click.option("--max-errors", "max_errors", default=None, metavar="N|P%",
+                     help="stop early (incomplete, resumable) once more than N records, or more than P% of the "
+                          f"records started in this run (counted once {constants.MAX_ERRORS_MIN_SAMPLE} have settled), failed"),
     ]
     for o in reversed(opts):
         f = o(f)
@@ -53,12 +57,31 @@ def _before_loading(metrics_port: int | None) -> None:
         check_free("127.0.0.1", metrics_port, "metrics endpoint", "--metrics-port")
 
 
+EXIT_CODES = f"""
+\b
+Exit codes:
+  {constants.EXIT_OK}    complete: every input line has its row, none is an error row
+  {constants.EXIT_ERROR_ROWS}    complete, with error rows (the function failed, or a line was unreadable)
+  {constants.EXIT_INCOMPLETE}    incomplete: rows are missing (the node went down or froze, --max-errors,
+       the output could not be written, the input changed during the run); rerun to resume
+  130  incomplete: stopped by SIGINT (143: by SIGTERM); rerun to resume
+  {constants.EXIT_FAILED}    refused before the run could start (one line says why)
+  {constants.EXIT_USAGE}    usage error
+"""
+
+
+def _max_errors(text):
+    from forge.functions.errorbudget import MaxErrors
+
+    return None if text is None else MaxErrors.parse(text)
+
+
 def _ledger_default(output_path: Path, ledger_path: Path | None) -> Path:
     return ledger_path or output_path.with_name(output_path.name + ".ledger.sqlite")
 
 
 def register(cli: click.Group) -> None:
-    @cli.command("run")
+    @cli.command("run", epilog=EXIT_CODES)
     @click.argument("target", metavar="FILE.py[:NAME]")
     @click.option("--node", "node_arg", default=None, metavar="NODE", help=HELP_DESCRIPTION)
     @click.option("--grouping/--no-grouping", default=True, help="broker prefix/length grouping (off = FIFO)")
@@ -66,12 +89,13 @@ def register(cli: click.Group) -> None:
     @card_transport_option
     @_common
     def run_cmd(target, node_arg, grouping, strict, card_transport, input_path, output_path, ledger_path, restart,
-                accept_changed_function, concurrency, metrics_port, progress, report):
+                accept_changed_function, concurrency, metrics_port, progress, report, max_errors):
         """Run a function over records on a node provisioned in this process."""
         from forge.cli.node_arg import description_path
         from forge.config.load import load_node
         from forge.functions.job import JobOptions, run_embedded
 
+        budget = _max_errors(max_errors)        # a bad flag is refused before the node loads
         _before_loading(metrics_port)
         loaded = load_node(description_path(node_arg, "run"), strict=strict)
         for w in loaded.warnings:
@@ -79,10 +103,10 @@ def register(cli: click.Group) -> None:
         opts = JobOptions(target=target, input_path=input_path, output_path=output_path,
                           ledger_path=_ledger_default(output_path, ledger_path), restart=restart,
                           accept_changed_function=accept_changed_function, concurrency=concurrency,
-                          metrics_port=metrics_port, progress=progress, report=report)
+                          metrics_port=metrics_port, progress=progress, report=report, max_errors=budget)
         return run_embedded(loaded, opts, grouping=grouping, card_transport=card_transport or "process")
 
-    @cli.command("deploy")
+    @cli.command("deploy", epilog=EXIT_CODES)
     @click.argument("target", metavar="FILE.py[:NAME]")
     @click.option("--node", "node", default=None, metavar="NODE", help=HELP_PROVISIONED)
     @click.option("--token-env", default="FORGE_TOKEN", show_default=True,
@@ -93,7 +117,7 @@ def register(cli: click.Group) -> None:
                   help="with --cluster: broker prefix/length grouping (off = FIFO)")
     @_common
     def deploy_cmd(target, node, token_env, cluster, grouping, input_path, output_path, ledger_path, restart,
-                   accept_changed_function, concurrency, metrics_port, progress, report):
+                   accept_changed_function, concurrency, metrics_port, progress, report, max_errors):
         """Run a function over records against a node provisioned with `forge provision` (or, with
         --cluster, across every node provisioned on a Ray cluster)."""
         from forge.functions.job import JobOptions, run_remote
@@ -103,7 +127,8 @@ def register(cli: click.Group) -> None:
         opts = JobOptions(target=target, input_path=input_path, output_path=output_path,
                           ledger_path=_ledger_default(output_path, ledger_path), restart=restart,
                           accept_changed_function=accept_changed_function, concurrency=concurrency,
-                          metrics_port=metrics_port, progress=progress, report=report)
+                          metrics_port=metrics_port, progress=progress, report=report,
+                          max_errors=_max_errors(max_errors))
         if cluster is not None:
             if node is not None:
                 raise UsageError("give --node or --cluster, not both")

@@ -38,6 +38,20 @@ def ray_error_line(e: BaseException) -> str:
     return (lines[-1] if lines else type(e).__name__)[:500]
 
 
+def refuse_replicas(loaded) -> None:
+    """The agent starts one engine actor per card (start_engines); a card declaring N replicas would run one engine
+    where the node says N, or none (a transformers factory refuses a whole-card plan of N: plan.one_engine). Refused
+    here, before Ray is touched, with the card's field."""
+    from forge.errors import ConfigError, Problem, display_path
+
+    problems = [Problem(display_path(loaded.node.source), f"$.cards[{i}].replicas",
+                        f"replicas: {c.replicas} runs on a node on this machine only; with --cluster each card runs "
+                        "one engine actor (set replicas: 1, or provision without --cluster)")
+                for i, c in enumerate(loaded.node.cards) if c.replicas > 1]
+    if problems:
+        raise ConfigError(problems)
+
+
 class Agent:
     def __init__(self, loaded, address: str):
         self.loaded, self.address = loaded, address

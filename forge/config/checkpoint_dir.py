@@ -73,7 +73,7 @@ def check_tokenizer(contract: Contract, file: str) -> list[Problem]:
     if art.tokenizer is None and art.checkpoint is None:
         return []           # an engine directory without a tokenizer: nothing to check here
     where = "$.artifact.tokenizer" if art.tokenizer is not None else "$.artifact.checkpoint"
-    folder: Path = contract.resolve(art.tokenizer or art.checkpoint)
+    folder: Path = contract.resolve(art.tokenizer if art.tokenizer is not None else art.checkpoint)
     if not folder.is_dir():
         if art.tokenizer is None:
             return []       # the missing checkpoint is reported by check_checkpoint

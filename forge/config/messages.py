@@ -99,7 +99,11 @@ def _schema_messages(err: jsonschema.ValidationError) -> list[tuple[tuple, str]]
         return [(path, f"expected {_types(wanted)}, got {describe(inst)}")]
     if v in ("enum", "const"):
         choices = [str(c) for c in (val if v == "enum" else [val])]
-        return [(path, f"unknown value {inst!r}{did_you_mean(str(inst), choices)}")]
+        if isinstance(inst, (dict, list)):      # described, never quoted: an alias bomb quoted is megabytes
+            listed = f" (expected one of: {', '.join(choices)})" if 0 < len(choices) <= 12 else ""
+            return [(path, f"unknown value: got {describe(inst)}{listed}")]
+        shown = repr(inst) if len(repr(inst)) <= 80 else repr(inst)[:77] + "..."
+        return [(path, f"unknown value {shown}{did_you_mean(str(inst)[:200], choices)}")]
     if v == "minimum":
         return [(path, f"must be at least {val}, got {inst}")]
     if v == "exclusiveMinimum":

@@ -15,6 +15,7 @@ PositiveInt = Annotated[int, Field(gt=0)]
 MAX_REPLICAS = 16          # engine processes of one tier on one card (cards[].replicas)
 Name = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
 ComputeCapability = Annotated[str, Field(pattern=r"^[0-9]{1,2}\.[0-9]$")]
+PathText = Annotated[str, Field(min_length=1)]      # "" would name the contract's own folder (or nothing at all)
 
 
 class Strict(BaseModel):
@@ -36,9 +37,9 @@ class ModelGeometry(Strict):
 class Artifact(Strict):
     """Where the engine comes from. Paths are relative to the contract file."""
 
-    engine_dir: Optional[str] = Field(None, description="TensorRT-LLM engine directory (config.json + rank*.engine)")
-    checkpoint: Optional[str] = Field(None, description="HF-style checkpoint directory (config.json [+ weights])")
-    tokenizer: Optional[str] = Field(None, description="tokenizer directory; defaults to the checkpoint directory")
+    engine_dir: Optional[PathText] = Field(None, description="TensorRT-LLM engine directory (config.json + rank*.engine)")
+    checkpoint: Optional[PathText] = Field(None, description="HF-style checkpoint directory (config.json [+ weights])")
+    tokenizer: Optional[PathText] = Field(None, description="tokenizer directory; defaults to the checkpoint directory")
     random_weights: bool = Field(
         False, description="build random ('dummy') weights from the checkpoint's config.json — throughput work only; "
         "never a fallback for missing weights")
@@ -186,7 +187,7 @@ class Node(Strict):
     """A node description: node_descriptions/<name>.yaml."""
 
     node: Name
-    contracts: Union[str, list[str]] = Field(description="a folder of contracts, or a list of contract files")
+    contracts: Union[PathText, list[PathText]] = Field(description="a folder of contracts, or a list of contract files")
     host: Host
     cards: list[Card] = Field(min_length=1)
     metrics: Metrics

@@ -18,7 +18,7 @@ from __future__ import annotations
 import time
 from typing import Protocol, Sequence
 
-from forge.broker.prefix import BlockMirror, chain_hashes
+from forge.prefix_blocks import BlockMirror, chain_hashes
 
 SPIN_CHUNK = 64                   # bytecode iterations between reads of the thread's CPU clock
 

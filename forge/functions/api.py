@@ -96,13 +96,43 @@ def params_problem(p: GenerateParams) -> Optional[str]:
     return None
 
 
+_INT_ONLY = frozenset({int})
+
+
+def prompt_problem(prompt) -> Optional[str]:
+    """A prompt is text (valid Unicode: a lone surrogate cannot be tokenized nor sent) or token ids (int32)."""
+    if isinstance(prompt, str):
+        bad = _unencodable(prompt)
+        return None if bad is None else f"prompt is not valid Unicode text: {bad}"
+    if isinstance(prompt, (list, tuple)):
+        if set(map(type, prompt)) <= _INT_ONLY and (
+                not prompt or (min(prompt) >= 0 and max(prompt) <= constants.INT32_MAX)):
+            return None                       # plain ints in range, the usual case: three passes in C
+        for i, t in enumerate(prompt):
+            if not _is_int(t) or not 0 <= t <= constants.INT32_MAX:
+                return f"prompt token {i} is {t!r}; token ids are ints in [0, 2**31 - 1]"
+        return None
+    return f"prompt must be a string or a list of token ids, got {type(prompt).__name__}"
+
+
+def _unencodable(text: str) -> Optional[str]:
+    try:
+        text.encode("utf-8")
+        return None
+    except UnicodeEncodeError as e:
+        return f"a lone surrogate (U+{ord(text[e.start]):04X}) at character {e.start}"
+
+
 def _choice_problem(choice) -> Optional[str]:
     if (not isinstance(choice, (tuple, list)) or not choice
             or not all(isinstance(c, str) and c for c in choice)):
         return "choice must be a non-empty list of non-empty strings"
     if len(choice) > constants.MAX_GUIDE_CHOICES:
         return f"choice has {len(choice)} options; at most {constants.MAX_GUIDE_CHOICES} are taken"
-    size = sum(len(c.encode("utf-8", "surrogatepass")) for c in choice)
+    bad = next(((i, why) for i, c in enumerate(choice) if (why := _unencodable(c)) is not None), None)
+    if bad is not None:
+        return f"choice {bad[0]} is not valid Unicode text: {bad[1]}"
+    size = sum(len(c.encode("utf-8")) for c in choice)
     if size > constants.MAX_GUIDE_BYTES:
         return f"choice options hold {size} bytes in all; at most {constants.MAX_GUIDE_BYTES} are taken"
     return None
@@ -112,8 +142,8 @@ def _schema_problem(schema) -> Optional[str]:
     if not isinstance(schema, dict):
         return f"json_schema must be a JSON object (a dict), got {type(schema).__name__}"
     try:
-        size = len(json.dumps(schema, allow_nan=False).encode("utf-8", "surrogatepass"))
-    except (TypeError, ValueError, RecursionError) as e:     # a set, NaN, a cycle, nesting past the stack
+        size = len(json.dumps(schema, allow_nan=False, ensure_ascii=False).encode("utf-8"))
+    except (TypeError, ValueError, RecursionError) as e:     # a set, NaN, a cycle, deep nesting, a lone surrogate
         return f"json_schema is not JSON: {type(e).__name__}: {str(e)[:200]}"
     if size > constants.MAX_GUIDE_BYTES:
         return f"json_schema is {size} bytes as JSON; at most {constants.MAX_GUIDE_BYTES} are taken"

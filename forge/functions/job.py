@@ -12,6 +12,8 @@ from typing import Any, Callable, Optional
 
 from forge import constants
 from forge.config.load import LoadedNode
+from forge.errors import ForgeError
+from forge.functions.errorbudget import MaxErrors
 from forge.functions.loader import load_function
 from forge.functions.progress import Progress
 from forge.functions.runner import RunOutcome, run_records
@@ -30,6 +32,7 @@ class JobOptions:
     progress: str = "auto"
     report: bool = True
     accept_changed_function: bool = False     # the user declares the changed function compatible with done rows
+    max_errors: Optional[MaxErrors] = None
 
 
 def run_embedded(loaded: LoadedNode, opts: JobOptions, *, grouping: bool = True,
@@ -81,7 +84,7 @@ def _already_complete(store, opts: JobOptions) -> int:
     c = store.counts()
     print(f"forge: {display_path(opts.output_path)} is already complete: all {store.run.total:,} records are in it "
           f"({c.written_errors:,} of them error rows); nothing to do (--restart runs it again)", file=sys.stderr)
-    return 0
+    return constants.EXIT_ERROR_ROWS if c.written_errors else constants.EXIT_OK     # what the output holds
 
 
 async def _run(spec, digest: str, node: Any, opts: JobOptions, *, node_label: str, engine_stats, broker_stats,
@@ -112,35 +115,66 @@ async def _run(spec, digest: str, node: Any, opts: JobOptions, *, node_label: st
                 progress.update()
                 sampler.sample()
 
-            async with store:
-                outcome: RunOutcome = await run_records(spec=spec, node=node, records=store.records(), sink=store,
-                                                        stats=stats, concurrency=concurrency, on_tick=tick)
-        stats.retried = store.counts().retried - store.retried_before     # records whose function ran again
-        stats.writer_queue = 0                                            # closed: every row is written
+            try:
+                async with store:
+                    outcome: RunOutcome = await run_records(spec=spec, node=node, records=store.records(),
+                                                            sink=store, stats=stats, concurrency=concurrency,
+                                                            on_tick=tick, max_errors=opts.max_errors)
+            except ForgeError as e:     # the output or the ledger cannot be written (a full disk, ...): rows missing
+                print(f"forge: stopped: {e}; every row written so far is kept — once that is fixed, run the same "
+                      "command again to resume", file=sys.stderr)
+                return constants.EXIT_INCOMPLETE
+        counts = store.counts()
+        stats.retried = counts.retried - store.retried_before     # the records this start made retried (attempts > 1)
+        stats.writer_queue = 0                                    # closed: every row is written
         if hasattr(node, "refresh_stats"):
             await node.refresh_stats()
-        summary = _summary(spec.name, node_label, opts, outcome, engine_stats, broker_stats)
+        code, verdict = _verdict(outcome, store, counts, opts)
+        summary = _summary(spec.name, node_label, opts, outcome, engine_stats, broker_stats, counts, code)
         _print_summary(summary)
         if opts.report:
             _write_report(opts.output_path, summary, sampler, run_id=store.run_id,
                           resumed=store.run.report.resumed)
-        if outcome.fatal:
-            print(f"forge: stopped: {outcome.fatal}; unfinished records stay in the ledger — run the same "
-                  "command again to resume", file=sys.stderr)
-            return 1
-        if outcome.interrupted and not store.run.report.complete:   # (complete anyway: exit 0 below)
-            drained = (f"{outcome.returned} record(s) in flight went back to the ledger" if outcome.returned
-                       else "every record in flight finished")
-            print(f"forge: stopped by {outcome.interrupted} ({drained}); run the same command again to resume",
-                  file=sys.stderr)
-            return 130 if outcome.interrupted == "SIGINT" else 143
-        return 0
+        if verdict:
+            print(f"forge: {verdict}", file=sys.stderr)
+        return code
     finally:
         if metrics is not None:
             metrics.close()
 
 
-def _summary(name: str, node: str, opts: JobOptions, outcome: RunOutcome, engine_stats, broker_stats) -> dict:
+def _verdict(outcome: RunOutcome, store, counts, opts: JobOptions) -> tuple[int, str]:
+    """The exit code (constants.EXIT_*) and the line that says it ('' for a clean, complete run)."""
+    from forge.errors import display_path
+
+    total = store.total
+    missing = total - counts.written
+    changed = store.input_changed()
+    if changed is not None:     # rows were made for the input as counted at the start: not this input
+        return constants.EXIT_INCOMPLETE, (
+            f"stopped: the input {display_path(opts.input_path)} changed during the run ({changed}); {missing:,} of "
+            f"{total:,} records have no row; its ledger belongs to the input as it was: pass --restart to start "
+            "over on the input as it is now")
+    if outcome.fatal:
+        return constants.EXIT_INCOMPLETE, (f"stopped: {outcome.fatal}; {missing:,} of {total:,} records have no row "
+                                           "yet and stay in the ledger — run the same command again to resume")
+    if missing and outcome.interrupted:
+        drained = (f"{outcome.returned} record(s) in flight went back to the ledger" if outcome.returned
+                   else "every record in flight finished")
+        return (130 if outcome.interrupted == "SIGINT" else 143,
+                f"stopped by {outcome.interrupted} ({drained}); run the same command again to resume")
+    if missing:
+        return constants.EXIT_INCOMPLETE, (f"incomplete: {missing:,} of {total:,} records have no row yet; run the "
+                                           "same command again to resume")
+    if counts.written_errors:
+        return constants.EXIT_ERROR_ROWS, (f"complete, with error rows: {counts.written_errors:,} of the {total:,} "
+                                           f"rows in {display_path(opts.output_path)} are errors (exit "
+                                           f"{constants.EXIT_ERROR_ROWS})")
+    return constants.EXIT_OK, ""
+
+
+def _summary(name: str, node: str, opts: JobOptions, outcome: RunOutcome, engine_stats, broker_stats, counts,
+             code: int) -> dict:
     s = outcome.stats
     wall = max(outcome.wall_s, 1e-9)
     engines = engine_stats() if engine_stats else []
@@ -148,8 +182,12 @@ def _summary(name: str, node: str, opts: JobOptions, outcome: RunOutcome, engine
     return {
         "function": name, "node": node, "input": str(opts.input_path), "output": str(opts.output_path),
         "records_total": s.total, "records_done": s.done, "records_failed": s.failed,
-        "records_resumed": s.skipped, "retried": s.retried,
-        "requeued": sum(e.requests_requeued for e in engines),
+        "records_resumed": s.skipped,
+        # the records this start made retried (invoked again after an earlier start left them in flight: the
+        # ledger's attempts > 1; a report merged over every start sums them to the ledger's count), the engine
+        # requests given back and done again, the output's error rows (whichever start wrote them), the exit code
+        "retried": s.retried, "requeued": sum(e.requests_requeued for e in engines),
+        "error_rows": counts.written_errors, "exit": code,
         "input_tokens": s.input_tokens, "output_tokens": s.output_tokens,
         "tokens_per_s": (s.input_tokens + s.output_tokens) / wall, "output_tokens_per_s": s.output_tokens / wall,
         "wall_s": wall, "interrupted": outcome.interrupted,

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Optional, Protocol, Sequence
 
 from forge.errors import RequestRejected
-from forge.functions.api import LLM, FunctionSpec, GenerateParams, Generation
+from forge.functions.api import LLM, FunctionSpec, GenerateParams, Generation, prompt_problem
 
 
 class NodeBackend(Protocol):
@@ -17,7 +17,6 @@ class NodeBackend(Protocol):
 
 
 _MADE_PARAMS_MAX = 256      # distinct generate settings a job's handle keeps made (cleared when full)
-_INT_ONLY = frozenset({int})
 
 
 class NodeLLM(LLM):
@@ -57,14 +56,11 @@ class NodeLLM(LLM):
         return await self._node.generate(prompt, params)
 
     async def embed(self, text) -> list[float]:
+        _check_prompt(text)
         return await self._node.embed(text)
 
 
 def _check_prompt(prompt) -> None:
-    if isinstance(prompt, str):
-        return
-    if isinstance(prompt, (list, tuple)) and (
-            set(map(type, prompt)) <= _INT_ONLY      # plain ints, the usual case, in one pass in C
-            or all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)):
-        return
-    raise RequestRejected(f"prompt must be a string or a list of token ids, got {type(prompt).__name__}")
+    why = prompt_problem(prompt)
+    if why is not None:
+        raise RequestRejected(why)

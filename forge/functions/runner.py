@@ -17,6 +17,7 @@ from typing import Any, Callable, Optional
 
 from forge.errors import ForgeError, NodeDown
 from forge.functions.api import FunctionSpec, GenerateParams, Generation
+from forge.functions.errorbudget import MaxErrors
 from forge.functions.llm import NodeLLM
 from forge.gc_tuning import tune_for_throughput
 from forge.stats import RunStats
@@ -29,7 +30,8 @@ DRAIN_GRACE_S = 30.0        # on SIGINT/SIGTERM: let in-flight records finish th
 class RunOutcome:
     stats: RunStats
     interrupted: Optional[str] = None     # the signal name, when stopped by one
-    fatal: Optional[str] = None           # why the run stopped early (node down): unfinished records stay pending
+    fatal: Optional[str] = None           # why the run stopped early (node down, --max-errors): unfinished records
+                                          # stay pending
     returned: int = 0                     # records in flight when stopped, cut short: pending in the ledger
     wall_s: float = 0.0
 
@@ -70,8 +72,10 @@ def _tell(line: str) -> None:
 
 async def run_records(*, spec: FunctionSpec, node: Any, records, sink, stats: RunStats, concurrency: int,
                       on_tick: Callable[[], None] = lambda: None, tick_s: float = 0.25,
-                      install_signals: bool = True, notice: Callable[[str], None] = _tell) -> RunOutcome:
-    """records: iterable of (index, dict | InputError). sink: started/result/error coroutines (bounded)."""
+                      install_signals: bool = True, notice: Callable[[str], None] = _tell,
+                      max_errors: Optional[MaxErrors] = None) -> RunOutcome:
+    """records: iterable of (index, dict | InputError). sink: started/result/error coroutines (bounded).
+    max_errors: stop starting records once this run's error rows pass it (outcome.fatal says so)."""
     tune_for_throughput()
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue = asyncio.Queue(maxsize=max(2 * concurrency, 16))
@@ -123,6 +127,16 @@ async def run_records(*, spec: FunctionSpec, node: Any, records, sink, stats: Ru
             hurry.set()
             raise
 
+    def count_failure() -> None:
+        stats.failed += 1
+        if max_errors is None or outcome.fatal is not None:
+            return
+        settled = stats.done + stats.failed
+        started = settled + stats.in_flight - 1          # in flight: the others (this record is counted failed)
+        if max_errors.exceeded(stats.failed, settled, started):
+            outcome.fatal = f"{max_errors.describe(stats.failed, started)}; the function looks broken: see its error rows"
+            stop.set()
+
     async def work() -> None:
         while True:
             item = await queue.get()
@@ -133,7 +147,7 @@ async def run_records(*, spec: FunctionSpec, node: Any, records, sink, stats: Ru
             stats.in_flight += 1
             try:
                 if not isinstance(record, dict):          # an input line that could not be read
-                    stats.failed += 1
+                    count_failure()
                     await sink.error(index, record.type, record.message)
                     continue
                 await sink.started(index)
@@ -148,11 +162,11 @@ async def run_records(*, spec: FunctionSpec, node: Any, records, sink, stats: Ru
                     continue
                 except BaseException as e:  # the record fails, the run goes on (even sys.exit in user code)
                     row = error_row(index, e)["error"]
-                    stats.failed += 1
+                    count_failure()
                     await sink.error(index, row["type"], row["message"])
                 else:
                     if await sink.result(index, result) is False:   # not serialisable: an error row went in
-                        stats.failed += 1
+                        count_failure()
                     else:
                         stats.done += 1
             finally:

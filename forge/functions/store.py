@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import Any, Iterator, Optional
 
 from forge.errors import display_path
 from forge.ledger import make_run_key, open_run
@@ -18,28 +18,55 @@ class JobStore:
         total = self.source.count()
         key = make_run_key(function_file=function_file, function_name=function_name, source=self.source)
         accept = ("function_sha256",) if getattr(opts, "accept_changed_function", False) else ()
+        self._fingerprint = self.source.fingerprint()      # what the run was counted on (a change is noticed)
         self.run = open_run(opts.output_path, run_key=key, total=total, ledger_path=opts.ledger_path,
                             restart=opts.restart, info={"node": node, "input": str(opts.input_path)},
                             input_path=opts.input_path, accept_changes=accept)
         rep = self.run.report
         self.run_id = self.run.ledger.get_meta("created")      # the run's identity (a --restart makes a new one)
         self.retried_before = self.run.counts().retried        # records invoked more than once, before this start
+        self.total = total
         stats.total = total
         stats.skipped = len(self.run.settled)
+        # records invoked once before and never settled (in flight when a start stopped): invoking one again makes
+        # it retried (the ledger's attempts > 1), so this start's live count ends equal to the ledger's growth
+        self._once = (self.run.ledger.indices("pending", attempts=1) if rep.resumed and not rep.complete
+                      else None)
         self.stats = stats
         if self.run.ledger.accepted:
             print(f"forge: {display_path(opts.output_path)}: the function file changed; keeping the {stats.skipped:,} "
                   "record(s) already settled, as --accept-changed-function asks", file=sys.stderr)
+        if rep.rebuilt:
+            print(f"forge: {rep.rebuilt}", file=sys.stderr)
         if rep.resumed and not rep.complete:
             print(f"forge: resuming {display_path(opts.output_path)}: {stats.skipped} of {total} records already "
                   f"settled ({rep.recovered} written now from the ledger, {rep.truncated_bytes} torn bytes cut)",
                   file=sys.stderr)
 
-    def records(self):
+    def records(self) -> Iterator:
+        """The records still to do, never past the line count the run was opened with (an input that grows while
+        it is read does not get rows the ledger cannot place)."""
         # `settled` is fixed when the run opens: a fresh run has nothing to skip, so no check per record.
-        return self.source.records(skip=self.run.is_settled if len(self.run.settled) else None)
+        skip = self.run.is_settled if len(self.run.settled) else None
+        for index, record in self.source.records(skip=skip):
+            if index >= self.total:
+                return
+            yield index, record
+
+    def input_changed(self) -> Optional[str]:
+        """How the input differs from when the run opened it (size, or its first/last MiB), or None."""
+        try:
+            now = self.source.fingerprint()
+        except OSError as e:
+            return f"it cannot be read any more ({e.strerror})"
+        if now == self._fingerprint:
+            return None
+        was, size = self._fingerprint["input_size"], now["input_size"]
+        return f"it was {was:,} bytes, now {size:,}" if was != size else "its first or last MiB changed"
 
     async def started(self, index: int) -> None:
+        if self._once is not None and index in self._once:
+            self.stats.retried += 1
         await self.run.aput_attempt(index)
 
     async def result(self, index: int, value: Any) -> bool:

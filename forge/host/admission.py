@@ -22,6 +22,7 @@ from forge.host.flights import Flight, FlightTable
 from forge.host.outcomes import Outcomes
 from forge.host.progress import DeliveryRate, Occupancy, StallWatch
 from forge.requests import options_of
+from forge.runtime.awake import pause_clock
 from forge.stats import EngineStats
 
 log = logging.getLogger("forge.host.admission")
@@ -285,16 +286,25 @@ class AdmissionRuntime:
 
     # ------------------------------------------------------------------ watchdog: deadlines, liveness, stalls
     async def _watch(self) -> None:
+        clock, last = pause_clock(), time.monotonic()
         while True:
             await asyncio.sleep(self._tick_s)
             now = time.monotonic()
+            # Time this process was stopped (SIGSTOP, Ctrl-Z) is not the engine's: its call and its silence are
+            # judged on the time we were there to watch (forge/runtime/awake.py).
+            self._stall.skip(clock.paused_since(last, now), now)
+            last = now
             for f in self._table.expired(now):
                 self._table.release(f, engine_holds=f.state == "running")
                 if f.state == "running":
                     self._driver.cancel(f.key)
                 self._out.fail(f.req, f"deadline exceeded ({options_of(f.req.payload).deadline_s:g} s)")
             if not (self.failure or self._stopping):
-                why = self._driver.trouble(now, max(self.stall_window_s, 20 * self._driver.poll_timeout_s))
+                limit = max(self.stall_window_s, 20 * self._driver.poll_timeout_s)
+                inside = self._driver.busy_in_engine_since
+                if inside is not None:
+                    limit += clock.paused_since(inside, now)
+                why = self._driver.trouble(now, limit)
                 if why is not None:
                     self._hung = self._driver.alive()     # stuck inside the engine: never wait for it
                     self._on_failure(why)

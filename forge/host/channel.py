@@ -11,9 +11,11 @@ import asyncio
 import itertools
 import pickle
 import struct
+import time
 from typing import Any, Awaitable, Callable, Optional
 
 from forge.errors import ForgeError
+from forge.runtime.awake import pause_clock
 
 HEADER = struct.Struct("!I")
 
@@ -56,7 +58,7 @@ class CallChannel:
         self._calls[cid] = fut
         # A timer, not asyncio.wait_for: on Python 3.11 wait_for swallows a cancellation that arrives as the
         # answer does, and a link being closed would then keep polling forever.
-        timer = loop.call_later(timeout_s, _expire, fut, method, timeout_s)
+        timer = _CallTimer(loop, fut, method, timeout_s)
         try:
             self._writer.write(frame((cid, method, args)))
             return await fut
@@ -98,9 +100,26 @@ class CallChannel:
         self._writer.close()
 
 
-def _expire(fut: asyncio.Future, method: str, timeout_s: float) -> None:
-    if not fut.done():
-        fut.set_exception(asyncio.TimeoutError(f"no answer to {method} within {timeout_s:g} s"))
+class _CallTimer:
+    """Fails a call unanswered for `timeout_s` of this process's running time: a node stopped (SIGSTOP) longer
+    than that and woken finds its workers' answers waiting, not late (forge/runtime/awake.py)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, fut: asyncio.Future, method: str, timeout_s: float):
+        self._loop, self._fut, self._method, self._timeout_s = loop, fut, method, timeout_s
+        self._clock, self._since = pause_clock(loop), time.monotonic()
+        self._handle = loop.call_later(timeout_s, self._expire)
+
+    def _expire(self) -> None:
+        if self._fut.done():
+            return
+        left = self._timeout_s - self._clock.awake_since(self._since)
+        if left > 0:                    # part of the wait passed while this process was stopped
+            self._handle = self._loop.call_later(left, self._expire)
+            return
+        self._fut.set_exception(asyncio.TimeoutError(f"no answer to {self._method} within {self._timeout_s:g} s"))
+
+    def cancel(self) -> None:
+        self._handle.cancel()
 
 
 async def serve_calls(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,

@@ -42,6 +42,13 @@ class StallWatch:
         self.state = "wedged"
         return "wedged"
 
+    def skip(self, paused_s: float, now: float) -> None:
+        """The process was stopped for `paused_s` (before `now`): the engine's silence and the next take-back move
+        on by as much (a stop longer than the window is not a stall)."""
+        if paused_s > 0:
+            self._last_progress = min(self._last_progress + paused_s, now)
+            self._next_takeback += paused_s
+
     def silent_for(self, now: float) -> float:
         return now - self._last_progress
 

@@ -20,7 +20,8 @@ from pathlib import Path
 
 from forge.errors import ForgeError, display_path
 from forge.ledger.committer import Committer
-from forge.ledger.sqlite import Ledger, LedgerCounts
+from forge.ledger import recovery
+from forge.ledger.sqlite import Ledger, LedgerCounts, LedgerDamaged
 from forge.records import parquet_out
 from forge.records.bitmap import IndexBitmap
 from forge.records.guard import (parquet_is_forge_output, refuse_foreign, refuse_overlaps,
@@ -60,6 +61,7 @@ class ResumeReport:
     duplicates: int = 0            # rows present twice in the output (never expected)
     first_duplicates: tuple[int, ...] = ()
     complete: bool = False         # nothing left to do
+    rebuilt: str = ""              # the ledger was missing or damaged and was rebuilt from the output: what happened
 
 
 class Run:
@@ -122,8 +124,10 @@ class Run:
                 self._finish_parquet()
                 if self.report.complete:
                     self.ledger.compact()
-            self._closed = True
         finally:
+            # Released either way: a second close (the job's own, on every exit) is a no-op, not the first
+            # one's failure (a full disk) raised again as an internal error.
+            self._closed = True
             if self._writer is not None:
                 self._writer.close()
                 self._writer = None
@@ -159,7 +163,8 @@ def open_run(output: str | os.PathLike, *, run_key: dict[str, object], total: in
     (node, input path, ...).
 
     Nothing is written over a file forge did not write: the input (by path or through a link), a file
-    whose content is not forge rows, forge rows no ledger records writing (unless `restart`)."""
+    whose content is not forge rows, forge rows no ledger records writing (unless `restart`). A damaged or
+    lost ledger is rebuilt from the output when the output is complete (recovery.py); else refused, saying how."""
     output = Path(output)
     ledger_path = Path(ledger_path) if ledger_path is not None else default_ledger_path(output)
     parquet = _is_parquet(output)
@@ -174,28 +179,54 @@ def open_run(output: str | os.PathLike, *, run_key: dict[str, object], total: in
         rec = writer.scan()
         if rec.foreign_at is not None:
             raise refuse_foreign(writer.path, f"byte {rec.foreign_at} is not a forge output row")
-        ledger_was_there = _nonempty(ledger_path)
-        ledger = Ledger(ledger_path, run_key=run_key, restart=restart, info=info, accept_changes=accept_changes)
+        args = dict(output=output, ledger_path=ledger_path, run_key=run_key, total=total, restart=restart,
+                    info=info, accept_changes=accept_changes)
         try:
-            if ledger.get_meta("finalized"):
-                writer.close()
-                return _finished_run(ledger, output, total)
-            _check_ledger_output(ledger, output)
-            if restart:
-                if parquet:
-                    output.unlink(missing_ok=True)      # forge's own (its columns were checked above)
-                writer.truncate(0)
-                rec = Reconciliation()
-            elif ledger.fresh:
-                _refuse_unrecorded_output(ledger, writer, rec, output)
-            settled, report = _reconcile(ledger, writer, rec, total)
-        except BaseException:
-            ledger.close()
-            if not ledger_was_there:    # a ledger made here for a run refused here: a rerun must not find it
-                _remove_ledger(ledger_path)
-            raise
+            return _open(writer, rec, **args)
+        except LedgerDamaged as damaged:
+            # Set aside (never deleted) when --restart discards it anyway or the output can replace it; else refused
+            # with what to do. Then a new ledger, rebuilt from the output by the lost-ledger path.
+            rec = writer.scan()
+            why = recovery.set_aside_damaged(damaged, ledger_path, output, rec, total, restart=restart)
+            return _open(writer, rec, **args, rebuild_why=why)
     except BaseException:
         writer.close()
+        raise
+
+
+def _open(writer: OutputWriter, rec: Reconciliation, *, output: Path, ledger_path: Path, run_key: dict[str, object],
+          total: int, restart: bool, info: dict[str, object] | None, accept_changes: tuple[str, ...] = (),
+          rebuild_why: str = "") -> Run:
+    ledger_was_there = _nonempty(ledger_path)
+    ledger = Ledger(ledger_path, run_key=run_key, restart=restart, info=info, accept_changes=accept_changes)
+    try:
+        if ledger.get_meta("finalized"):
+            writer.close()
+            return _finished_run(ledger, output, total)
+        _check_ledger_output(ledger, output)
+        rebuilt = ""
+        if restart:
+            if _is_parquet(output):
+                output.unlink(missing_ok=True)      # forge's own (its columns were checked above)
+            writer.truncate(0)
+            rec = Reconciliation()
+            if rebuild_why:
+                rebuilt = f"the ledger {display_path(ledger_path)} was {rebuild_why}; --restart starts over"
+        elif ledger.fresh and (rec.size or (_is_parquet(output) and output.exists())):
+            # rows no ledger records: this run's only if they are all of it (a lost or damaged ledger)
+            rebuilt = recovery.rebuild_or_refuse(ledger, writer.path, rec, output, total,
+                                                 why=rebuild_why or "missing")
+            if ledger.get_meta("finalized"):        # a complete Parquet output: nothing left to write
+                writer.close()
+                run = _finished_run(ledger, output, total)
+                run.report.rebuilt = rebuilt
+                return run
+        settled, report = _reconcile(ledger, writer, rec, total)
+        report.rebuilt = rebuilt
+    except BaseException:
+        ledger.close()
+        if not ledger_was_there:    # a ledger made here for a run refused here: a rerun must not find it
+            _remove_ledger(ledger_path)
         raise
     report.complete = len(settled) == total
     return Run(ledger, writer, output, total, settled, report)
@@ -241,18 +272,6 @@ def _unjson(text: str) -> object:
         return json.loads(text)
     except ValueError:
         return text
-
-
-def _refuse_unrecorded_output(ledger: Ledger, writer: OutputWriter, rec: Reconciliation, output: Path) -> None:
-    """The ledger is new but the output is not empty: those rows are not this run's to extend or replace."""
-    led = display_path(ledger.path)
-    if _is_parquet(output) and output.exists():
-        raise ForgeError(f"{display_path(output)}: exists but its ledger {led} is new; forge never writes over an "
-                         "output no ledger records: pass --restart to replace it, or --ledger PATH to name its ledger")
-    if rec.size:
-        raise ForgeError(f"{display_path(writer.path)}: already holds {rec.rows} rows but its ledger {led} is "
-                         "new; forge never writes over an output no ledger records: pass --restart to "
-                         "replace it, or --ledger PATH to name its ledger")
 
 
 def _reconcile(ledger: Ledger, writer: OutputWriter, rec: Reconciliation,

@@ -54,6 +54,49 @@ class LedgerMismatch(ForgeError):
     """The ledger belongs to another run (function or input changed)."""
 
 
+class LedgerDamaged(ForgeError):
+    """The ledger file cannot be read as the ledger it was (flipped bytes, a torn copy): `why` says what SQLite or
+    the decoder found. open_run rebuilds it from a complete output, or says what to do."""
+
+    def __init__(self, shown: str, why: str) -> None:
+        self.why = why
+        super().__init__(f"{shown}: the ledger is damaged ({why})")
+
+
+_DAMAGE = (sqlite3.DatabaseError, UnicodeDecodeError, ValueError, TypeError, KeyError)
+
+
+def _is_damage(e: BaseException) -> bool:
+    """Content that cannot be what forge wrote. An OperationalError is the file system's (a folder that takes no
+    -wal file, a lock, a full disk), not the file's, unless it is text SQLite could not decode."""
+    if isinstance(e, sqlite3.OperationalError):
+        return "could not decode" in str(e).lower()
+    return isinstance(e, _DAMAGE) and not isinstance(e, ForgeError)
+
+
+def _as_forge_error(shown: str, e: BaseException) -> BaseException:
+    """Damage, or any other SQLite failure, as one line naming the ledger (never an internal error)."""
+    if _is_damage(e):
+        return LedgerDamaged(shown, f"{type(e).__name__}: {e}")
+    if isinstance(e, sqlite3.Error):
+        return ForgeError(f"{shown}: cannot read the ledger: {e}")
+    return e
+
+
+def _reads(method):
+    """Ledger reads: damage found while reading is a LedgerDamaged naming the file."""
+    def wrapper(self, *args, **kwargs):
+        try:
+            return method(self, *args, **kwargs)
+        except Exception as e:
+            mapped = _as_forge_error(self._shown, e)
+            if mapped is not e:
+                raise mapped from None
+            raise
+    wrapper.__name__, wrapper.__doc__ = method.__name__, method.__doc__
+    return wrapper
+
+
 @dataclass(frozen=True)
 class LedgerCounts:
     pending: int = 0          # invoked, no result committed yet (in flight when the run stopped)
@@ -85,10 +128,13 @@ class Ledger:
             self.starts = int(self.get_meta("starts") or 0) + 1
             self.set_meta("starts", str(self.starts))
             self.set_meta("info", json.dumps(info or {}, sort_keys=True, default=str))
-        except BaseException:
+        except BaseException as e:
             if hasattr(self, "_db"):
                 self._db.close()
             os.close(self._lock_fd)
+            mapped = _as_forge_error(self._shown, e)
+            if mapped is not e:
+                raise mapped from None
             raise
 
     # --- opening -----------------------------------------------------------------------------
@@ -126,12 +172,23 @@ class Ledger:
             db.execute("PRAGMA synchronous=FULL")       # until the identity is stored
             db.executescript(_SCHEMA)
             return db
+        except sqlite3.OperationalError as e:   # the file system's: a folder taking no new file (-wal), a lock
+            raise ForgeError(f"{self._shown}: cannot open the ledger: {e} (SQLite also needs to create "
+                             f"{self.path.name}-wal beside it)") from None
         except sqlite3.DatabaseError as e:
-            raise ForgeError(f"{self._shown}: not a usable forge ledger: {e}") from None
+            raise LedgerDamaged(self._shown, str(e)) from None
 
     def _check_identity(self, run_key: dict[str, object], restart: bool, accept: frozenset[str]) -> bool:
         stored = dict(self._db.execute("SELECT key, value FROM meta").fetchall())
         fresh = not stored
+        if stored and not restart:
+            # A resumed ledger is read whole anyway (indices, counts): check its structure first, so damage is
+            # named here, with the file, rather than by whichever query meets it.
+            found = [r[0] for r in self._db.execute("PRAGMA quick_check(3)").fetchall()]
+            if found != ["ok"]:
+                raise LedgerDamaged(self._shown, "; ".join(str(f) for f in found))
+            if not isinstance(json.loads(stored.get("run_key", "{}")), dict):
+                raise LedgerDamaged(self._shown, "its run_key is not a JSON object")
         if stored and restart:
             self.reset(run_key)
             fresh = True
@@ -215,6 +272,7 @@ class Ledger:
         with self._mutex, self._txn():
             self._db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (key, value))
 
+    @_reads
     def get_meta(self, key: str) -> str | None:
         with self._mutex:
             row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
@@ -225,25 +283,36 @@ class Ledger:
         """Settled rows not yet in the output, in index order and in chunks (keyset pages, so the
         caller may mark them written between chunks)."""
         last = -1
-        while True:
-            with self._mutex:
-                page = self._db.execute(
-                    "SELECT idx, row, is_error FROM records WHERE state IN ('done', 'failed') AND idx > ? "
-                    "ORDER BY idx LIMIT ?", (last, chunk)).fetchall()
-            if not page:
-                return
+        while page := self._unwritten_page(last, chunk):
             last = page[-1][0]
-            yield [(i, row, bool(err)) for i, row, err in page]
+            yield page
 
-    def indices(self, *states: str) -> IndexBitmap:
-        """Indices in the given states, streamed into a bitmap (never a list of 10M ints)."""
+    @_reads
+    def _unwritten_page(self, after: int, chunk: int) -> list[tuple[int, str, bool]]:
+        with self._mutex:
+            page = self._db.execute(
+                "SELECT idx, row, is_error FROM records WHERE state IN ('done', 'failed') AND idx > ? "
+                "ORDER BY idx LIMIT ?", (after, chunk)).fetchall()
+        for i, row, _ in page:
+            if not isinstance(i, int) or not isinstance(row, str):
+                raise TypeError(f"record {i!r} holds no row to write")
+        return [(i, row, bool(err)) for i, row, err in page]
+
+    @_reads
+    def indices(self, *states: str, attempts: int | None = None) -> IndexBitmap:
+        """Indices in the given states (with exactly `attempts` invocations, when given), streamed into a bitmap
+        (never a list of 10M ints)."""
         marks = ",".join("?" * len(states))
+        query, args = f"SELECT idx FROM records WHERE state IN ({marks})", tuple(states)
+        if attempts is not None:
+            query, args = query + " AND attempts = ?", args + (attempts,)
         found = IndexBitmap()
         with self._mutex:
-            for (i,) in self._db.execute(f"SELECT idx FROM records WHERE state IN ({marks})", states):
+            for (i,) in self._db.execute(query, args):
                 found.add(i)
         return found
 
+    @_reads
     def counts(self) -> LedgerCounts:
         with self._mutex:
             by_state = dict(self._db.execute("SELECT state, COUNT(*) FROM records GROUP BY state").fetchall())
@@ -267,10 +336,12 @@ class Ledger:
     def close(self) -> None:
         if self._lock_fd < 0:
             return
-        with self._mutex:
-            self._db.close()          # checkpoints the WAL into the main file
-        os.close(self._lock_fd)       # only now: releases the flock after SQLite is done
-        self._lock_fd = -1
+        try:
+            with self._mutex:
+                self._db.close()      # checkpoints the WAL into the main file
+        finally:
+            os.close(self._lock_fd)   # only now: releases the flock after SQLite is done (or failed to)
+            self._lock_fd = -1
 
     # --- helpers -----------------------------------------------------------------------------
     def _txn(self):

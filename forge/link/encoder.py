@@ -10,12 +10,13 @@ import asyncio
 import itertools
 from typing import Optional
 
+from forge import constants
 from forge.errors import ForgeError
 
 MAX_BATCH = 512
 LINGER_S = 0.001
 MAX_CALLS_IN_FLIGHT = 8
-CALL_TIMEOUT_S = 60.0
+CALL_TIMEOUT_S = constants.STALL_WINDOW_S      # a tokenizing engine silent this long is tried no more
 
 
 class EncodeFailed(ForgeError):
@@ -58,22 +59,28 @@ class Encoder:
     async def _call(self, batch: list[tuple[str, asyncio.Future]]) -> None:
         texts = [t for t, _ in batch]
         why = "no engine with this tokenizer is up"
-        async with self._calls:
-            for link in self._candidates():
-                try:
-                    ids = await link.transport.call("encode", texts, timeout_s=CALL_TIMEOUT_S)
-                except asyncio.CancelledError:
-                    raise
-                except Exception as e:  # noqa: BLE001 - try the next engine with the same tokenizer
-                    why = f"{link.eid}: {type(e).__name__}"
-                    continue
-                for (_, fut), one in zip(batch, ids):
-                    if not fut.done():
-                        fut.set_result(tuple(one))
-                return
-        for _, fut in batch:
-            if not fut.done():
-                fut.set_exception(EncodeFailed(f"tokenizer {self.key}: {why}"))
+        try:
+            async with self._calls:
+                for link in self._candidates():
+                    try:
+                        ids = await link.transport.call("encode", texts, timeout_s=CALL_TIMEOUT_S)
+                        answers = [tuple(int(i) for i in one) for one in ids]
+                    except asyncio.CancelledError:
+                        raise
+                    except Exception as e:  # noqa: BLE001 - try the next engine with the same tokenizer
+                        why = f"{link.eid}: {type(e).__name__}"
+                        continue
+                    if len(answers) != len(batch):
+                        why = f"{link.eid}: answered {len(answers)} of {len(batch)} texts"
+                        continue
+                    for (_, fut), one in zip(batch, answers):
+                        if not fut.done():
+                            fut.set_result(one)
+                    return
+        finally:    # whatever happened (a short answer, a cancel), every caller of this batch gets an answer
+            for _, fut in batch:
+                if not fut.done():
+                    fut.set_exception(EncodeFailed(f"tokenizer {self.key}: {why}"))
 
     async def close(self) -> None:
         if self._timer is not None:

@@ -29,7 +29,8 @@ from forge.stats import EngineStats
 log = logging.getLogger("forge.link")
 
 COLLECT_WAIT_S = 0.5         # long-poll length (a collect returns as soon as something is ready)
-CALL_TIMEOUT_S = 30.0        # beyond its own wait, any call to a host
+CALL_TIMEOUT_S = constants.STALL_WINDOW_S   # beyond its own wait, any call to a host: silence this long is a
+                                            # lost engine, as a stalled card is in an embedded run
 TAKE_WAIT_S = 0.25
 MAX_ITEMS = 4096
 CLOSE_WAIT_S = 5.0
@@ -143,14 +144,27 @@ class EngineLink:
             if epoch != self.epoch:           # lost while taking: give these back too
                 self._lost_batch(batch)
                 continue
-            now = time.monotonic()
-            wire = [to_wire(r, self.key, now) for r in batch]
+            wire = self._to_wire(batch)
+            if not wire:
+                continue
             try:
                 await self.transport.call("submit", self.session, wire, timeout_s=CALL_TIMEOUT_S)
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # noqa: BLE001 - any failure to hand over is a loss
                 self.lost(f"submit failed: {type(e).__name__}: {_first_line(e)}", epoch)
+
+    def _to_wire(self, batch: list[BrokerRequest]) -> list[tuple]:
+        """The batch as it travels; a request that cannot be put on the wire fails alone (its future must end)."""
+        now, wire = time.monotonic(), []
+        for r in batch:
+            try:
+                wire.append(to_wire(r, self.key, now))
+            except Exception as e:  # noqa: BLE001 - that request's fault, not the link's
+                if self._release(r.request_id, r.attempt) is not None:
+                    self.broker.on_done(self.eid, r)
+                    self._fail(r, f"request cannot be sent to engine {self.eid}: {type(e).__name__}: {e}")
+        return wire
 
     def _keep(self, batch: list[BrokerRequest]) -> list[BrokerRequest]:
         """Reserve credit for the requests whose callers still wait; the others are done with."""
@@ -213,7 +227,10 @@ class EngineLink:
                 self.lost(f"{type(e).__name__}: {_first_line(e)}", epoch)
                 continue
             if epoch == self.epoch and not self._closed:
-                self._apply(reply, epoch)
+                try:
+                    self._apply(reply, epoch)
+                except Exception as e:  # noqa: BLE001 - a reply forge cannot read: the engine's work is as lost
+                    self.lost(f"unreadable reply: {type(e).__name__}: {_first_line(e)}", epoch)
 
     def _apply(self, reply: dict, epoch: int) -> None:
         if reply.get("ended"):

@@ -18,7 +18,7 @@ from typing import Optional, Sequence
 from forge.broker import Broker, BrokerCore, BrokerRequest, NoEngineFits
 from forge.engines.interface import Guide
 from forge.errors import ForgeError, NodeDown, RequestRejected
-from forge.functions.api import GenerateParams, Generation
+from forge.functions.api import GenerateParams, Generation, prompt_problem
 from forge.gc_tuning import tune_for_throughput
 from forge.link.encoder import EncodeFailed, Encoder
 from forge.link.link import EngineLink, geometry_of
@@ -122,6 +122,9 @@ class LinkedNode(EnginesOut, Node):
         return None
 
     async def encode(self, prompt: str | Sequence[int]) -> dict[str, tuple[int, ...]]:
+        why = prompt_problem(prompt)        # text no tokenizer takes must not fail the batch it would travel in
+        if why is not None:
+            raise RequestRejected(why)
         now = self.encode_now(prompt)
         if now is not None:
             return now
@@ -155,6 +158,8 @@ class LinkedNode(EnginesOut, Node):
             self._check_guide_support(guide)
         if isinstance(prompt, str):
             check_text_prompt(prompt, self.prompt_chars_limit, self.name)
+        elif (why := prompt_problem(prompt)) is not None:   # token ids an engine cannot hold (int32)
+            raise RequestRejected(why)
         prompts = self.encode_now(prompt)
         if prompts is None:
             prompts = await self.encode(prompt)

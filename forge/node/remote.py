@@ -1,34 +1,52 @@
 """A provisioned node seen from `forge deploy` (the Node interface over HTTP): calls coalesced into batched POSTs.
 
 One HTTP round trip per request would cap a job near a thousand requests/s; calls that arrive
-within `linger_s` (or until `max_batch`) travel together, with a bounded number of POSTs in flight."""
+within `linger_s` (or until `max_batch`) travel together, with a bounded number of POSTs in flight.
+
+Every call ends: each batch's futures are resolved whatever its POST does (an item that cannot be sent, a reply
+that cannot be read, a short reply, a cancelled task), and a watchdog probes the node's /health: a node that has
+answered nothing for `stall_window_s` (frozen, SIGSTOP, a dead host) fails every open call with NodeDown, the
+same window in which an embedded run notices a stalled engine."""
 from __future__ import annotations
 
 import asyncio
+import json
+import time
 from typing import Optional, Sequence
 
 import httpx
 
+from forge import constants
 from forge.errors import ForgeError, NodeDown, RequestRejected
 from forge.functions.api import GenerateParams, Generation
 from forge.node.interface import Answer, Node
+from forge.runtime.awake import pause_clock
 
 CONNECT_RETRIES = 3
+PROBE_INTERVAL_S = 2.0
+CLOSE_GRACE_S = 5.0
 
 
 class RemoteNode(Node):
     def __init__(self, url: str, *, token: Optional[str] = None, max_batch: int = 256, linger_s: float = 0.002,
-                 max_posts_in_flight: int = 8, timeout_s: float = 600.0):
+                 max_posts_in_flight: int = 8, timeout_s: float = 600.0,
+                 stall_window_s: float = constants.STALL_WINDOW_S):
         self.url = url.rstrip("/")
         headers = {"authorization": f"Bearer {token}"} if token else {}
+        # The read timeout bounds one batch's POST (work queued on a busy node may take minutes); silence is the
+        # watchdog's business, within stall_window_s.
         self._client = httpx.AsyncClient(base_url=self.url, headers=headers,
                                          timeout=httpx.Timeout(timeout_s, connect=10.0))
         self._max_batch = max_batch
         self._linger_s = linger_s
+        self._stall_window_s = stall_window_s
         self._posts = asyncio.Semaphore(max_posts_in_flight)
-        self._pending: list[tuple[dict, asyncio.Future]] = []
+        self._pending: list[tuple[bytes, asyncio.Future]] = []
         self._timer: Optional[asyncio.TimerHandle] = None
         self._tasks: set[asyncio.Task] = set()
+        self._open: set[asyncio.Future] = set()          # every call not yet answered, queued or posted
+        self._watchdog: Optional[asyncio.Task] = None
+        self._silent: Optional[NodeDown] = None
         self.name = "?"
         self.info: dict = {}
 
@@ -43,14 +61,21 @@ class RemoteNode(Node):
             raise ForgeError(f"node at {self.url} answered {r.status_code}: {r.text[:200]}")
         self.info = r.json()
         self.name = self.info.get("node", "?")
+        self._watchdog = asyncio.ensure_future(self._watch())
         return self.info
 
     async def close(self) -> None:
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            await asyncio.gather(self._watchdog, return_exceptions=True)
         if self._timer:
             self._timer.cancel()
         self._flush()
-        if self._tasks:
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._tasks:     # answers on their way get a moment; a frozen node does not hold the exit for 600 s
+            _, late = await asyncio.wait(set(self._tasks), timeout=CLOSE_GRACE_S)
+            for task in late:
+                task.cancel()
+            await asyncio.gather(*late, return_exceptions=True)
         await self._client.aclose()
 
     async def stop(self) -> None:
@@ -63,6 +88,8 @@ class RemoteNode(Node):
         return Answer(gen, out.get("hidden"))
 
     async def _call(self, prompt, params: GenerateParams) -> dict:
+        if self._silent is not None:
+            raise self._silent
         item = {"prompt": prompt if isinstance(prompt, str) else list(prompt), "max_tokens": params.max_tokens,
                 "temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k,
                 "seed": params.seed, "embed": params.embed, "priority": params.priority}
@@ -70,8 +97,14 @@ class RemoteNode(Node):
             item["choice"] = list(params.choice)
         if params.json_schema is not None:
             item["json_schema"] = params.json_schema
+        try:    # encoded here, alone: an item that cannot travel fails its own call, never its batch
+            body = json.dumps(item, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode("utf-8")
+        except (TypeError, ValueError, RecursionError) as e:   # UnicodeEncodeError (a lone surrogate) is a ValueError
+            raise RequestRejected(f"the request cannot be sent to node {self.name}: {type(e).__name__}: {e}") from None
         fut = asyncio.get_running_loop().create_future()
-        self._pending.append((item, fut))
+        self._open.add(fut)
+        fut.add_done_callback(self._open.discard)
+        self._pending.append((body, fut))
         if len(self._pending) >= self._max_batch:
             self._flush()
         elif self._timer is None:
@@ -93,24 +126,79 @@ class RemoteNode(Node):
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
-    async def _post(self, batch: list[tuple[dict, asyncio.Future]]) -> None:
-        async with self._posts:
-            err: Optional[Exception] = None
-            for attempt in range(CONNECT_RETRIES):
-                try:
-                    r = await self._client.post("/v1/generate", json={"requests": [i for i, _ in batch]})
-                    if r.status_code == 200:
-                        for (_, fut), res in zip(batch, r.json()["results"]):
-                            if not fut.done():
-                                fut.set_result(res)
-                        return
-                    cls = NodeDown if r.status_code == 503 else ForgeError
-                    err = cls(f"node {self.name} answered {r.status_code}: {r.text[:200]}")
-                    if r.status_code not in (429, 503):
+    async def _post(self, batch: list[tuple[bytes, asyncio.Future]]) -> None:
+        err: BaseException = ForgeError(f"node {self.name}: the request failed")
+        try:
+            async with self._posts:
+                body = b'{"requests":[' + b",".join(b for b, _ in batch) + b"]}"
+                for attempt in range(CONNECT_RETRIES):
+                    if self._silent is not None:
+                        err = self._silent
                         break
-                except httpx.TransportError as e:
-                    err = NodeDown(f"node {self.name} at {self.url} is unreachable: {type(e).__name__}: {e}")
-                await asyncio.sleep(0.2 * 2**attempt)
+                    try:
+                        r = await self._client.post("/v1/generate", content=body,
+                                                    headers={"content-type": "application/json"})
+                    except httpx.TransportError as e:
+                        err = NodeDown(f"node {self.name} at {self.url} is unreachable: {type(e).__name__}: {e}")
+                    else:
+                        if r.status_code == 200:
+                            self._answer(batch, r)
+                            return
+                        cls = NodeDown if r.status_code == 503 else ForgeError
+                        err = cls(f"node {self.name} answered {r.status_code}: {r.text[:200]}")
+                        if r.status_code not in (429, 503):
+                            break
+                    await asyncio.sleep(0.2 * 2**attempt)
+        except asyncio.CancelledError:
+            err = self._silent or ForgeError(f"node {self.name}: the job stopped before the request was answered")
+            raise
+        except ForgeError as e:
+            err = e
+        except Exception as e:  # noqa: BLE001 - whatever went wrong, this batch's calls must end
+            err = ForgeError(f"node {self.name}: the request failed: {type(e).__name__}: {e}")
+        finally:
             for _, fut in batch:
                 if not fut.done():
-                    fut.set_exception(err or ForgeError("node request failed"))
+                    fut.set_exception(err)
+
+    def _answer(self, batch: list[tuple[bytes, asyncio.Future]], r: httpx.Response) -> None:
+        try:
+            results = r.json()["results"]
+            if not isinstance(results, list) or not all(isinstance(x, dict) for x in results):
+                raise TypeError("results is not a list of objects")
+        except (ValueError, KeyError, TypeError) as e:
+            raise ForgeError(f"node {self.name} sent a reply forge cannot read ({type(e).__name__}: {e})") from None
+        for (_, fut), res in zip(batch, results):
+            if not fut.done():
+                fut.set_result(res)
+        if len(results) != len(batch):      # the rest are failed by _post's finally
+            raise ForgeError(f"node {self.name} answered {len(results)} of {len(batch)} requests")
+
+    async def _watch(self) -> None:
+        """Probe /health while calls are open; silence for the stall window fails them all (NodeDown). Silence is
+        counted in this process's running time: a job stopped (Ctrl-Z) and woken does not blame the node for its
+        own absence (forge/runtime/awake.py)."""
+        clock = pause_clock()
+        last_heard = time.monotonic()
+        probe_timeout = max(1.0, min(10.0, self._stall_window_s / 3))
+        while True:
+            await asyncio.sleep(min(PROBE_INTERVAL_S, self._stall_window_s / 4))
+            if not self._open:
+                last_heard = time.monotonic()         # nothing waits on the node: nothing to notice
+                continue
+            wait_s = min(probe_timeout, max(self._stall_window_s - clock.awake_since(last_heard), 0.1))
+            try:    # bounded here (whatever the transport does), and never past the end of the window
+                await asyncio.wait_for(self._client.get("/health", timeout=probe_timeout), wait_s)
+                last_heard = time.monotonic()         # any answer, even an error status, is a node alive
+            except (httpx.HTTPError, asyncio.TimeoutError):
+                pass
+            silent_s = clock.awake_since(last_heard)
+            if silent_s >= self._stall_window_s:
+                self._silent = NodeDown(f"node {self.name} at {self.url} has answered nothing for {silent_s:.0f} s "
+                                        "(frozen, stopped or unreachable)")
+                for task in list(self._tasks):
+                    task.cancel()
+                for fut in list(self._open):
+                    if not fut.done():
+                        fut.set_exception(self._silent)
+                return

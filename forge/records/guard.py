@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from pathlib import Path
 from typing import Optional
 
@@ -51,8 +52,6 @@ def require_regular_or_absent(path: Path, what: str) -> None:
         return
     except OSError as e:
         raise ForgeError(f"{display_path(path)}: cannot use it as {what}: {e.strerror}") from None
-    import stat
-
     if not stat.S_ISREG(st.st_mode):
         raise ForgeError(f"{display_path(path)}: {what} exists and is not a regular file; "
                          "forge never writes over a file it did not write: choose another path")
@@ -107,8 +106,6 @@ def report_overwrite_problem(path: Path, *, kind: str) -> Optional[str]:
         return None
     except OSError as e:
         return f"{display_path(path)}: {e.strerror}"
-    import stat
-
     if not stat.S_ISREG(st.st_mode):
         return f"{display_path(path)} exists and is not a regular file"
     try:

@@ -110,3 +110,15 @@ def jsonl_to_parquet(staging: str | os.PathLike, target: str | os.PathLike) -> i
     finally:
         os.close(dir_fd)
     return rows
+
+
+def iter_index_column(path: str | os.PathLike) -> Iterator[tuple[list[int], list[bool]]]:
+    """A forge Parquet output's (indices, is_error) in row batches (rebuilding a lost ledger from it)."""
+    pa, pq = _arrow()
+    try:
+        f = pq.ParquetFile(path)
+        for batch in f.iter_batches(batch_size=_BATCH_ROWS, columns=["index", "error_type"]):
+            cols = batch.to_pydict()
+            yield cols["index"], [e is not None for e in cols["error_type"]]
+    except (OSError, pa.ArrowException, KeyError) as e:
+        raise ForgeError(f"{display_path(path)}: cannot read its index column: {e}") from None

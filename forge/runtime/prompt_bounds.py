@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 from forge.errors import RequestRejected
+from forge.functions.api import prompt_problem
 
 OFF_LOOP_CHARS = 16_384          # longer text prompts are tokenized in a worker thread
 FALLBACK_TOKEN_CHARS = 64        # for a tokenizer that does not show its vocabulary
@@ -44,8 +45,6 @@ def check_text_prompt(prompt: str, limit_chars: int, node: str) -> None:
         raise RequestRejected(f"prompt has {len(prompt):,} characters; no prompt of more than {limit_chars:,} "
                               f"characters fits a card on node {node} (max_input_len x the longest token of "
                               f"its tokenizer); refused before tokenizing")
-    try:
-        prompt.encode("utf-8")
-    except UnicodeEncodeError as e:
-        raise RequestRejected(f"prompt is not valid Unicode text: character {e.start} is "
-                              f"{prompt[e.start]!r} ({e.reason})") from None
+    why = prompt_problem(prompt)        # one wording for every edge that takes a prompt
+    if why is not None:
+        raise RequestRejected(why)

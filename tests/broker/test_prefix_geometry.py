@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from forge.broker import BrokerCore
 from forge.broker.geometry import FitTable, LengthBuckets, grouping_view
-from forge.broker.prefix import BlockMirror, BoundedLRU, chain_hashes
+from forge.prefix_blocks import BlockMirror, BoundedLRU, chain_hashes
 
 from .helpers import fits, geom, req
 

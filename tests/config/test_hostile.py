@@ -100,3 +100,22 @@ def test_timestamps_stay_strings(write, tmp_path, monkeypatch):
     from forge.config.yamlsafe import load_yaml
 
     assert load_yaml("when: 2024-01-02\n") == {"when": "2024-01-02"}
+
+
+def test_a_bounded_alias_bomb_in_a_closed_field_is_described_not_quoted(write, tmp_path, monkeypatch):
+    """65,536 values once expanded (under the loader's bound): refused with a short line, in bounded CPU. It was
+    quoted whole in the message (and compared by difflib with every choice), which the --long fuzz run timed."""
+    import yaml
+
+    bomb = "&a0 [lol, lol, lol, lol]"
+    for i in range(1, 8):                  # each level defined inline, then aliased: 4**8 values once expanded
+        bomb = f"&a{i} [{bomb}, *a{i - 1}, *a{i - 1}, *a{i - 1}]"
+    contract = trt_contract(**{"precision.weights": "PLACEHOLDER"})
+    write("c.yaml", yaml.safe_dump(contract, width=10**6).replace("weights: PLACEHOLDER", f"weights: {bomb}"))
+    monkeypatch.chdir(tmp_path)
+    c0 = time.process_time()
+    loaded = load_paths(["c.yaml"])
+    assert time.process_time() - c0 < 2.0
+    mine = [p for p in loaded.problems if p.path == "$.precision.weights"]
+    assert mine and all(len(p.render()) < 200 for p in mine), [p.render()[:300] for p in mine]
+    assert any("unknown value: got a list (expected one of: fp32, bf16, fp16, fp8, int4)" in p.message for p in mine)

@@ -3,6 +3,7 @@ import json
 
 import pytest
 
+from forge.constants import EXIT_ERROR_ROWS, EXIT_INCOMPLETE
 from tests.e2e.helpers import REPO, forge, read_output, write_records
 
 pytestmark = pytest.mark.engine
@@ -55,7 +56,7 @@ def test_bad_records_become_error_rows_and_the_run_goes_on(tmp_path):
     ])
     out = tmp_path / "out.jsonl"
     r = forge("run", "tests/e2e/fixtures/short.py", "--input", inp, "--output", out)
-    assert r.returncode == 0, r.stderr
+    assert r.returncode == EXIT_ERROR_ROWS, r.stderr      # complete, with error rows
     rows = {row["index"]: row for row in read_output(out)}
     assert sorted(rows) == list(range(8))
     assert "result" in rows[0] and "result" in rows[7]
@@ -127,7 +128,7 @@ def test_a_node_whose_engine_dies_stops_the_run_and_the_rerun_resumes(tmp_path):
     out = tmp_path / "out.jsonl"
     r = forge("run", "tests/e2e/fixtures/short.py", "--node", "tests/e2e/fixtures/crashing/node.yaml",
               "--input", inp, "--output", out, "--concurrency", "4")
-    assert r.returncode == 1, r.stderr
+    assert r.returncode == EXIT_INCOMPLETE, r.stderr
     assert "no engine can work" in r.stderr and "resume" in r.stderr and "Traceback" not in r.stderr
     first = read_output(out)
     assert all("result" in row for row in first)          # no error rows for records the node never ran

@@ -29,12 +29,13 @@ def test_a_result_that_cannot_be_serialised_is_counted_failed(tmp_path):
     out = tmp_path / "out.jsonl"
     r = forge("run", FIXTURES / "unserialisable.py", "--node", NODES / "instant.yaml", "--input", inp,
               "--output", out, "--progress", "off")
-    assert r.returncode == 0, r.message
+    assert r.returncode == 3, r.message                  # complete, with error rows
     rows = {row["index"]: row for row in read_rows(out)}
     assert all(rows[i]["error"]["type"] == "SerializationError" for i in range(1, 10, 2))
     assert ": 5 done, 5 failed," in r.message, r.message
     report = json.loads(out.with_name("out.jsonl.report.json").read_text())
     assert (report["summary"]["records_done"], report["summary"]["records_failed"]) == (5, 5)
+    assert (report["summary"]["error_rows"], report["summary"]["exit"]) == (5, 3)
     run = report["series"]["run"]
     assert run["producer_queue"][-1] == 0 and run["writer_queue"][-1] == 0      # read and written: queues empty
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from forge.constants import EXIT_ERROR_ROWS, EXIT_INCOMPLETE, EXIT_OK
 from tests.reliability._rel import (ECHO, FUNCTIONS, NODES, assert_complete, assert_no_traceback, ledger_summary,
                                     read_rows, record_figures, resume_report, run_argv, start, write_echo_input)
 
@@ -31,20 +32,20 @@ def _run(tmp: Path, node, *, n: int = 2000, target=ECHO, report: bool = False, e
     rc = proc.wait(timeout=timeout_s)
     text = err.read_text()
     assert_no_traceback(text)
-    report_data = json.loads(out.with_name(out.name + ".report.json").read_text()) if report and rc in (0, 1) else None
+    report_data = json.loads(out.with_name(out.name + ".report.json").read_text()) if report and rc in (EXIT_OK, EXIT_ERROR_ROWS, EXIT_INCOMPLETE) else None
     return inp, out, rc, text, time.monotonic() - t0, report_data
 
 
 def _finish_on_healthy_node(tmp: Path, inp: Path, out: Path, n: int, target=ECHO) -> dict:
     _, _, rc, text, _, _ = _run(tmp, NODES / "instant.yaml", inp=inp, target=target, name="resume")
-    assert rc == 0, text
+    assert rc == (EXIT_ERROR_ROWS if target == ECHO else EXIT_OK), text      # echo fails id % 97 == 13 on purpose
     ledger = assert_complete(out, out.with_name(out.name + ".ledger.sqlite"), n)
     return {"report": resume_report(text), "ledger": ledger}
 
 
 def test_engine_crash_mid_run_stops_with_one_line_and_resumes(tmp_path):
     inp, out, rc, text, took, _ = _run(tmp_path, NODES / "crash.yaml")
-    assert rc == 1, text
+    assert rc == EXIT_INCOMPLETE, text
     last = text.strip().splitlines()[-1]
     assert last.startswith("forge: stopped: node crash: no engine can work (cpu0: engine failed: injected crash "
                            "after 300 results)") and RESUME_MESSAGE in last, text
@@ -60,7 +61,7 @@ def test_engine_crash_mid_run_stops_with_one_line_and_resumes(tmp_path):
 
 def test_engine_refusals_are_retried_with_backoff(tmp_path):
     inp, out, rc, text, took, rep = _run(tmp_path, NODES / "refuse.yaml", report=True)
-    assert rc == 0, text
+    assert rc == EXIT_ERROR_ROWS, text
     card = rep["cards"][0]
     assert card["admission_refusals"] == 5 and card["retries"] == 5
     assert_complete(out, out.with_name(out.name + ".ledger.sqlite"), 2000)
@@ -72,10 +73,10 @@ def _slowdown(tmp_path, fast_node, slow_node, n: int, env_extra=None, timeout_s:
     base = tmp_path / "baseline"
     base.mkdir()
     _, _, rc0, text0, _, rep0 = _run(base, fast_node, n=n, report=True, env_extra=env_extra, timeout_s=timeout_s)
-    assert rc0 == 0, text0
+    assert rc0 == EXIT_ERROR_ROWS, text0
     inp, out, rc, text, took, rep = _run(tmp_path, slow_node, n=n, report=True, env_extra=env_extra,
                                          timeout_s=timeout_s)
-    assert rc == 0, text
+    assert rc == EXIT_ERROR_ROWS, text
     assert_complete(out, out.with_name(out.name + ".ledger.sqlite"), n)
     card = rep["cards"][0]
     assert card["stalls"] == 0 and card["requests"]["requeued"] == 0      # slow is not mistaken for stalled
@@ -106,7 +107,7 @@ def test_real_tiny_engine_that_slows_down(tmp_path):
 
 def test_engine_that_freezes_for_a_while_recovers_without_loss(tmp_path):
     inp, out, rc, text, took, rep = _run(tmp_path, NODES / "freeze-brief.yaml", report=True)
-    assert rc == 0, text
+    assert rc == EXIT_ERROR_ROWS, text
     assert_complete(out, out.with_name(out.name + ".ledger.sqlite"), 2000)
     assert rep["summary"]["wall_s"] >= 1.5
     record_figures("fault-freeze-brief", exit_code=rc, freeze_s=1.5, wall_s=round(rep["summary"]["wall_s"], 2),
@@ -141,7 +142,7 @@ def test_engine_that_freezes_for_good_is_taken_back_then_the_node_stops(tmp_path
     rc, stats = asyncio.run(main())
     took = time.monotonic() - t0
     err = capsys.readouterr().err
-    assert rc == 1, err
+    assert rc == EXIT_INCOMPLETE, err
     assert "no engine can work (cpu0: wedged)" in err and RESUME_MESSAGE in err, err
     (card,) = stats
     assert card.stalls >= 1 and card.progress_only_steps >= 1 and card.requests_requeued >= 1
@@ -158,7 +159,7 @@ def test_engine_that_freezes_for_good_is_taken_back_then_the_node_stops(tmp_path
 @pytest.mark.timeout(600)
 def test_engine_that_freezes_for_good_cli_default_stall_window(tmp_path):
     inp, out, rc, text, took, _ = _run(tmp_path, NODES / "freeze.yaml", timeout_s=500)
-    assert rc == 1, text
+    assert rc == EXIT_INCOMPLETE, text
     assert "no engine can work (cpu0: wedged)" in text and RESUME_MESSAGE in text, text
     _finish_on_healthy_node(tmp_path, inp, out, 2000)
     record_figures("fault-freeze-forever-cli", exit_code=rc, stop_s=round(took, 1), stall_window_s=30)
@@ -170,7 +171,7 @@ def test_engine_that_freezes_for_good_cli_default_stall_window(tmp_path):
 def test_real_tiny_engine_crash_mid_run(tmp_path):
     inp, out, rc, text, took, _ = _run(tmp_path, NODES / "real-crash.yaml", n=300, timeout_s=300,
                                        env_extra={"FORGE_TEST_MAX_TOKENS": "4"})
-    assert rc == 1, text
+    assert rc == EXIT_INCOMPLETE, text
     assert "injected crash after 60 results" in text and RESUME_MESSAGE in text, text
     assert sum("result" in r for r in read_rows(out)) == 60
     _finish_on_healthy_node(tmp_path, inp, out, 300)
@@ -179,7 +180,7 @@ def test_real_tiny_engine_crash_mid_run(tmp_path):
 
 def test_user_code_that_exits_fails_only_its_records(tmp_path):
     inp, out, rc, text, took, _ = _run(tmp_path, NODES / "instant.yaml", n=500, target=FUNCTIONS / "exits.py")
-    assert rc == 0, text
+    assert rc == EXIT_ERROR_ROWS, text
     rows = {r["index"]: r for r in read_rows(out)}
     assert sorted(rows) == list(range(500))
     kinds = {3: "SystemExit", 5: "KeyboardInterrupt", 7: "Escape"}

@@ -12,6 +12,7 @@ import uuid
 
 import pytest
 
+from forge.constants import EXIT_ERROR_ROWS, EXIT_INCOMPLETE
 from tests.reliability._rel import (ECHO, assert_complete, assert_no_traceback, ledger_summary,
                                     record_figures, resume_report, run_argv, start, write_echo_input)
 
@@ -42,13 +43,13 @@ def test_full_tmpfs_stops_the_run_cleanly_and_a_rerun_completes(tmp_path):
         proc = start(run_argv(ECHO, inp, out), stderr_path=tmp_path / "full.err")
         rc = proc.wait(timeout=60)
         last = _one_line_failure((tmp_path / "full.err").read_text())
-        assert rc == 1, last
+        assert rc == EXIT_INCOMPLETE, last
         assert ("out.jsonl: cannot write the output: No space left on device" in last
                 or "ledger write failed: database or disk is full" in last), last
         written = out.read_bytes().count(b"\n")        # complete lines; a torn tail may follow
         subprocess.run(["mount", "-o", "remount,size=64m", str(disk)], check=True)
         proc = start(run_argv(ECHO, inp, out), stderr_path=tmp_path / "resume.err")
-        assert proc.wait(timeout=60) == 0, (tmp_path / "resume.err").read_text()
+        assert proc.wait(timeout=60) == EXIT_ERROR_ROWS, (tmp_path / "resume.err").read_text()   # echo fails some
         report = resume_report((tmp_path / "resume.err").read_text())
         summary = assert_complete(out, disk / "out.jsonl.ledger.sqlite", N)
         record_figures("full-disk-tmpfs", size="256 KiB", exit_code=rc, message=last.split(": ", 1)[1],
@@ -71,12 +72,12 @@ def test_file_size_limit_stops_the_run_cleanly_and_a_rerun_completes(tmp_path):
     proc = start(run_argv(ECHO, inp, out), stderr_path=tmp_path / "full.err", preexec_fn=_limit_file_size(300_000))
     rc = proc.wait(timeout=60)
     last = _one_line_failure((tmp_path / "full.err").read_text())
-    assert rc == 1, last
+    assert rc == EXIT_INCOMPLETE, last
     assert ("cannot write the output: File too large" in last or "ledger write failed" in last), last
     written = out.read_bytes().count(b"\n")
     ledger = ledger_summary(out.with_name(out.name + ".ledger.sqlite"))
     proc = start(run_argv(ECHO, inp, out), stderr_path=tmp_path / "resume.err")
-    assert proc.wait(timeout=60) == 0, (tmp_path / "resume.err").read_text()
+    assert proc.wait(timeout=60) == EXIT_ERROR_ROWS, (tmp_path / "resume.err").read_text()   # echo fails some
     report = resume_report((tmp_path / "resume.err").read_text())
     summary = assert_complete(out, out.with_name(out.name + ".ledger.sqlite"), N)
     record_figures("full-disk-rlimit", limit_bytes=300_000, exit_code=rc, message=last.split(": ", 1)[1],

@@ -15,6 +15,7 @@ from forge.errors import ForgeError
 from forge.functions.loader import load_function
 from forge.functions.runner import error_row
 from forge.records.writer import encode_error, encode_result
+from forge.constants import EXIT_ERROR_ROWS
 from tests.reliability._rel import (FUNCTIONS, NODES, assert_complete, assert_no_traceback, forge, read_rows,
                                     record_figures)
 
@@ -146,7 +147,7 @@ def test_a_function_failing_every_way_fails_only_its_records(tmp_path):
     out = tmp_path / "out.jsonl"
     r = forge("run", FUNCTIONS / "raises.py", "--node", NODES / "instant.yaml", "--input", inp, "--output", out,
               "--progress", "off", "--no-report")
-    assert r.returncode == 0, r.stderr
+    assert r.returncode == EXIT_ERROR_ROWS, r.stderr           # complete; every failing record is an error row
     assert_no_traceback(r.stderr)
     assert_complete(out, out.with_name(out.name + ".ledger.sqlite"), n)
     for row in read_rows(out):

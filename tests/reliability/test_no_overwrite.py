@@ -54,11 +54,11 @@ def test_an_unrelated_file_or_a_symlinks_target_is_never_overwritten(tmp_path, r
 def test_another_runs_output_is_replaced_only_with_restart(tmp_path):
     inp = write_echo_input(tmp_path / "in.jsonl", N)
     out = tmp_path / "out.jsonl"
-    r = _run(inp, out, "--ledger", tmp_path / "first.sqlite")
-    assert r.returncode == 0, r.stderr
-    _refused(inp, out, out, pattern="already holds 40 rows but its ledger")      # its own ledger is elsewhere
+    r = _run(inp, out, "--ledger", tmp_path / "first.sqlite", "--max-errors", "0")    # stops at record 13
+    assert r.returncode == 4, r.stderr
+    _refused(inp, out, out, pattern="rows but its ledger")         # its own ledger is elsewhere: not this run's
     r = _run(inp, out, "--restart")
-    assert r.returncode == 0, r.stderr
+    assert r.returncode == 3, r.stderr                               # complete; echo fails record 13 on purpose
 
 
 @pytest.mark.parametrize("restart", [[], ["--restart"]])

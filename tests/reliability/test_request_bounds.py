@@ -11,7 +11,7 @@ import pytest
 
 from forge.errors import RequestRejected
 from forge.functions.api import GenerateParams
-from tests.reliability._rel import assert_complete, assert_no_traceback, forge
+from tests.reliability._rel import assert_complete, assert_no_traceback, forge, record_figures
 
 BAD = [
     (dict(top_k=2**31), "top_k must be an int in [0, 2**31 - 1]"),
@@ -154,3 +154,37 @@ def test_top_k_2_to_the_31_fails_one_record_of_200_on_the_real_engine(tmp_path):
     assert rows[117]["error"]["type"] == "RequestRejected" and "top_k" in rows[117]["error"]["message"]
     assert all(rows[i]["result"]["id"] == i for i in rows if i != 117)
     assert_complete(out, tmp_path / "out.jsonl.ledger.sqlite", 200)
+    record_figures("top-k-2-31-real", records=200, error_rows=1, results=199, exit_code=r.returncode,
+                   message=rows[117]["error"]["message"])
+
+
+# --- a provisioned node, over HTTP -----------------------------------------------------------------------------
+@pytest.mark.engine
+def test_a_prompt_no_tokenizer_takes_fails_its_item_at_the_nodes_edge(tmp_path):
+    """`forge provision` of the real tiny model; raw JSON to its /v1/generate (a client other than forge deploy,
+    which refuses such a prompt before sending). A lone surrogate, or token ids past int32, is that item's
+    RequestRejected with the prompt's problem; the rest of the batch is answered, the node serves on. (i13's node
+    answered the whole batch 500: the prompt reached the tokenizer.)"""
+    import httpx
+
+    from forge.embedded import default_node_path
+    from tests.reliability.test_security import Node
+
+    node = Node(tmp_path, default_node_path())
+    try:
+        body = (b'{"requests": [{"prompt": "a\\ud800b", "max_tokens": 2}, {"prompt": "Alice", "max_tokens": 2},'
+                b' {"prompt": [1, 2, 2147483648], "max_tokens": 2}, {"prompt": "\\udfff", "max_tokens": 2,'
+                b' "embed": true}]}')
+        r = httpx.post(node.local + "/v1/generate", content=body, headers={"content-type": "application/json"},
+                       timeout=120)
+        assert r.status_code == 200, r.text
+        surrogate, good, ids, embed = r.json()["results"]
+        assert surrogate["error"] == {"type": "RequestRejected", "message": "prompt is not valid Unicode text: "
+                                      "a lone surrogate (U+D800) at character 1"}, surrogate
+        assert good["output_tokens"] == 2 and good["finish_reason"] == "length", good
+        assert ids["error"]["type"] == "RequestRejected" and "prompt token 2 is 2147483648" in ids["error"]["message"]
+        assert embed["error"]["type"] == "RequestRejected" and "U+DFFF" in embed["error"]["message"], embed
+        assert httpx.get(node.local + "/health", timeout=30).json()["status"] == "ok"
+    finally:
+        assert node.stop() == 0
+    assert_no_traceback(node.err.read_text())

@@ -61,7 +61,7 @@ def test_huge_prompt_is_refused_before_tokenizing_and_stalls_nobody(served):
 def test_invalid_unicode_prompt_is_a_400(served):
     body = b'{"model": "%s", "prompt": "a\\ud800b", "max_tokens": 2}' % MODEL.encode()
     r = httpx.post(served.url + "/v1/completions", content=body, headers={"content-type": "application/json"})
-    assert r.status_code == 400 and "not valid Unicode text: character 1" in r.json()["error"]["message"], r.text
+    assert r.status_code == 400 and "not valid Unicode text: a lone surrogate (U+D800) at character 1" in r.json()["error"]["message"], r.text
     body = b'{"model": "%s", "messages": [{"role": "user", "content": "\\udfff"}]}' % MODEL.encode()
     r = httpx.post(served.url + "/v1/chat/completions", content=body, headers={"content-type": "application/json"})
     assert r.status_code == 400 and "not valid Unicode" in r.json()["error"]["message"], r.text
