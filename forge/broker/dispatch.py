@@ -63,8 +63,8 @@ class Balancer:
         sample = tokens / (elapsed_s * occupancy)
         # Bias-corrected, not seeded with the first sample: deliveries are counted when requests finish, so a
         # card's first sample (from the moment it got work to its first answer) reads a fraction of its speed.
-        # Taken as is, it stayed for half-lives: a 3x slower card read 10x slower for most of a 3 s run, the
-        # finishing-time rule left it idle, and the fast card took 80 % (forge bench scaling, docs/broker.md).
+        # Taken as is, it stayed for half-lives: cards at 3:1 were weighed 8:1 a second into a 4 s run, the
+        # finishing-time rule starved the slow one, and the fast card took 80 % (forge bench scaling, docs/broker.md).
         alpha = -math.expm1(-LN2 * elapsed_s / self.half_life_s)      # 1 - 0.5 ** (elapsed / half-life)
         self._ewma[i] += alpha * (sample - self._ewma[i])
         self._mass[i] += alpha * (1.0 - self._mass[i])
