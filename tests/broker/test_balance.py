@@ -90,9 +90,9 @@ def test_throughput_estimate_is_an_ewma_of_deliveries():
 def test_a_first_delivery_that_reads_low_does_not_stay():
     """Deliveries are counted as requests finish: a card's first one (from the moment it got a full batch to
     its first answer) reads a fraction of its speed. forge bench scaling's 3:1 cell (instant cards at 4 and 12
-    ms per step): the slow card's first sample read 646 tokens/s where it delivered ~10,000; seeded with it, the
-    5 s EWMA still read ~1,100 a second later, the finishing-time rule stopped giving it work long before the
-    end, and the fast card took 80 % of the tokens where its speed share was 73 %."""
+    ms per step): the slow card's first sample read 646 tokens/s while it delivered ~8,600; seeded with it, the
+    5 s EWMA read 1,103 half a second later, the finishing-time rule stopped giving it work long before the
+    end, and on the device the fast card took 80 % of the tokens where its speed share was 73 %."""
     core = BrokerCore([geom("fast", slots=32), geom("slow", slots=32)])
     core.record_delivery("fast", 3000, 0.1)                      # a pipeline fill at each card's start, then
     core.record_delivery("slow", 120, 0.19)                      # 50 deliveries over 1 s at 30,000 and 10,000
