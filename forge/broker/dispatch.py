@@ -4,12 +4,14 @@ Work is counted in tokens (prompt + max_new_tokens), the same unit engines repor
 an engine's load divided by its measured tokens/s reads as "seconds of work it holds"."""
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 from forge.broker.types import EngineGeometry
 
 DEFAULT_SPEED_HALF_LIFE_S = 5.0     # a delivery sample this old weighs half as much in the speed EWMA
 DEFAULT_TAIL_SLACK = 0.25           # tail: defer to an engine only if it finishes > 25 % sooner
+LN2 = math.log(2.0)
 
 
 class Balancer:
@@ -33,6 +35,10 @@ class Balancer:
         self.tail_slack = tail_slack
         self.half_life_s = half_life_s
         self.rate: list = [None] * n            # EWMA of delivered tokens/s, None until measured
+        # The EWMA starts at 0 and is divided by the weight it has gathered (1 - 0.5 ** (measured s / half-life)):
+        # early on it is the time-weighted mean of the samples so far, not the first sample alone.
+        self._ewma = [0.0] * n
+        self._mass = [0.0] * n
         self.healthy = [True] * n
         self.out_work = [0] * n                 # tokens of work taken and not yet done
         self.out_n = [0] * n
@@ -55,12 +61,14 @@ class Balancer:
             return
         occupancy = min(1.0, max(occupancy, 1.0 / self.slots[i]))     # busy means at least one slot
         sample = tokens / (elapsed_s * occupancy)
-        old = self.rate[i]
-        if old is None:
-            self.rate[i] = sample
-        else:
-            alpha = 1.0 - 0.5 ** (elapsed_s / self.half_life_s)
-            self.rate[i] = old + alpha * (sample - old)
+        # Bias-corrected, not seeded with the first sample: deliveries are counted when requests finish, so a
+        # card's first sample (from the moment it got work to its first answer) reads a fraction of its speed.
+        # Taken as is, it stayed for half-lives: cards at 3:1 were weighed 8:1 a second into a 4 s run, the
+        # finishing-time rule starved the slow one, and the fast card took 80 % (forge bench scaling, docs/broker.md).
+        alpha = -math.expm1(-LN2 * elapsed_s / self.half_life_s)      # 1 - 0.5 ** (elapsed / half-life)
+        self._ewma[i] += alpha * (sample - self._ewma[i])
+        self._mass[i] += alpha * (1.0 - self._mass[i])
+        self.rate[i] = self._ewma[i] / self._mass[i] if self._mass[i] > 0 else sample
         self._refresh()
 
     def set_healthy(self, i: int, healthy: bool) -> None:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
+from typing import Optional
 
 from forge.broker import BrokerCore, BrokerRequest, EngineGeometry
 
@@ -48,15 +49,24 @@ class SimEngine:
     inflight: list = field(default_factory=list)   # [request, remaining work, blocks]
     done: list = field(default_factory=list)
     healthy: bool = True
+    since: Optional[float] = None        # at_completion: start of the interval the next delivery report covers
+    tokens: float = 0.0                  # work finished in that interval
+    area: float = 0.0                    # busy slots x ticks in it
 
 
 def simulate(core: BrokerCore, engines: list[SimEngine], reqs: list[BrokerRequest], *, feed_per_tick: int = 0,
-             in_system: int = 0, max_ticks: int = 1_000_000) -> int:
+             in_system: int = 0, max_ticks: int = 1_000_000, at_completion: bool = False) -> int:
     """Discrete time: each slot of an engine progresses speed/slots tokens per tick (a decode-bound batcher: a
     half-full engine delivers half its speed); finished requests are reported (on_done, and record_delivery
     with the share of slots that were busy); an engine with free slots calls take. Returns the makespan in
     ticks. Arrivals: everything up front; or feed_per_tick a tick (while the broker has room); or a closed
-    loop keeping `in_system` requests pending or in flight (as `forge run --concurrency` does)."""
+    loop keeping `in_system` requests pending or in flight (as `forge run --concurrency` does).
+
+    at_completion: an engine as the CPU-bound instant one (a token budget per step; forge/engines/instant_steps.py)
+    with deliveries reported as the admission runtime reports them (forge/host/progress.py). Its speed is
+    shared by the requests it holds, so a part-full engine delivers its full speed and divided by occupancy
+    reads faster than it is; and a report carries the whole work of the requests that finished over the busy
+    time since the last report, so a batch's first (its pipeline fill) reads a fraction of its speed."""
     todo = list(reversed(reqs))
     if not feed_per_tick and not in_system:
         while todo:
@@ -74,8 +84,8 @@ def simulate(core: BrokerCore, engines: list[SimEngine], reqs: list[BrokerReques
             g = e.geom
             if not e.healthy:
                 continue
-            rate = e.speed / g.max_batch_size
             busy = len(e.inflight)
+            rate = e.speed / (busy if at_completion and busy else g.max_batch_size)
             delivered = 0.0
             still = []
             for item in e.inflight:
@@ -89,7 +99,16 @@ def simulate(core: BrokerCore, engines: list[SimEngine], reqs: list[BrokerReques
                 else:
                     still.append(item)
             e.inflight = still
-            if delivered:
+            if at_completion:
+                if busy and e.since is None:
+                    e.since = float(tick)
+                e.tokens += sum(work(r, g) for r in e.done[len(e.done) - (busy - len(still)):])
+                e.area += busy
+                if busy > len(still):
+                    span = tick + 1 - e.since
+                    core.record_delivery(g.engine_id, int(e.tokens), span, e.area / span / g.max_batch_size)
+                    e.since, e.tokens, e.area = (float(tick + 1) if still else None), 0.0, 0.0
+            elif delivered:
                 core.record_delivery(g.engine_id, int(round(delivered)), 1.0, busy / g.max_batch_size)
             free = g.max_batch_size - len(e.inflight)
             used = sum(it[2] for it in e.inflight)

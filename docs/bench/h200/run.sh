@@ -176,6 +176,15 @@ for n in ('node-llama-1p5b', 'node-llama-8b', 'node-llama-1p5b-small-pool'):
       --card-transport process ;;
   scaling-cpu-1)   # the scaling harness, one repeat (fits beside mixed-1p5b-df in one call)
     stage scaling-cpu-1 240 $F bench scaling --repeat 1 --out "$R/scaling-cpu" ;;
+  # issue 14, shares at 3:1 after the bias-corrected speed EWMA (docs/benchmarks.md "Shares at 3:1"): the 3:1 cell
+  # (with N = 1 beside it, which the harness always runs), worker processes, three interleaved repeats; then the
+  # same with 2,400 records a card (a together window of ~11 s, two half-lives of the speed EWMA)
+  scaling-3to1)
+    stage scaling-3to1 200 $F bench scaling --cards 1 --transports process --repeat 3 --control-plane-records 1000 \
+      --out "$R/scaling-3to1" ;;
+  scaling-3to1-long)
+    stage scaling-3to1-long 300 $F bench scaling --cards 1 --transports process --repeat 2 --records 2400 \
+      --control-plane-records 1000 --out "$R/scaling-3to1-long" ;;
   # issue 16, the last call: the new tiers (the sweep's CUDA graphs; replicas 2) against the shipped ones through
   # forge, interleaved in one process
   final-8b)
@@ -193,4 +202,4 @@ echo "=== summary"
 for f in "$R"/*/bench.md "$R"/*/sweep.md "$R"/*/compare.md; do
   [ -f "$f" ] && { echo "--- $f"; grep -A3 "^| forge ÷\|^\*\*Best\|^\*\*Winner\|^Confirm\|^| tier" "$f"; }; done
 for f in "$R"/cards-*/bench.md; do [ -f "$f" ] && { echo "--- $f"; grep -A1 "^together ÷ Σ alone" "$f"; }; done
-[ -f "$R/scaling-cpu/scaling.md" ] && { echo "--- scaling"; sed -n '/^## Equal/,$p' "$R/scaling-cpu/scaling.md"; }
+for f in "$R"/scaling-*/scaling.md; do [ -f "$f" ] && { echo "--- $f"; sed -n '/^## Equal/,$p' "$f"; }; done
