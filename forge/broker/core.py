@@ -185,6 +185,16 @@ class BrokerCore:
         if i is not None:
             self._bal.finished(i, self._entries.pop(rid).work)
 
+    def on_done_many(self, engine_id: str, reqs: Sequence[BrokerRequest]) -> None:
+        """on_done for each of `reqs`, the engine looked up once."""
+        self._engine(engine_id)            # an unknown engine is refused as in on_done
+        where, entries, finished = self._where, self._entries, self._bal.finished
+        for req in reqs:
+            rid = req.request_id
+            i = where.pop(rid, None)
+            if i is not None:
+                finished(i, entries.pop(rid).work)
+
     def record_delivery(self, engine_id: str, tokens: int, elapsed_s: float, occupancy: float = 1.0) -> None:
         """Tokens (input + output) the engine delivered over the last `elapsed_s` seconds of work, with
         `occupancy` (0..1): the mean share of its slots or KV blocks (whichever was fuller) in use over them,

@@ -27,8 +27,8 @@ class Broker:
         """Queue `req`, waiting while the broker is full. NoEngineFits and BrokerClosed are raised at
         once; QueueFull if it is still full after `timeout_s` (None: wait as long as it takes)."""
         self._refuse_if_closed()
-        self.core.check(req)
         if not self.core.has_room():
+            self.core.check(req)           # refused before waiting; with room, add() refuses it the same way
             await self._wait_for_room(timeout_s)
         self.core.add(req)
         self._wake_takers()
@@ -102,6 +102,12 @@ class Broker:
         self.core.on_done(engine_id, req)
         if self.core.pending():
             self._wake_takers()        # loads changed: a tail cap or an affinity bound may have lifted
+
+    def on_done_many(self, engine_id: str, reqs: Sequence[BrokerRequest]) -> None:
+        """on_done for each of `reqs` (one link's collect), waking the takers once."""
+        self.core.on_done_many(engine_id, reqs)
+        if self.core.pending():
+            self._wake_takers()
 
     def record_delivery(self, engine_id: str, tokens: int, elapsed_s: float, occupancy: float = 1.0) -> None:
         self.core.record_delivery(engine_id, tokens, elapsed_s, occupancy)

@@ -25,8 +25,10 @@ class BrokerRequest:
         if self.max_new_tokens < 0:
             raise ValueError(f"request {self.request_id}: max_new_tokens must be >= 0, got {self.max_new_tokens}")
         # Prefix hashing slices prompts and hashes the slices, which needs tuples; convert once here.
-        if any(type(v) is not tuple for v in self.prompts.values()):
-            self.prompts = {k: tuple(v) for k, v in self.prompts.items()}
+        for v in self.prompts.values():       # a loop, not any(<generator>): this runs for every request
+            if type(v) is not tuple:
+                self.prompts = {k: tuple(v) for k, v in self.prompts.items()}
+                break
 
     def prompt_for(self, tokenizer_key: str) -> tuple[int, ...]:
         try:

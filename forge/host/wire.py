@@ -37,7 +37,7 @@ class Ticket:
 def to_wire(req: BrokerRequest, tokenizer_key: str, now: float) -> tuple:
     opts = req.payload if isinstance(req.payload, RequestOptions) else None
     return (req.request_id, req.attempt, req.prompt_for(tokenizer_key), req.max_new_tokens, req.priority,
-            None if opts == DEFAULT_OPTIONS else opts, max(0.0, now - req.enqueued_at))
+            None if opts is None or opts == DEFAULT_OPTIONS else opts, max(0.0, now - req.enqueued_at))
 
 
 def host_request_id(session: str, rid: str, attempt: int) -> str:

@@ -239,11 +239,19 @@ class EngineLink:
         if reply["incarnation"] != self.incarnation:
             self.lost(f"the engine restarted (incarnation {reply['incarnation']})", epoch)
             return
-        for res in reply["results"]:
-            req = self._release(res[0], res[1])
-            if req is not None:
-                self.broker.on_done(self.eid, req)
-                self._settle(req, self.eid, res)
+        results = reply["results"]
+        if results:             # one collect's answers: the broker's books and the credit event once for all
+            release, done = self.credit.release, []
+            for res in results:
+                req = release(res[0], res[1])
+                if req is not None:
+                    done.append((req, res))
+            if done:
+                self._credit.set()
+                self.broker.on_done_many(self.eid, [req for req, _ in done])
+                settle, eid = self._settle, self.eid
+                for req, res in done:
+                    settle(req, eid, res)
         back = [req for rid, attempt in reply["returned"] if (req := self._release(rid, attempt)) is not None]
         if back:
             self._requeue(back, "given back by the engine")

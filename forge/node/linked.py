@@ -169,10 +169,10 @@ class LinkedNode(EnginesOut, Node):
         fut: asyncio.Future = asyncio.get_running_loop().create_future()
         self._futures[rid] = fut
         try:
-            if wait:
-                await self.broker.put(req)
+            if wait and not self.broker.has_room():
+                await self.broker.put(req)      # waits for room
             else:
-                self.broker.put_nowait(req)
+                self.broker.put_nowait(req)     # what put does when there is room, without a coroutine
         except NoEngineFits as e:
             self._futures.pop(rid, None)
             raise RequestRejected(str(e)) from None

@@ -55,6 +55,37 @@ def test_no_engine_fits_is_raised_at_once_even_when_full():
     run(main())
 
 
+def test_no_engine_fits_with_room_is_raised_once_and_counted_once():
+    async def main():
+        b = broker(max_pending=4, max_in=20)
+        with pytest.raises(NoEngineFits):
+            await b.put(req(range(50)))
+        with pytest.raises(NoEngineFits):
+            b.put_nowait(req(range(50)))
+        assert b.stats().no_fit == 2 and b.pending() == 0
+    run(main())
+
+
+def test_on_done_many_keeps_the_books_as_on_done():
+    async def main():
+        b = Broker(BrokerCore([geom("e0", slots=2)], max_pending=8))
+        rs = [req(range(10)) for _ in range(4)]
+        for r in rs:
+            await b.put(r)
+        got = await b.take("e0", free_slots=2, free_kv_blocks=100, timeout_s=1)
+        assert len(got) == 2 and b.core.in_flight() == 2
+        loads = b.core.loads()["e0"]
+        assert loads["outstanding_requests"] == 2 and loads["outstanding_work"] > 0
+        b.on_done_many("e0", got + got + [rs[3]])     # repeats and a request not in flight: no-ops
+        assert b.core.in_flight() == 0 and b.pending() == 2
+        loads = b.core.loads()["e0"]
+        assert loads["outstanding_requests"] == 0 and loads["outstanding_work"] == 0
+        assert len(await b.take("e0", free_slots=2, free_kv_blocks=100, timeout_s=1)) == 2
+        with pytest.raises(ValueError, match="unknown engine"):
+            b.on_done_many("nope", [])
+    run(main())
+
+
 def test_take_times_out_with_an_empty_batch_and_wakes_on_put():
     async def main():
         b = broker()
