@@ -13,6 +13,7 @@ CREDIT_FACTOR = 1.25         # in flight + queued at an engine, relative to its 
 class Credit:
     def __init__(self, geometry: EngineGeometry, factor: float = CREDIT_FACTOR):
         self.geometry = geometry
+        self._tok, self._tpb = geometry.tokenizer_key, geometry.tokens_per_block
         self.cap_slots = max(1, int(geometry.max_batch_size * factor))
         self.cap_blocks = max(1, int(geometry.kv_blocks_total * factor))
         self.out: dict[str, tuple[BrokerRequest, int, int]] = {}     # rid -> (request, attempt, blocks)
@@ -28,7 +29,11 @@ class Credit:
         return self.used_slots < self.cap_slots and self.used_blocks < self.cap_blocks
 
     def reserve(self, req: BrokerRequest) -> None:
-        b = blocks_needed(req, self.geometry)
+        prompt = req.prompts.get(self._tok)
+        # blocks_needed(req, geometry) inline (it runs per request); a request without this tokenizer's prompt
+        # gets blocks_needed's own KeyError
+        b = (blocks_needed(req, self.geometry) if prompt is None
+             else -(-(len(prompt) + req.max_new_tokens) // self._tpb))
         self.out[req.request_id] = (req, req.attempt, b)
         self.used_slots += 1
         self.used_blocks += b

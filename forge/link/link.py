@@ -168,13 +168,13 @@ class EngineLink:
 
     def _keep(self, batch: list[BrokerRequest]) -> list[BrokerRequest]:
         """Reserve credit for the requests whose callers still wait; the others are done with."""
-        kept = []
+        wanted, reserve, kept = self._wanted, self.credit.reserve, []
         for r in batch:
-            if self._wanted is not None and not self._wanted(r):
+            if wanted is not None and not wanted(r):
                 self.broker.on_done(self.eid, r)
                 self.dropped_cancelled += 1
                 continue
-            self.credit.reserve(r)
+            reserve(r)
             kept.append(r)
         return kept
 
