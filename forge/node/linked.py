@@ -17,6 +17,7 @@ from typing import Optional, Sequence
 
 from forge.broker import Broker, BrokerCore, BrokerRequest, NoEngineFits
 from forge.engines.interface import Guide
+from forge.constants import INT32_MAX
 from forge.errors import ForgeError, NodeDown, RequestRejected
 from forge.functions.api import GenerateParams, Generation, prompt_problem
 from forge.gc_tuning import tune_for_throughput
@@ -32,6 +33,16 @@ from forge.runtime.schema_check import schema_problem
 from forge.stats import BrokerStats, EngineStats
 
 log = logging.getLogger("forge.node")
+
+_INT_ONLY = frozenset({int})
+
+
+def _plain_ids(prompt: list | tuple) -> Optional[tuple[int, ...]]:
+    """A list or tuple of plain ints in [0, 2**31 - 1] as a tuple (what prompt_problem and encode_now make of it,
+    without their Python-level calls: this runs per request); None for anything else, which takes those checks."""
+    if set(map(type, prompt)) <= _INT_ONLY and (not prompt or (min(prompt) >= 0 and max(prompt) <= INT32_MAX)):
+        return prompt if type(prompt) is tuple else tuple(prompt)
+    return None
 
 
 class LinkedNode(EnginesOut, Node):
@@ -156,13 +167,17 @@ class LinkedNode(EnginesOut, Node):
         guide = opts.guide if opts is not None else None
         if guide is not None:
             self._check_guide_support(guide)
-        if isinstance(prompt, str):
-            check_text_prompt(prompt, self.prompt_chars_limit, self.name)
-        elif (why := prompt_problem(prompt)) is not None:   # token ids an engine cannot hold (int32)
-            raise RequestRejected(why)
-        prompts = self.encode_now(prompt)
-        if prompts is None:
-            prompts = await self.encode(prompt)
+        ids = _plain_ids(prompt) if type(prompt) is list or type(prompt) is tuple else None
+        if ids is not None:                # token ids as they usually come: checked and copied in C passes
+            prompts = dict.fromkeys(self._keys, ids)
+        else:
+            if isinstance(prompt, str):
+                check_text_prompt(prompt, self.prompt_chars_limit, self.name)
+            elif (why := prompt_problem(prompt)) is not None:   # token ids an engine cannot hold (int32)
+                raise RequestRejected(why)
+            prompts = self.encode_now(prompt)
+            if prompts is None:
+                prompts = await self.encode(prompt)
         rid = f"{self._rid_prefix}{next(self._rid_seq):x}"
         req = BrokerRequest(request_id=rid, prompts=prompts, max_new_tokens=params.max_tokens, payload=opts,
                             priority=params.priority)

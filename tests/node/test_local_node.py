@@ -181,3 +181,35 @@ def test_a_card_with_replicas_runs_one_worker_per_replica():
     assert [c["replica"] for c in desc["cards"]] == [0, 1]
     pids = {c["pid"] for c in desc["cards"]}
     assert len(pids) == 2 and __import__("os").getpid() not in pids
+
+
+def test_token_id_prompts_of_every_shape_are_checked_and_sent_as_the_same_ids():
+    """Plain ints (list or tuple) take the node's fast path; bools, int subclasses, out-of-range ids and other
+    containers take the general checks: the same ids reach the engine, the same refusals reach the caller."""
+    class Tok(int):
+        pass
+
+    async def main():
+        node = LocalNode(load_node(NODES / "instant.yaml"), card_transport="thread")
+        await node.start()
+        try:
+            params = GenerateParams(max_tokens=2)
+            got = [await node.submit(p, params) for p in ([5, 6, 7], (5, 6, 7), [Tok(5), 6, 7], [])]
+            refused = []
+            for bad in ([5, -1], [5, 2**31], [True, 6], (5, 6.0), {5, 6}, "x\ud800"):
+                with pytest.raises(RequestRejected) as e:
+                    await node.submit(bad, params)
+                refused.append(str(e.value))
+            return got, refused
+        finally:
+            await node.stop()
+
+    got, refused = run(main())
+    assert [a.generation.input_tokens for a in got] == [3, 3, 3, 0]
+    assert got[0].generation == got[1].generation == got[2].generation
+    assert refused[:4] == ["prompt token 1 is -1; token ids are ints in [0, 2**31 - 1]",
+                           f"prompt token 1 is {2**31}; token ids are ints in [0, 2**31 - 1]",
+                           "prompt token 0 is True; token ids are ints in [0, 2**31 - 1]",
+                           "prompt token 1 is 6.0; token ids are ints in [0, 2**31 - 1]"]
+    assert refused[4] == "prompt must be a string or a list of token ids, got set"
+    assert refused[5].startswith("prompt is not valid Unicode text")
