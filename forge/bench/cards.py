@@ -10,7 +10,8 @@ The figures the report quotes come from runs of the same repeat and mode, side b
     together ÷ Σ alone      total tokens/s of the together run over the sum of the cards' alone runs
     share vs speed share    each card's part of the together run's tokens, against its alone throughput's
                             part of Σ alone (speed = what the card delivers alone)
-    affinity                broker hits and spills, broker-estimated prefix reuse, engine-counted prefix hits"""
+    affinity                broker hits and spills, broker-estimated prefix reuse, engine-counted prefix hits
+    GPU util                each card's NVML utilisation, mean and max over the window (forge/bench/gpu_sampler.py)"""
 from __future__ import annotations
 
 import statistics
@@ -129,7 +130,9 @@ def summarize(results: Sequence[dict], cards: Sequence[str]) -> dict:
                          "broker_prefix_reuse_ratio": tog.get("broker_prefix_reuse_ratio"),
                          "engine_prefix_hit_tokens": tog.get("prefix_hit_tokens"),
                          "engine_prefix_reuse_ratio": tog.get("prefix_reuse_ratio"),
-                         "alone_engine_prefix_hit_tokens": sum(runs[c].get("prefix_hit_tokens") or 0 for c in cards)})
+                         "alone_engine_prefix_hit_tokens": sum(runs[c].get("prefix_hit_tokens") or 0 for c in cards),
+                         "gpu_util": tog.get("gpu_util"),
+                         "alone_gpu_util": {c: (runs[c].get("gpu_util") or {}).get(c) for c in cards}})
         done = [r for r in rows if r["complete"]]
         ratios = [r["together_over_sum"] for r in done if r["together_over_sum"] is not None]
         worst = [max(abs(s["points_off"]) for s in r["shares"].values()) for r in done]

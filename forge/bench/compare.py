@@ -16,7 +16,7 @@ from forge.bench.bounds import bounds_line, tier_bounds
 from forge.bench.direct import DirectEngine
 from forge.bench.forge_mode import run_forge, write_records
 from forge.bench.modes import check_fits, single_card, warmup_requests
-from forge.bench.report import _fmt, header, mode_rows, write_json
+from forge.bench.report import _fmt, gpu_util_line, header, mode_rows, write_json
 from forge.bench.workload import WorkloadSpec, generate
 from forge.config.load import LoadedNode
 from forge.errors import UsageError
@@ -128,7 +128,7 @@ def compare_markdown(data: dict) -> str:
             window = (per.get("forge") or per.get("direct") or {}).get("mean_window_s")
             lines += [f"**{label}.** " + bounds_line(per["bounds"], window), ""]
     lines += ["## Every run", ""] + mode_rows([dict(r, mode=f"{r['tier']} {r['mode']}") for r in data["results"]])
-    return "\n".join(lines + [""])
+    return "\n".join(lines + ["", gpu_util_line(data["results"]), ""])
 
 
 def write_compare(out: Path, data: dict) -> list[Path]:

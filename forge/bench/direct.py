@@ -19,6 +19,7 @@ import gc
 import time
 from typing import Optional, Sequence
 
+from forge.bench.gpu_sampler import GpuSampler, gpus_of
 from forge.bench.results import ModeResult
 from forge.bench.workload import BenchRequest
 from forge.config.plan import CardPlan
@@ -113,8 +114,13 @@ class DirectEngine:
                 order.sort(key=lambda r: r.prompt, reverse=True)      # what add_requests does
             elif variant.startswith("depth:"):
                 depth = int(variant[6:])
-            res = _feed(m, order, depth, self, "r")
+            sampler = GpuSampler(gpus_of([self.plan])).start()
+            try:
+                res = _feed(m, order, depth, self, "r")
+            finally:
+                gpu_util = sampler.stop()
             res.variant, res.prefix_hit_tokens = variant, hits[0]
+            res.gpu_util, res.gpu_util_missing = gpu_util, sampler.missing
             return res
         finally:
             m.stop(block=True, timeout=30, hard_stop=True)

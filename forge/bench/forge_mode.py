@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from forge import constants
+from forge.bench.gpu_sampler import GpuSampler, gpus_of
 from forge.bench.results import ModeResult
 from forge.bench.workload import BenchRequest
 from forge.config.load import LoadedNode
@@ -90,12 +91,16 @@ async def run_forge_async(loaded: LoadedNode, records_path: Path, n_requests: in
         opts = _Opts(input_path=records_path, output_path=workdir / f"{mode}.out.jsonl",
                      ledger_path=workdir / f"{mode}.ledger.sqlite")
         stats = RunStats()
-        t0, c0 = time.perf_counter(), time.process_time()
-        store = open_store(opts, function_name=SPEC.name, function_file=__file__, node=node.name, stats=stats)
-        async with store:
-            await run_records(spec=SPEC, node=node, records=store.records(), sink=store, stats=stats,
-                              concurrency=concurrency, install_signals=False)
-        window, cpu = time.perf_counter() - t0, time.process_time() - c0
+        sampler = GpuSampler(gpus_of(loaded.plans)).start()
+        try:
+            t0, c0 = time.perf_counter(), time.process_time()
+            store = open_store(opts, function_name=SPEC.name, function_file=__file__, node=node.name, stats=stats)
+            async with store:
+                await run_records(spec=SPEC, node=node, records=store.records(), sink=store, stats=stats,
+                                  concurrency=concurrency, install_signals=False)
+            window, cpu = time.perf_counter() - t0, time.process_time() - c0
+        finally:
+            gpu_util = sampler.stop()
         e1, b1 = node.engine_stats(), node.broker_stats()
     finally:
         await node.stop()
@@ -104,6 +109,7 @@ async def run_forge_async(loaded: LoadedNode, records_path: Path, n_requests: in
                      output_tokens=stats.output_tokens, window_s=window, cpu_s=cpu)
     res.prefix_hit_tokens = sum(a.prefix_hit_tokens for a in e1) - sum(a.prefix_hit_tokens for a in e0)
     res.per_card = per_card(e0, e1)
+    res.gpu_util, res.gpu_util_missing = gpu_util, sampler.missing
     res.affinity_hits = _delta(b1.affinity_hits, b0.affinity_hits)
     res.affinity_spills = _delta(b1.affinity_spills, b0.affinity_spills)
     batch = _delta(b1.batch_tokens, b0.batch_tokens)

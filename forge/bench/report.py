@@ -12,6 +12,7 @@ from typing import Optional
 from matplotlib.figure import Figure
 
 from forge.bench.env import hardware_line, software_line
+from forge.bench.gpu_sampler import INTERVAL_S, cell as gpu_cell
 from forge.errors import ForgeError, display_path
 
 DPI = 110
@@ -69,14 +70,24 @@ def header(title: str, env: dict, label: Optional[str] = None) -> list[str]:
 
 def mode_rows(results: list[dict]) -> list[str]:
     rows = ["| mode | variant | done | window s | total tok/s | output tok/s | prefix reuse (engine) | "
-            "prefix reuse (broker est.) | padding | notes |",
-            "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+            "prefix reuse (broker est.) | padding | GPU util mean / max | notes |",
+            "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     for r in results:
         rows.append(f"| {r['mode']} | {r['variant']} | {r['completed']}/{r['requests']} | {r['window_s']:.2f} | "
                     f"{_fmt(r['tokens_per_s'])} | {_fmt(r['output_tokens_per_s'])} | "
                     f"{_pct(r.get('prefix_reuse_ratio'))} | {_pct(r.get('broker_prefix_reuse_ratio'))} | "
-                    f"{_pct(r.get('padding_ratio'))} | {'; '.join(r.get('notes') or [])} |")
+                    f"{_pct(r.get('padding_ratio'))} | {gpu_cell(r.get('gpu_util'))} | "
+                    f"{'; '.join(r.get('notes') or [])} |")
     return rows
+
+
+def gpu_util_line(results: list[dict]) -> str:
+    """What the GPU util column is, or (once) why it is empty."""
+    if any(r.get("gpu_util") for r in results):
+        return (f"GPU util: NVML's utilisation of each card's GPU (percent of time a kernel ran), read every "
+                f"{INTERVAL_S:g} s over the window; mean / max.")
+    why = next((r["gpu_util_missing"] for r in results if r.get("gpu_util_missing")), None)
+    return f"GPU util: not sampled ({why or 'no run recorded it'})."
 
 
 def bench_markdown(data: dict) -> str:
@@ -110,7 +121,8 @@ def bench_markdown(data: dict) -> str:
               "ledger's last commit); engine load and warm-up excluded. Tokens: prompt + generated (a final EOS "
               "not counted). Prefix reuse (engine): prompt tokens served from reused KV blocks, as the engine "
               "counted them. Padding: the broker's notional batch padding (longest prompt × batch size − real "
-              "tokens); transformers packs ragged batches, so it costs nothing there.", ""]
+              "tokens); transformers packs ragged batches, so it costs nothing there. "
+              + gpu_util_line(data["results"]), ""]
     return "\n".join(lines)
 
 
@@ -189,8 +201,8 @@ def cards_markdown(data: dict) -> str:
         lines += [f"## {mode} ({'grouped' if mode == 'forge' else 'FIFO'})", "",
                   "| repeat | " + " | ".join(f"{c} alone tok/s" for c in ids) + " | Σ alone | together tok/s | "
                   "together ÷ Σ alone | share ÷ speed share, per card | affinity hits / spills | prefix reuse "
-                  "broker est. / engine |",
-                  "| ---: | " + " | ".join("---:" for _ in ids) + " | ---: | ---: | ---: | --- | ---: | ---: |"]
+                  "broker est. / engine | GPU util mean / max, per card (together) |",
+                  "| ---: | " + " | ".join("---:" for _ in ids) + " | ---: | ---: | ---: | --- | ---: | ---: | --- |"]
         for r in m["repeats"]:
             if not r["complete"]:
                 lines.append(f"| {r['repeat']} | incomplete: see Every run |")
@@ -201,7 +213,7 @@ def cards_markdown(data: dict) -> str:
                          f" | {_fmt(r['sum_alone_tokens_per_s'])} | {_fmt(r['together_tokens_per_s'])} | "
                          f"**{_fmt(r['together_over_sum'], '.3f')}** | {sh} | {_fmt(r['affinity_hits'])} / "
                          f"{_fmt(r['affinity_spills'])} | {_pct(r['broker_prefix_reuse_ratio'])} / "
-                         f"{_pct(r['engine_prefix_reuse_ratio'])} |")
+                         f"{_pct(r['engine_prefix_reuse_ratio'])} | {_gpu_per_card(r.get('gpu_util'), ids)} |")
         t, off = m["together_over_sum"], m["worst_share_points_off"]
         if t:
             lines += ["", f"together ÷ Σ alone: min {t['min']:.3f}, median {t['median']:.3f}, max {t['max']:.3f} "
@@ -215,8 +227,15 @@ def cards_markdown(data: dict) -> str:
     lines += ["", "Speed share: the card's alone tokens/s over Σ alone in the same repeat and mode. Share: its part "
               "of the together run's tokens (prompt + generated), as its admission runtime counted them. Prefix "
               "reuse (engine): prompt tokens the engines served from reused KV blocks, as they counted them (— "
-              "where the engine reports none).", ""]
+              "where the engine reports none). " + gpu_util_line(data["results"]), ""]
     return "\n".join(lines)
+
+
+def _gpu_per_card(util: Optional[dict], ids: list[str]) -> str:
+    """Every card named, "—" for one not sampled, so a reader sees which card the figure is."""
+    if not util:
+        return "—"
+    return ", ".join(f"{c} {gpu_cell({c: util[c]}) if c in util else '—'}" for c in ids)
 
 
 def cards_plot(data: dict, path: Path) -> Path:

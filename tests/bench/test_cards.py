@@ -77,6 +77,7 @@ def test_a_two_card_node_runs_each_card_alone_then_together(tmp_path):
         assert r["completed"] == r["requests"] == 60
         assert sum(c["input_tokens"] for c in r["per_card"].values()) == r["input_tokens"]
         assert list(r["per_card"]) == ([r["scope"]] if r["scope"] != "together" else ["cpu0", "cpu1"])
+        assert r["gpu_util"] is None and r["gpu_util_missing"] == "no GPU card in this node"     # cpu cards
     for mode in ("forge", "fifo"):
         for row in data["summary"][mode]["repeats"]:
             assert row["complete"] and 0 < row["together_over_sum"]
@@ -86,6 +87,7 @@ def test_a_two_card_node_runs_each_card_alone_then_together(tmp_path):
     assert data["summary"]["forge"]["repeats"][0]["engine_prefix_hit_tokens"] > 0
     md = (tmp_path / "out" / "bench.md").read_text()
     assert "together ÷ Σ alone" in md and "forge bench run" in md and "date:" in md
+    assert "GPU util: not sampled (no GPU card in this node)." in md
 
 
 @pytest.mark.parametrize("args, message", [

@@ -5,7 +5,10 @@
 # sweep-1p5b (then: budget x slots only, `--records 96 --tokens 2048,8192,16384 --slots 64,128`); call 3: mixed-1p5b-repeat; call 4: prefix-1p5b-credit
 # prefix-short-1p5b-credit. Issue 16 (one call each): sweep-1p5b, sweep-8b, confirm-1p5b, confirm-8b.
 # issue 14: scaling-cpu (the device's CPUs, no GPU used; one call); last call: final-1p5b-df. Issue 17: cards-2x1p5b and cards-1p5b-8b (two H200s,
-# kind nvidia-h200-x2; one call each). CARD_TRANSPORT=thread|process picks where the engines run (default process).
+# kind nvidia-h200-x2; one call each; every window's GPU utilisation per card is in bench.json/bench.md), and
+# starts-2card (each two-card node from a fresh `forge provision` process STARTS=3 times: time to ready, /health's
+# healthy cards, exit code after SIGTERM; docs/bench/fresh_starts.py). CARD_TRANSPORT=thread|process picks where the
+# engines run (default process).
 # forge's own Python dependencies missing from the device image travel as wheels in .whl/ (see the README of
 # the device tool); transformers 5.24.0 travels too (the image has 5.17). Results go to $OUT/results.tgz,
 # the log to $OUT/log.txt. Every stage has its own time limit, so one stuck stage cannot eat the call.
@@ -154,6 +157,12 @@ for n in ('node-llama-1p5b', 'node-llama-8b', 'node-llama-1p5b-small-pool'):
   cards-1p5b-8b)
     stage cards-1p5b-8b 540 $F bench run $W/gpu-mixed.yaml --node docs/bench/h200x2/node-1p5b-8b.yaml --records 256 \
       --together-records 384 --repeats 2 --card-transport "${CARD_TRANSPORT:-process}" --out "$R/cards-1p5b-8b" ;;
+  # issue 17: every two-card node started from a fresh process STARTS times (default 3), one after the other; each
+  # start bounded (ready within READY_TIMEOUT s, exit within 120 s of SIGTERM); starts.json/starts.md kept per start
+  starts-2card)
+    stage starts-2card 560 python3 docs/bench/fresh_starts.py docs/bench/h200x2/node-equal-1p5b.yaml \
+      docs/bench/h200x2/node-1p5b-8b.yaml --starts "${STARTS:-3}" --ready-timeout "${READY_TIMEOUT:-150}" \
+      --out "$R/starts-2card" ;;
   # issue 14 (every card in its own worker process): forge ÷ direct on one H200, three interleaved repeats, the
   # default (process) transport; then the same with the card's engine in the node's own process (the before)
   mixed-1p5b-process)
@@ -202,4 +211,5 @@ echo "=== summary"
 for f in "$R"/*/bench.md "$R"/*/sweep.md "$R"/*/compare.md; do
   [ -f "$f" ] && { echo "--- $f"; grep -A3 "^| forge ÷\|^\*\*Best\|^\*\*Winner\|^Confirm\|^| tier" "$f"; }; done
 for f in "$R"/cards-*/bench.md; do [ -f "$f" ] && { echo "--- $f"; grep -A1 "^together ÷ Σ alone" "$f"; }; done
+for f in "$R"/starts-*/starts.md; do [ -f "$f" ] && { echo "--- $f"; grep "start(s) healthy" "$f"; }; done
 for f in "$R"/scaling-*/scaling.md; do [ -f "$f" ] && { echo "--- $f"; sed -n '/^## Equal/,$p' "$f"; }; done
