@@ -99,15 +99,27 @@ def params_problem(p: GenerateParams) -> Optional[str]:
 _INT_ONLY = frozenset({int})
 
 
+def _plain_ids_in_range(prompt: list | tuple) -> bool:
+    return set(map(type, prompt)) <= _INT_ONLY and (
+        not prompt or (min(prompt) >= 0 and max(prompt) <= constants.INT32_MAX))
+
+
+def plain_token_ids(prompt) -> Optional[tuple[int, ...]]:
+    """A list or tuple of plain ints in [0, 2**31 - 1], as a tuple; None for anything else (which then takes
+    prompt_problem's checks). A few passes in C: it runs for every request."""
+    if (type(prompt) is list or type(prompt) is tuple) and _plain_ids_in_range(prompt):
+        return prompt if type(prompt) is tuple else tuple(prompt)
+    return None
+
+
 def prompt_problem(prompt) -> Optional[str]:
     """A prompt is text (valid Unicode: a lone surrogate cannot be tokenized nor sent) or token ids (int32)."""
     if isinstance(prompt, str):
         bad = _unencodable(prompt)
         return None if bad is None else f"prompt is not valid Unicode text: {bad}"
     if isinstance(prompt, (list, tuple)):
-        if set(map(type, prompt)) <= _INT_ONLY and (
-                not prompt or (min(prompt) >= 0 and max(prompt) <= constants.INT32_MAX)):
-            return None                       # plain ints in range, the usual case: three passes in C
+        if _plain_ids_in_range(prompt):
+            return None                       # plain ints in range, the usual case: a few passes in C
         for i, t in enumerate(prompt):
             if not _is_int(t) or not 0 <= t <= constants.INT32_MAX:
                 return f"prompt token {i} is {t!r}; token ids are ints in [0, 2**31 - 1]"

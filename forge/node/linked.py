@@ -17,9 +17,8 @@ from typing import Optional, Sequence
 
 from forge.broker import Broker, BrokerCore, BrokerRequest, NoEngineFits
 from forge.engines.interface import Guide
-from forge.constants import INT32_MAX
 from forge.errors import ForgeError, NodeDown, RequestRejected
-from forge.functions.api import GenerateParams, Generation, prompt_problem
+from forge.functions.api import GenerateParams, Generation, plain_token_ids, prompt_problem
 from forge.gc_tuning import tune_for_throughput
 from forge.link.encoder import EncodeFailed, Encoder
 from forge.link.link import EngineLink, geometry_of
@@ -33,17 +32,6 @@ from forge.runtime.schema_check import schema_problem
 from forge.stats import BrokerStats, EngineStats
 
 log = logging.getLogger("forge.node")
-
-_INT_ONLY = frozenset({int})
-
-
-def _plain_ids(prompt: list | tuple) -> Optional[tuple[int, ...]]:
-    """A list or tuple of plain ints in [0, 2**31 - 1] as a tuple (what prompt_problem and encode_now make of it,
-    without their Python-level calls: this runs per request); None for anything else, which takes those checks."""
-    if set(map(type, prompt)) <= _INT_ONLY and (not prompt or (min(prompt) >= 0 and max(prompt) <= INT32_MAX)):
-        return prompt if type(prompt) is tuple else tuple(prompt)
-    return None
-
 
 class LinkedNode(EnginesOut, Node):
     label_prefix = "node "          # how messages name this node ("node local: ...")
@@ -167,7 +155,7 @@ class LinkedNode(EnginesOut, Node):
         guide = opts.guide if opts is not None else None
         if guide is not None:
             self._check_guide_support(guide)
-        ids = _plain_ids(prompt) if type(prompt) is list or type(prompt) is tuple else None
+        ids = plain_token_ids(prompt)
         if ids is not None:                # token ids as they usually come: checked and copied in C passes
             prompts = dict.fromkeys(self._keys, ids)
         else:
