@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import httpx
 
@@ -25,6 +25,20 @@ from forge.runtime.awake import pause_clock
 CONNECT_RETRIES = 3
 PROBE_INTERVAL_S = 2.0
 CLOSE_GRACE_S = 5.0
+
+
+def generate_item(prompt: str | Sequence[int], params: GenerateParams) -> dict[str, Any]:
+    """One item of a node's /v1/generate body (forge/node/endpoint.py's GenerateItem), from a call's settings:
+    the one encoder for every client of a provisioned node (forge deploy, forge serve --remote)."""
+    item: dict[str, Any] = {"prompt": prompt if isinstance(prompt, str) else list(prompt),
+                            "max_tokens": params.max_tokens, "temperature": params.temperature,
+                            "top_p": params.top_p, "top_k": params.top_k, "seed": params.seed,
+                            "embed": params.embed, "priority": params.priority, "deadline_s": params.deadline_s}
+    if params.choice is not None:
+        item["choice"] = list(params.choice)
+    if params.json_schema is not None:
+        item["json_schema"] = params.json_schema
+    return item
 
 
 class RemoteNode(Node):
@@ -90,13 +104,7 @@ class RemoteNode(Node):
     async def _call(self, prompt, params: GenerateParams) -> dict:
         if self._silent is not None:
             raise self._silent
-        item = {"prompt": prompt if isinstance(prompt, str) else list(prompt), "max_tokens": params.max_tokens,
-                "temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k,
-                "seed": params.seed, "embed": params.embed, "priority": params.priority}
-        if params.choice is not None:
-            item["choice"] = list(params.choice)
-        if params.json_schema is not None:
-            item["json_schema"] = params.json_schema
+        item = generate_item(prompt, params)
         try:    # encoded here, alone: an item that cannot travel fails its own call, never its batch
             body = json.dumps(item, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode("utf-8")
         except (TypeError, ValueError, RecursionError) as e:   # UnicodeEncodeError (a lone surrogate) is a ValueError

@@ -14,6 +14,7 @@ from forge.broker.types import QueueFull
 from forge.errors import ForgeError, NodeDown, RequestRejected
 from forge.functions.api import GenerateParams, Generation
 from forge.node.interface import Answer
+from forge.node.remote import generate_item
 from forge.runtime.stops import StopRule
 
 
@@ -57,32 +58,20 @@ class RemoteOnlineNode:
         await self._http.aclose()
 
     async def submit(self, prompt: str | Sequence[int], params: GenerateParams, *, wait: bool = True) -> Answer:
-        out = await self._post(self._item(prompt, params))
+        out = await self._post(generate_item(prompt, params))
         gen = Generation(text=out["text"], output_tokens=out["output_tokens"], input_tokens=out["input_tokens"],
                          finish_reason=out["finish_reason"], card=out.get("card", ""))
         return Answer(gen, out.get("hidden"))
 
     async def complete(self, prompt: str | Sequence[int], params: GenerateParams, stop: StopRule):
         """A generation cut at its stop strings by the node, which has the tokenizer to count what remains."""
-        item = self._item(prompt, params)
+        item = generate_item(prompt, params)
         if stop.strings:
             item.update(stop=list(stop.strings), include_stop_str_in_output=stop.include)
         out = await self._post(item)
         gen = Generation(text=out["text"], output_tokens=out["output_tokens"], input_tokens=out["input_tokens"],
                          finish_reason=out["finish_reason"], card=out.get("card", ""))
         return gen, out.get("stop_reason")
-
-    @staticmethod
-    def _item(prompt: str | Sequence[int], params: GenerateParams) -> dict[str, Any]:
-        item: dict[str, Any] = {"prompt": prompt if isinstance(prompt, str) else list(prompt),
-                                "max_tokens": params.max_tokens, "temperature": params.temperature,
-                                "top_p": params.top_p, "top_k": params.top_k, "seed": params.seed,
-                                "embed": params.embed, "priority": params.priority, "deadline_s": params.deadline_s}
-        if params.choice is not None:
-            item["choice"] = list(params.choice)
-        if params.json_schema is not None:
-            item["json_schema"] = params.json_schema
-        return item
 
     async def _post(self, item: dict[str, Any]) -> dict:
         if self.closed:
