@@ -16,7 +16,7 @@ from forge.bench.bounds import bounds_line, tier_bounds
 from forge.bench.direct import DirectEngine
 from forge.bench.forge_mode import run_forge, write_records
 from forge.bench.modes import check_fits, single_card, warmup_requests
-from forge.bench.report import _fmt, gpu_util_line, header, mode_rows, write_json
+from forge.bench.report import _fmt, gpu_util_line, header, mode_rows, write_report
 from forge.bench.workload import WorkloadSpec, generate
 from forge.config.load import LoadedNode
 from forge.errors import UsageError
@@ -132,8 +132,5 @@ def compare_markdown(data: dict) -> str:
 
 
 def write_compare(out: Path, data: dict) -> list[Path]:
-    out.mkdir(parents=True, exist_ok=True)
-    md = out / "compare.md"
-    md.write_text(compare_markdown(data), encoding="utf-8")
-    return [write_json(out / "compare.json", data), md]
+    return write_report(out, "compare", data, compare_markdown(data))
 

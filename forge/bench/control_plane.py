@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Optional
 
 from forge.bench.forge_mode import run_forge, write_records
-from forge.bench.report import header, write_json
+from forge.bench.report import header, write_report
 from forge.bench.workload import BenchRequest
 from forge.config.load import LoadedNode
 from forge.config.models import Contract, Node
@@ -108,7 +108,4 @@ def control_plane_markdown(data: dict) -> str:
 
 
 def write_control_plane(out: Path, data: dict) -> list[Path]:
-    out.mkdir(parents=True, exist_ok=True)
-    md = out / "control-plane.md"
-    md.write_text(control_plane_markdown(data), encoding="utf-8")
-    return [write_json(out / "control-plane.json", data), md]
+    return write_report(out, "control-plane", data, control_plane_markdown(data))

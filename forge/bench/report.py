@@ -51,6 +51,14 @@ def write_json(path: Path, data: dict) -> Path:
     return path
 
 
+def write_report(out: Path, stem: str, data: dict, markdown: str) -> list[Path]:
+    """A report's two files in `out`: STEM.json (the data) and STEM.md (`markdown`, made from it)."""
+    md = out / f"{stem}.md"
+    paths = [write_json(out / f"{stem}.json", data), md]
+    md.write_text(markdown, encoding="utf-8")
+    return paths
+
+
 def _fmt(v: Optional[float], spec: str = ",.0f") -> str:
     return "—" if v is None else format(v, spec)
 
@@ -156,13 +164,7 @@ def bench_plot(data: dict, path: Path) -> Path:
 
 
 def write_bench(out: Path, data: dict, stem: str = "bench") -> list[Path]:
-    out.mkdir(parents=True, exist_ok=True)
-    paths = [write_json(out / f"{stem}.json", data)]
-    md = out / f"{stem}.md"
-    md.write_text(bench_markdown(data), encoding="utf-8")
-    paths.append(md)
-    paths.append(bench_plot(data, out / f"{stem}.png"))
-    return paths
+    return write_report(out, stem, data, bench_markdown(data)) + [bench_plot(data, out / f"{stem}.png")]
 
 
 def card_info(plan) -> dict:
@@ -266,8 +268,5 @@ def cards_plot(data: dict, path: Path) -> Path:
 
 
 def write_cards_bench(out: Path, data: dict, stem: str = "bench", plot: bool = True) -> list[Path]:
-    out.mkdir(parents=True, exist_ok=True)
-    md = out / f"{stem}.md"
-    md.write_text(cards_markdown(data), encoding="utf-8")
-    paths = [write_json(out / f"{stem}.json", data), md]
+    paths = write_report(out, stem, data, cards_markdown(data))
     return paths + [cards_plot(data, out / f"{stem}.png")] if plot else paths

@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-from forge.bench.report import _fmt, header, write_json
+from forge.bench.report import _fmt, header, write_report
 
 
 def _range(s: Optional[dict]) -> str:
@@ -92,7 +92,4 @@ def scaling_markdown(data: dict) -> str:
 
 
 def write_scaling(out: Path, data: dict) -> list[Path]:
-    out.mkdir(parents=True, exist_ok=True)
-    md = out / "scaling.md"
-    md.write_text(scaling_markdown(data), encoding="utf-8")
-    return [write_json(out / "scaling.json", data), md]
+    return write_report(out, "scaling", data, scaling_markdown(data))

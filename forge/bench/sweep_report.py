@@ -8,7 +8,7 @@ from matplotlib.figure import Figure
 
 from forge.bench.bounds import bounds_line
 from forge.bench.candidates import fmt
-from forge.bench.report import DPI, _fmt, header, write_json
+from forge.bench.report import DPI, _fmt, header, write_report
 
 STAGES = {"base": "shipped", "one": "one change", "try": "--try", "combine": "combined"}
 
@@ -88,7 +88,4 @@ def sweep_plot(data: dict, path: Path) -> Path:
 
 
 def write_sweep(out: Path, data: dict) -> list[Path]:
-    out.mkdir(parents=True, exist_ok=True)
-    md = out / "sweep.md"
-    md.write_text(sweep_markdown(data), encoding="utf-8")
-    return [write_json(out / "sweep.json", data), md, sweep_plot(data, out / "sweep.png")]
+    return write_report(out, "sweep", data, sweep_markdown(data)) + [sweep_plot(data, out / "sweep.png")]
