@@ -141,10 +141,10 @@ def test_faults_slow_factor_stretches_each_request():
     assert times[1] > 2.0 * times[0]
 
 
-def test_faults_contract_loads_and_builds_through_the_plugins(tmp_path):
-    (tmp_path / "f.yaml").write_text(f"""
-contract: flaky
-backend: faults
+def _tiny_contract(name: str, backend: str, sections: str) -> str:
+    """A contract of the tiny model's geometry for `backend`, with its own sections (YAML) appended."""
+    return f"""contract: {name}
+backend: {backend}
 model: {{architecture: LlamaForCausalLM, num_layers: 4, num_kv_heads: 4, head_dim: 32, vocab_size: 2048,
          weights_gib: 0.011}}
 artifact: {{checkpoint: {TINY}}}
@@ -152,9 +152,13 @@ precision: {{weights: fp32, kv_cache: fp32}}
 limits: {{max_batch_size: 4, max_num_tokens: 512, max_input_len: 384, max_output_len: 128}}
 kv_cache: {{tokens_per_block: 32, max_tokens: 4096, host_cache_size: 0, block_reuse: true}}
 target: {{kind: cpu}}
-faults: {{wraps: instant, crash_after_requests: 1}}
-instant: {{tokens_per_s_limit: 5000}}
-""")
+{sections}
+"""
+
+
+def test_faults_contract_loads_and_builds_through_the_plugins(tmp_path):
+    sections = "faults: {wraps: instant, crash_after_requests: 1}\ninstant: {tokens_per_s_limit: 5000}"
+    (tmp_path / "f.yaml").write_text(_tiny_contract("flaky", "faults", sections))
     loaded = load_paths([tmp_path / "f.yaml"])
     assert loaded.ok, [p.render() for p in loaded.problems]
     c = loaded.contracts["flaky"]
@@ -262,18 +266,7 @@ def test_step_engine_cancel_and_errors_come_back_without_a_step():
     ("{step_ms: 5}", "step_ms"),
 ])
 def test_instant_section_is_validated_at_load(tmp_path, section, message):
-    (tmp_path / "i.yaml").write_text(f"""
-contract: spin
-backend: instant
-model: {{architecture: LlamaForCausalLM, num_layers: 4, num_kv_heads: 4, head_dim: 32, vocab_size: 2048,
-         weights_gib: 0.011}}
-artifact: {{checkpoint: {TINY}}}
-precision: {{weights: fp32, kv_cache: fp32}}
-limits: {{max_batch_size: 4, max_num_tokens: 512, max_input_len: 384, max_output_len: 128}}
-kv_cache: {{tokens_per_block: 32, max_tokens: 4096, host_cache_size: 0, block_reuse: true}}
-target: {{kind: cpu}}
-instant: {section}
-""")
+    (tmp_path / "i.yaml").write_text(_tiny_contract("spin", "instant", f"instant: {section}"))
     loaded = load_paths([tmp_path / "i.yaml"])
     lines = [p.render() for p in loaded.problems]
     assert not loaded.ok and any("i.yaml::$.instant" in line and message in line for line in lines), lines
