@@ -18,7 +18,7 @@ from forge.errors import ForgeError
 from forge.node.endpoint import build_app, require_token
 from forge.node.local import CardTransport, LocalNode
 from forge.runtime import registry
-from forge.runtime.http import QuietServer
+from forge.runtime.http import NotServing, QuietServer
 
 log = logging.getLogger("forge.provision")
 DRAIN_TIMEOUT_S = 60.0
@@ -58,12 +58,11 @@ async def _serve(loaded: LoadedNode, host: str, port: int, metrics_port: int, to
     metrics = ForgeMetrics()
     _, mport = metrics.serve(loaded.node.metrics.host, metrics_port)
     web = QuietServer(build_app(runtime, token=token), host, port)
-    serve_task = asyncio.create_task(web.server.serve())
-    while not web.server.started:
-        if serve_task.done():
-            await runtime.stop()
-            raise ForgeError(f"control endpoint could not bind {host}:{port}: {serve_task.exception()}")
-        await asyncio.sleep(0.02)
+    try:
+        serve_task = await web.start()
+    except NotServing as e:
+        await runtime.stop()
+        raise ForgeError(f"control endpoint could not bind {host}:{port}: {e}") from None
     control_url = f"http://{host}:{web.port}"
     metrics_url = f"http://{loaded.node.metrics.host}:{mport}/metrics"
     registry.register(runtime.name, {"control_url": control_url, "metrics_url": metrics_url,

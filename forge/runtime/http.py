@@ -3,6 +3,7 @@ bounded connections (forge/runtime/connections.py), a bounded request head, and 
 (forge/runtime/http_errors.py)."""
 from __future__ import annotations
 
+import asyncio
 import contextlib
 
 MAX_REQUEST_HEAD_BYTES = 64 * 1024     # request line + headers (h11 refuses more with 400)
@@ -38,3 +39,24 @@ class QuietServer:
             for sock in s.sockets:
                 return sock.getsockname()[1]
         return 0
+
+    async def start(self) -> "asyncio.Task":
+        """Serve in a task and return it once its socket is bound. A server that ends before (a port taken, an
+        address this host does not have) raises NotServing with its reason."""
+        task = asyncio.create_task(self._serve())
+        while not self.server.started:
+            if task.done():
+                raise task.exception()
+            await asyncio.sleep(0.02)
+        return task
+
+    async def _serve(self) -> None:
+        try:
+            await self.server.serve()
+        except SystemExit as e:     # uvicorn's way to fail at startup: sys.exit after logging the OSError
+            why = e.__context__
+            raise NotServing(str(why) if why is not None else f"it stopped at startup (exit {e.code})") from None
+
+
+class NotServing(Exception):
+    """The server ended before it could serve; the message is its reason."""

@@ -15,7 +15,7 @@ from typing import Any, Optional, Sequence
 
 from fastapi import FastAPI
 
-from forge.runtime.http import QuietServer
+from forge.runtime.http import NotServing, QuietServer
 from forge.functions.api import FunctionSpec
 from forge.node.endpoint import MAX_BODY_BYTES, TokenAuth, control_router
 from forge.runtime.connections import DEFAULT_PER_CLIENT, ConnectionLimits
@@ -120,12 +120,11 @@ async def serve_node(node: Any, specs: Sequence[FunctionSpec], opts: ServeOption
     web = QuietServer(app, opts.host, opts.port, backlog=4096, timeout_keep_alive=KEEP_ALIVE_S,
                       limits=ConnectionLimits(per_client=opts.max_connections_per_client))
     app.state.connections = web.connections
-    task = asyncio.create_task(web.server.serve())
-    while not web.server.started:
-        if task.done():
-            await node.stop()
-            raise ForgeError(f"forge serve could not bind {opts.host}:{opts.port}: {task.exception()}")
-        await asyncio.sleep(0.02)
+    try:
+        task = await web.start()
+    except NotServing as e:
+        await node.stop()
+        raise ForgeError(f"forge serve could not bind {opts.host}:{opts.port}: {e}") from None
     url = f"http://{opts.host}:{web.port}"
     print(f"forge: serving {', '.join(s.name for s in specs) or 'no function'} + OpenAI-compatible /v1 on "
           f"node {node.name} at {url} (OpenAPI: {url}/docs)", flush=True)
