@@ -115,10 +115,12 @@ class DirectEngine:
             elif variant.startswith("depth:"):
                 depth = int(variant[6:])
             sampler = GpuSampler(gpus_of([self.plan])).start()
+            steps0 = int(getattr(m, "current_batch", 0) or 0)
             try:
                 res = _feed(m, order, depth, self, "r")
             finally:
                 gpu_util = sampler.stop()
+            res.engine_steps = int(getattr(m, "current_batch", 0) or 0) - steps0 or None
             res.variant, res.prefix_hit_tokens = variant, hits[0]
             res.gpu_util, res.gpu_util_missing = gpu_util, sampler.missing
             return res

@@ -109,6 +109,7 @@ async def run_forge_async(loaded: LoadedNode, records_path: Path, n_requests: in
                      output_tokens=stats.output_tokens, window_s=window, cpu_s=cpu)
     res.prefix_hit_tokens = sum(a.prefix_hit_tokens for a in e1) - sum(a.prefix_hit_tokens for a in e0)
     res.per_card = per_card(e0, e1)
+    res.engine_steps = sum(c["engine_steps"] for c in res.per_card.values()) or None
     res.gpu_util, res.gpu_util_missing = gpu_util, sampler.missing
     res.affinity_hits = _delta(b1.affinity_hits, b0.affinity_hits)
     res.affinity_spills = _delta(b1.affinity_spills, b0.affinity_spills)

@@ -78,15 +78,20 @@ def header(title: str, env: dict, label: Optional[str] = None) -> list[str]:
 
 def mode_rows(results: list[dict]) -> list[str]:
     rows = ["| mode | variant | done | window s | total tok/s | output tok/s | prefix reuse (engine) | "
-            "prefix reuse (broker est.) | padding | GPU util mean / max | notes |",
-            "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+            "prefix reuse (broker est.) | padding | engine steps (ms/step) | GPU util mean / max | notes |",
+            "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     for r in results:
         rows.append(f"| {r['mode']} | {r['variant']} | {r['completed']}/{r['requests']} | {r['window_s']:.2f} | "
                     f"{_fmt(r['tokens_per_s'])} | {_fmt(r['output_tokens_per_s'])} | "
                     f"{_pct(r.get('prefix_reuse_ratio'))} | {_pct(r.get('broker_prefix_reuse_ratio'))} | "
-                    f"{_pct(r.get('padding_ratio'))} | {gpu_cell(r.get('gpu_util'))} | "
+                    f"{_pct(r.get('padding_ratio'))} | {_steps(r)} | {gpu_cell(r.get('gpu_util'))} | "
                     f"{'; '.join(r.get('notes') or [])} |")
     return rows
+
+
+def _steps(r: dict) -> str:
+    n = r.get("engine_steps")
+    return "—" if not n else f"{n:,} ({r['ms_per_step']:.1f})"
 
 
 def gpu_util_line(results: list[dict]) -> str:

@@ -24,6 +24,7 @@ class ModeResult:
     scope: Optional[str] = None                  # several-card nodes: the card that ran alone, or "together"
     repeat: Optional[int] = None                 # which interleaved repeat (1-based)
     per_card: dict[str, dict] = field(default_factory=dict)   # card -> its tokens and prefix hits in this run
+    engine_steps: Optional[int] = None           # engine steps (forward passes) over the window, every card summed
     gpu_util: Optional[dict[str, dict]] = None   # card -> GPU utilisation over the window (forge/bench/gpu_sampler.py)
     gpu_util_missing: Optional[str] = None       # why gpu_util is None ("no NVML: ...", "no GPU card in this node")
     notes: list[str] = field(default_factory=list)
@@ -47,10 +48,16 @@ class ModeResult:
             return None
         return self.prefix_hit_tokens / self.input_tokens
 
+    @property
+    def ms_per_step(self) -> Optional[float]:
+        """Mean wall time of one engine step over the window (one card; summed steps on several)."""
+        return 1000 * self.window_s / self.engine_steps if self.engine_steps else None
+
     def to_dict(self) -> dict:
         d = asdict(self)
         d.update(tokens_per_s=round(self.tokens_per_s, 2), output_tokens_per_s=round(self.output_tokens_per_s, 2),
-                 requests_per_s=round(self.requests_per_s, 3), prefix_reuse_ratio=self.prefix_reuse_ratio)
+                 requests_per_s=round(self.requests_per_s, 3), prefix_reuse_ratio=self.prefix_reuse_ratio,
+                 ms_per_step=round(self.ms_per_step, 3) if self.ms_per_step is not None else None)
         d["window_s"] = round(self.window_s, 4)
         if self.cpu_s is not None:
             d["cpu_s"] = round(self.cpu_s, 4)

@@ -36,6 +36,9 @@ def test_quick_mode_writes_every_report(tmp_path):
     assert modes == [("direct", "sorted"), ("direct", "depth:32"), ("forge", "grouped"), ("fifo", "fifo")]
     for r in bench["results"]:
         assert r["completed"] == r["requests"] == 8 and r["tokens_per_s"] > 0 and r["window_s"] > 0
+        # every mode counts the engine's steps over its window (8 requests of >= 1 token: at least one step)
+        assert r["engine_steps"] >= 1 and r["ms_per_step"] == pytest.approx(1000 * r["window_s"] / r["engine_steps"],
+                                                                             rel=1e-2)
     assert len({r["input_tokens"] for r in bench["results"]}) == 1          # the same work in every mode
     assert bench["ratios"]["forge_over_direct"] > 0 and bench["ratios"]["forge_over_fifo"] > 0
     assert bench["env"]["software"]["transformers"] and bench["env"]["date"]

@@ -134,6 +134,16 @@ for n in ('node-llama-1p5b', 'node-llama-8b', 'node-llama-1p5b-small-pool'):
   sweep-8b)     # smaller: no compile, no scheduler; 128 records each
     sweep sweep-8b 560 h200-llama-8b $H/node-llama-8b.yaml 128 128 --skip transformers.compile_level \
       --skip transformers.scheduler --try transformers.use_cuda_graph=true,limits.max_batch_size=256 ;;
+  # issue 16, second session: the 8B's sweep with its own levers. Its step is GPU-bound where the 1.5B's is Python-
+  # bound, and SDPA over the packed batch's explicit mask costs budget x (budget + cached) per step, so smaller
+  # token budgets (with and without CUDA graphs) and 256 slots; 96 records per candidate, 10 candidates
+  sweep-8b-budget)
+    sweep sweep-8b-budget 570 h200-llama-8b $H/node-llama-8b.yaml 96 128 --tokens 2048,4096 --slots 256 \
+      --replicas 2 --skip transformers.compile_level --skip transformers.scheduler \
+      --skip transformers.async_batching --skip transformers.attn_implementation --combine 1 \
+      --try transformers.use_cuda_graph=true,limits.max_num_tokens=4096 \
+      --try transformers.use_cuda_graph=true,limits.max_num_tokens=2048 \
+      --try transformers.use_cuda_graph=true,limits.max_batch_size=256 ;;
   confirm-1p5b) compare confirm-1p5b 560 "${CONFIRM_RECORDS:-512}" $H/node-llama-1p5b.yaml "$NEW_1P5B" ;;
   confirm-8b)   compare confirm-8b 560 "${CONFIRM_RECORDS_8B:-256}" $H/node-llama-8b.yaml "$NEW_8B" ;;
   confirm)      # both, one after the other (each needs most of a call at 512 records: prefer one per call)
