@@ -204,6 +204,29 @@ for n in ('node-llama-1p5b', 'node-llama-8b', 'node-llama-1p5b-small-pool'):
   scaling-3to1-long)
     stage scaling-3to1-long 300 $F bench scaling --cards 1 --transports process --repeat 2 --records 2400 \
       --control-plane-records 1000 --out "$R/scaling-3to1-long" ;;
+  # issue 14 + 16, second session: where forge's step time goes on the fast 1.5B tier (CUDA graphs), direct vs
+  # forge (and FIFO) with the engine's steps and ms/step in the report; then the same pair under two experiments put
+  # on PYTHONPATH as sitecustomize (docs/bench/h200/exp/): a 0.5 ms GIL switch interval in every process, and a
+  # quiet driver thread (~20 wake-ups/s instead of ~200); then one pair under py-spy (--gil, per thread); then
+  # the control plane on 50,000 tasks (node pinned to core 0), as measured on the development machine
+  df-fast-fifo)
+    stage df-fast-fifo 230 $F bench run $W/gpu-mixed.yaml --node $H/node-llama-1p5b-fast.yaml --records 512 \
+      --out "$R/df-fast-fifo" --modes direct,forge,fifo --direct depth --repeat 2 --card-transport process ;;
+  df-fast-switch)
+    stage df-fast-switch 150 env PYTHONPATH="$PWD/$H/exp/switch-500us:$PYTHONPATH" $F bench run $W/gpu-mixed.yaml \
+      --node $H/node-llama-1p5b-fast.yaml --records 512 --out "$R/df-fast-switch" --modes direct,forge \
+      --direct depth --repeat 2 --card-transport process ;;
+  df-fast-quiet)
+    stage df-fast-quiet 90 env PYTHONPATH="$PWD/$H/exp/quiet-driver:$PYTHONPATH" $F bench run $W/gpu-mixed.yaml \
+      --node $H/node-llama-1p5b-fast.yaml --records 512 --out "$R/df-fast-quiet" --modes direct,forge \
+      --direct depth --repeat 1 --card-transport process ;;
+  df-fast-spy)
+    mkdir -p "$R/df-fast-spy"
+    stage df-fast-spy 100 /tmp/site/bin/py-spy record --gil --threads --subprocesses --format raw --rate 100 \
+      -o "$R/df-fast-spy/gil.txt" -- $F bench run $W/gpu-mixed.yaml --node $H/node-llama-1p5b-fast.yaml \
+      --records 384 --out "$R/df-fast-spy" --modes direct,forge --direct depth --repeat 1 --card-transport process ;;
+  cp50k)
+    stage cp50k 90 $F bench control-plane --records 50000 --repeat 3 --out "$R/cp50k" ;;
   # issue 16, the last call: the new tiers (the sweep's CUDA graphs; replicas 2) against the shipped ones through
   # forge, interleaved in one process
   final-8b)
@@ -218,6 +241,7 @@ for n in ('node-llama-1p5b', 'node-llama-8b', 'node-llama-1p5b-small-pool'):
 esac; done
 pack
 echo "=== summary"
+for f in "$R"/*/control-plane.md; do [ -f "$f" ] && { echo "--- $f"; grep "^|" "$f"; }; done
 for f in "$R"/*/bench.md "$R"/*/sweep.md "$R"/*/compare.md; do
   [ -f "$f" ] && { echo "--- $f"; grep -A3 "^| forge ÷\|^\*\*Best\|^\*\*Winner\|^Confirm\|^| tier" "$f"; }; done
 for f in "$R"/cards-*/bench.md; do [ -f "$f" ] && { echo "--- $f"; grep -A1 "^together ÷ Σ alone" "$f"; }; done
