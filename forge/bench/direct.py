@@ -11,6 +11,8 @@ feeding the in-flight batcher at a controlled depth was measured to beat handing
     sorted   every request at once, in the order transformers' own batch API (generate_batch ->
              add_requests) uses when prefix sharing is on: prompts sorted, so shared prefixes are adjacent
     depth:N  N requests in flight, the next one added as each finishes (arrival order)
+    longest:N  the same, longest requested output first (the order forge's grouped broker keeps within a
+             prefix group and length bucket; over the whole workload here)
 
 Each variant gets a fresh manager (an empty KV cache: nothing cached by one variant helps the next)."""
 from __future__ import annotations
@@ -37,12 +39,14 @@ def parse_variants(text: str, slots: int) -> list[str]:
     for part in (p.strip() for p in text.split(",") if p.strip()):
         if part in ("all", "sorted"):
             out.append(part)
-        elif part == "depth":
-            out.append(f"depth:{slots}")
-        elif part.startswith("depth:") and part[6:].isdigit() and int(part[6:]) > 0:
+        elif part in ("depth", "longest"):
+            out.append(f"{part}:{slots}")
+        elif part.startswith(("depth:", "longest:")) and part.split(":", 1)[1].isdigit() \
+                and int(part.split(":", 1)[1]) > 0:
             out.append(part)
         else:
-            raise UsageError(f"--direct: unknown variant {part!r} (all | sorted | depth | depth:N)")
+            raise UsageError(f"--direct: unknown variant {part!r} (all | sorted | depth | depth:N | longest | "
+                             "longest:N)")
     if not out:
         raise UsageError("--direct: name at least one variant")
     return out
@@ -114,6 +118,9 @@ class DirectEngine:
                 order.sort(key=lambda r: r.prompt, reverse=True)      # what add_requests does
             elif variant.startswith("depth:"):
                 depth = int(variant[6:])
+            elif variant.startswith("longest:"):
+                depth = int(variant[8:])
+                order.sort(key=lambda r: -r.max_new_tokens)           # stable: arrival order among equals
             sampler = GpuSampler(gpus_of([self.plan])).start()
             steps0 = int(getattr(m, "current_batch", 0) or 0)
             try:

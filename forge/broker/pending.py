@@ -1,13 +1,20 @@
 """Pending requests, indexed so that adding, taking and requeueing never scan what is pending.
 
 Layout: partition (the set of engines a request fits, as a bit mask) -> priority level -> prefix group
--> length bucket -> FIFO deque. A level keeps each group in one of two places: pinned to an engine
-(`owned[engine]`, ordered for round-robin) or `unowned`. batching.py forms batches from it."""
+-> length bucket -> queue. A level keeps each group in one of two places: pinned to an engine
+(`owned[engine]`, ordered for round-robin) or `unowned`. batching.py forms batches from it.
+
+A bucket's queue is FIFO when grouping is off (arrival order, the baseline) and longest-first when it is on:
+the request asking for the most new tokens goes first. A batch job's last minutes are its tail, where the
+engine runs ever fewer requests at the cost of full steps until the longest of the last ones ends; taking the
+longest first leaves short ones for the end, so the tail is as short as the work allows (docs/broker.md,
+"Longest first"; measured in docs/benchmarks.md)."""
 from __future__ import annotations
 
 from bisect import insort
 from collections import OrderedDict, deque
-from typing import Optional
+from itertools import chain
+from typing import Iterator, Optional
 
 from forge.broker.dispatch import Balancer
 from forge.prefix_blocks import BoundedLRU
@@ -29,6 +36,75 @@ class Entry:
         self.via = NEW
 
 
+class Fifo(deque):
+    """A bucket's queue in arrival order (grouping off)."""
+
+    def oldest(self) -> "Entry":
+        return self[0]
+
+
+class LongestFirst:
+    """A bucket's queue, longest requested output first (grouping on): one FIFO per max_new_tokens value, served
+    from the largest value down; a requeued request (appendleft) goes before all of them. `q[0]` is the entry
+    `popleft()` returns. Bounded work: a handful of distinct output lengths per bucket in practice, at most
+    max_output_len of them."""
+
+    __slots__ = ("_front", "_by_len", "_neg_lens", "_n")
+
+    def __init__(self):
+        self._front: deque = deque()
+        self._by_len: dict[int, deque] = {}
+        self._neg_lens: list[int] = []         # -max_new_tokens, ascending: the longest first
+        self._n = 0
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __bool__(self) -> bool:
+        return self._n > 0
+
+    def __iter__(self) -> Iterator["Entry"]:
+        return chain(self._front, *self._by_len.values())
+
+    def __getitem__(self, i: int) -> "Entry":
+        if i != 0 or not self._n:
+            raise IndexError("only the head of a bucket's queue is read")
+        return self._front[0] if self._front else self._by_len[-self._neg_lens[0]][0]
+
+    def oldest(self) -> "Entry":
+        heads = [dq[0] for dq in self._by_len.values()]
+        if self._front:
+            heads.append(self._front[0])
+        return min(heads, key=lambda e: e.seq)
+
+    def append(self, e: "Entry") -> None:
+        k = e.req.max_new_tokens
+        dq = self._by_len.get(k)
+        if dq is None:
+            dq = self._by_len[k] = deque()
+            insort(self._neg_lens, -k)
+        dq.append(e)
+        self._n += 1
+
+    def appendleft(self, e: "Entry") -> None:
+        self._front.appendleft(e)
+        self._n += 1
+
+    def popleft(self) -> "Entry":
+        if not self._n:
+            raise IndexError("pop from an empty bucket queue")
+        self._n -= 1
+        if self._front:
+            return self._front.popleft()
+        k = -self._neg_lens[0]
+        dq = self._by_len[k]
+        e = dq.popleft()
+        if not dq:
+            del self._by_len[k]
+            self._neg_lens.pop(0)
+        return e
+
+
 class Group:
     __slots__ = ("key", "owner", "buckets", "n", "work")
 
@@ -40,7 +116,7 @@ class Group:
     def by_age(self) -> list[int]:
         """Bucket ids, the one holding the oldest request first (a handful of buckets at most)."""
         b = self.buckets
-        return sorted(b, key=lambda q: b[q][0].seq) if len(b) > 1 else list(b)
+        return sorted(b, key=lambda q: b[q].oldest().seq) if len(b) > 1 else list(b)
 
 
 class Level:
@@ -63,8 +139,10 @@ class Partition:
 
 
 class Pending:
-    def __init__(self, n_engines: int, n_buckets: int, balancer: Balancer, pins: BoundedLRU):
+    def __init__(self, n_engines: int, n_buckets: int, balancer: Balancer, pins: BoundedLRU, *,
+                 longest_first: bool = False):
         self.bal, self.pins = balancer, pins
+        self._queue = LongestFirst if longest_first else Fifo
         self.parts: dict[int, Partition] = {}
         self.by_engine: list[list[Partition]] = [[] for _ in range(n_engines)]   # narrowest first
         self.n = 0
@@ -87,7 +165,7 @@ class Pending:
                 lvl.owned.setdefault(g.owner, OrderedDict())[e.key] = g
         dq = g.buckets.get(e.qb)
         if dq is None:
-            dq = g.buckets[e.qb] = deque()
+            dq = g.buckets[e.qb] = self._queue()
         if front:                                  # a requeued request: its group is served next
             dq.appendleft(e)
             (lvl.unowned if g.owner is None else lvl.owned[g.owner]).move_to_end(e.key, last=False)

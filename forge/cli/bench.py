@@ -37,7 +37,8 @@ def _common_run(f):
         click.option("--warmup", type=click.IntRange(0, 1024), default=8, show_default=True,
                      help="warm-up requests before each window (own prompts, no shared prefix)"),
         click.option("--direct", default="sorted,depth", show_default=True,
-                     help="direct variants: all | sorted | depth (= slots) | depth:N, comma-separated"),
+                     help="direct variants: all | sorted | depth (= slots) | depth:N | longest (= slots) | longest:N "
+                          "(depth, longest requested output first), comma-separated"),
     ]
     for o in reversed(opts):
         f = o(f)

@@ -11,7 +11,8 @@ from forge.errors import UsageError
 
 def test_direct_variants():
     assert parse_variants("sorted, depth,all,depth:7", 32) == ["sorted", "depth:32", "all", "depth:7"]
-    for bad in ("", "deep", "depth:0", "depth:x"):
+    assert parse_variants("longest,longest:9", 32) == ["longest:32", "longest:9"]
+    for bad in ("", "deep", "depth:0", "depth:x", "longest:0", "longest:"):
         with pytest.raises(UsageError):
             parse_variants(bad, 32)
 

@@ -225,6 +225,11 @@ for n in ('node-llama-1p5b', 'node-llama-8b', 'node-llama-1p5b-small-pool'):
     stage df-fast-spy 100 /tmp/site/bin/py-spy record --gil --threads --subprocesses --format raw --rate 100 \
       -o "$R/df-fast-spy/gil.txt" -- $F bench run $W/gpu-mixed.yaml --node $H/node-llama-1p5b-fast.yaml \
       --records 384 --out "$R/df-fast-spy" --modes direct,forge --direct depth --repeat 1 --card-transport process ;;
+  # the broker's grouped queues serve the longest requested output first (forge/broker/pending.py): forge, FIFO
+  # and direct (arrival order, and the whole workload longest first) on the shipped 1.5B tier, 2 interleaved repeats
+  lpt-1p5b)
+    stage lpt-1p5b 330 $F bench run $W/gpu-mixed.yaml --node $H/node-llama-1p5b.yaml --records 512 \
+      --out "$R/lpt-1p5b" --modes direct,forge,fifo --direct depth,longest --repeat 2 --card-transport process ;;
   cp50k)
     stage cp50k 90 $F bench control-plane --records 50000 --repeat 3 --out "$R/cp50k" ;;
   # issue 16, the last call: the new tiers (the sweep's CUDA graphs; replicas 2) against the shipped ones through
