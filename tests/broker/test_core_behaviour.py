@@ -67,6 +67,46 @@ def test_fifo_mode_keeps_arrival_order_and_stops_at_the_first_misfit():
     assert core.take("e0", free_slots=8, free_kv_blocks=4096) == rs[2:]
 
 
+def test_grouped_mode_takes_the_longest_requested_output_first_in_a_bucket():
+    # one prefix group, one length bucket: the most new tokens first, arrival order among equals; a batch job's
+    # tail is then its short requests (forge/broker/pending.py, LongestFirst)
+    core = BrokerCore([geom(budget=1000)], grouping=True)
+    rs = [req(prefixed(0, 40, k), max_new=m) for k, m in enumerate((16, 128, 48, 128, 16, 96))]
+    for r in rs:
+        core.add(r)
+    got = drain(core, slots=2)
+    assert [r.max_new_tokens for b in got for r in b] == [128, 128, 96, 48, 16, 16]
+    assert [r.request_id for b in got for r in b][:2] == [rs[1].request_id, rs[3].request_id]
+    # FIFO mode keeps arrival order: the baseline the bench compares against
+    fifo = BrokerCore([geom(budget=1000)], grouping=False)
+    for r in rs:
+        fifo.add(req(r.prompts["t"], max_new=r.max_new_tokens, rid=r.request_id + "f"))
+    assert [r.max_new_tokens for b in drain(fifo, slots=2) for r in b] == [16, 128, 48, 128, 16, 96]
+
+
+def test_longest_first_queue_serves_requeued_work_first_and_knows_its_oldest():
+    from forge.broker.pending import Entry, LongestFirst
+
+    def entry(seq, max_new):
+        return Entry(req(range(4), max_new=max_new), seq, 1, 4 + max_new, None, 0, 0)
+
+    q = LongestFirst()
+    es = [entry(1, 8), entry(2, 64), entry(3, 8), entry(4, 32)]
+    for e in es:
+        q.append(e)
+    assert len(q) == 4 and q and q.oldest() is es[0]
+    assert q[0] is es[1] and q.popleft() is es[1]
+    back = entry(0, 1)
+    q.appendleft(back)                          # requeued: before every length, whatever its own
+    assert q[0] is back and q.oldest() is back
+    assert [q.popleft() for _ in range(4)] == [back, es[3], es[0], es[2]]
+    assert not q and len(q) == 0 and list(q) == []
+    with pytest.raises(IndexError):
+        q.popleft()
+    with pytest.raises(IndexError):
+        q[0]
+
+
 @pytest.mark.parametrize("grouping", [False, True])
 def test_requeue_goes_to_the_front_and_counts_the_attempt(grouping):
     core = BrokerCore([geom()], grouping=grouping)
