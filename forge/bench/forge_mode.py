@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import textwrap
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -102,6 +103,7 @@ async def run_forge_async(loaded: LoadedNode, records_path: Path, n_requests: in
         finally:
             gpu_util = sampler.stop()
         e1, b1 = node.engine_stats(), node.broker_stats()
+        down = getattr(node, "down", None)         # why no engine could work, when that is how the run ended
     finally:
         await node.stop()
     res = ModeResult(mode=mode, variant="grouped" if grouping else "fifo", requests=n_requests,
@@ -122,6 +124,8 @@ async def run_forge_async(loaded: LoadedNode, records_path: Path, n_requests: in
         res.notes.append(f"{requeued} request(s) requeued by admission")
     if stats.failed:
         res.notes.append(f"{stats.failed} record(s) failed; see {opts.output_path}")
+    if down:                                       # the cause, in the report: e.g. an engine's CUDA out-of-memory
+        res.notes.append(textwrap.shorten(" ".join(str(down).split()), 400, placeholder=" …"))
     return res
 
 
