@@ -79,6 +79,8 @@ def forge_register_tunables(register):
 
 @hookimpl
 def forge_validation_rules(register):
+    from forge.engines.hf.eager_memory import eager_scores_fit
     from forge.engines.hf.tunables import gpu_only_switches
 
     register(gpu_only_switches)
+    register(eager_scores_fit)
