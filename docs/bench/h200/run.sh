@@ -230,6 +230,20 @@ for n in ('node-llama-1p5b', 'node-llama-8b', 'node-llama-1p5b-small-pool'):
   lpt-1p5b)
     stage lpt-1p5b 330 $F bench run $W/gpu-mixed.yaml --node $H/node-llama-1p5b.yaml --records 512 \
       --out "$R/lpt-1p5b" --modes direct,forge,fifo --direct depth,longest --repeat 2 --card-transport process ;;
+  # next: issue 14's exact size (three repeats) with longest first, and the same on the fast tier (issue 16)
+  lpt-1p5b-3)
+    stage lpt-1p5b-3 420 $F bench run $W/gpu-mixed.yaml --node $H/node-llama-1p5b.yaml --records 512 \
+      --out "$R/lpt-1p5b-3" --modes direct,forge --direct depth,longest --repeat 3 --card-transport process ;;
+  lpt-fast-3)
+    stage lpt-fast-3 330 $F bench run $W/gpu-mixed.yaml --node $H/node-llama-1p5b-fast.yaml --records 512 \
+      --out "$R/lpt-fast-3" --modes direct,forge --direct depth,longest --repeat 3 --card-transport process ;;
+  # next: issue 16's "12+ candidates in one 10-minute call" on the 1.5B: 128 records each (~20-30 s a candidate),
+  # eager now skipped by validation, three --try pairs; 13 candidates run if each stays under ~30 s
+  sweep-1p5b-12)
+    sweep sweep-1p5b-12 575 h200-llama-1p5b $H/node-llama-1p5b.yaml 128 128 --skip transformers.compile_level \
+      --replicas 2,3 --combine 1 --try transformers.use_cuda_graph=true,card.replicas=2 \
+      --try transformers.use_cuda_graph=true,limits.max_batch_size=256 \
+      --try transformers.use_cuda_graph=true,limits.max_num_tokens=4096 ;;
   cp50k)
     stage cp50k 90 $F bench control-plane --records 50000 --repeat 3 --out "$R/cp50k" ;;
   # issue 16, the last call: the new tiers (the sweep's CUDA graphs; replicas 2) against the shipped ones through
