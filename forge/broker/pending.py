@@ -5,7 +5,7 @@ Layout: partition (the set of engines a request fits, as a bit mask) -> priority
 (`owned[engine]`, ordered for round-robin) or `unowned`. batching.py forms batches from it.
 
 A bucket's queue is FIFO when grouping is off (arrival order, the baseline) and longest-first when it is on:
-the request asking for the most new tokens goes first. A batch job's last minutes are its tail, where the
+the requests asking for the most new tokens (by power-of-two class) go first. A batch job's last minutes are its tail, where the
 engine runs ever fewer requests at the cost of full steps until the longest of the last ones ends; taking the
 longest first leaves short ones for the end, so the tail is as short as the work allows (docs/broker.md,
 "Longest first"; measured in docs/benchmarks.md)."""
@@ -44,18 +44,20 @@ class Fifo(deque):
 
 
 class LongestFirst:
-    """A bucket's queue, longest requested output first (grouping on): one FIFO per max_new_tokens value, served
-    from the largest value down; a requeued request (appendleft) goes before all of them. `q[0]` is the entry
-    `popleft()` returns. Bounded work: a handful of distinct output lengths per bucket in practice, at most
-    max_output_len of them."""
+    """A bucket's queue, longest requested output first (grouping on): one FIFO per output-length class (powers of
+    two of max_new_tokens: 16-31, 32-63, ...), served from the longest class down; a requeued request (appendleft)
+    goes before all of them. `q[0]` is the entry `popleft()` returns. Classes, not exact lengths, so a queue holds
+    a dozen FIFOs at most and every operation stays O(1)-ish (exact lengths halved the broker's take rate in
+    tests/broker/bench_core.py)."""
 
-    __slots__ = ("_front", "_by_len", "_neg_lens", "_n")
+    __slots__ = ("_front", "_by_len", "_neg_lens", "_n", "_oldest")
 
     def __init__(self):
         self._front: deque = deque()
-        self._by_len: dict[int, deque] = {}
-        self._neg_lens: list[int] = []         # -max_new_tokens, ascending: the longest first
+        self._by_len: dict[int, deque] = {}    # max_new_tokens.bit_length() -> FIFO
+        self._neg_lens: list[int] = []         # -class, ascending: the longest class first
         self._n = 0
+        self._oldest: Optional["Entry"] = None   # cached; None = recompute (by_age asks for it on every take)
 
     def __len__(self) -> int:
         return self._n
@@ -72,22 +74,32 @@ class LongestFirst:
         return self._front[0] if self._front else self._by_len[-self._neg_lens[0]][0]
 
     def oldest(self) -> "Entry":
-        heads = [dq[0] for dq in self._by_len.values()]
-        if self._front:
-            heads.append(self._front[0])
-        return min(heads, key=lambda e: e.seq)
+        e = self._oldest
+        if e is None:
+            if not self._n:
+                raise IndexError("an empty bucket queue has no oldest request")
+            e = self._front[0] if self._front else None
+            for dq in self._by_len.values():
+                if e is None or dq[0].seq < e.seq:
+                    e = dq[0]
+            self._oldest = e
+        return e
 
     def append(self, e: "Entry") -> None:
-        k = e.req.max_new_tokens
+        k = e.req.max_new_tokens.bit_length()
         dq = self._by_len.get(k)
         if dq is None:
             dq = self._by_len[k] = deque()
             insort(self._neg_lens, -k)
         dq.append(e)
+        if not self._n:
+            self._oldest = e                   # arrivals come in seq order: only the first can be the oldest
         self._n += 1
 
     def appendleft(self, e: "Entry") -> None:
         self._front.appendleft(e)
+        if self._oldest is not None and e.seq < self._oldest.seq:
+            self._oldest = e
         self._n += 1
 
     def popleft(self) -> "Entry":
@@ -95,13 +107,16 @@ class LongestFirst:
             raise IndexError("pop from an empty bucket queue")
         self._n -= 1
         if self._front:
-            return self._front.popleft()
-        k = -self._neg_lens[0]
-        dq = self._by_len[k]
-        e = dq.popleft()
-        if not dq:
-            del self._by_len[k]
-            self._neg_lens.pop(0)
+            e = self._front.popleft()
+        else:
+            k = -self._neg_lens[0]
+            dq = self._by_len[k]
+            e = dq.popleft()
+            if not dq:
+                del self._by_len[k]
+                self._neg_lens.pop(0)
+        if e is self._oldest:
+            self._oldest = None
         return e
 
 
