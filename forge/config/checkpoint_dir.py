@@ -13,7 +13,7 @@ WEIGHT_GLOBS = ("*.safetensors", "*.bin", "*.pt", "*.pth")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "vocab.json")
 
 
-def _geometry(cfg: dict) -> dict:
+def geometry(cfg: dict) -> dict:
     """The text model's shape from an HF config (multimodal configs nest it under text_config)."""
     text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
     heads = text.get("num_attention_heads")
@@ -21,6 +21,7 @@ def _geometry(cfg: dict) -> dict:
     if head_dim is None and isinstance(text.get("hidden_size"), int) and isinstance(heads, int) and heads:
         head_dim = text["hidden_size"] // heads
     return {"num_layers": text.get("num_hidden_layers"),
+            "num_attention_heads": heads,
             "num_kv_heads": text.get("num_key_value_heads", heads),
             "head_dim": head_dim,
             "vocab_size": text.get("vocab_size", cfg.get("vocab_size")),
@@ -47,7 +48,7 @@ def check_checkpoint(contract: Contract, file: str) -> list[Problem]:
     if isinstance(archs, list) and archs and m.architecture not in archs:
         out.append(Problem(file, "$.model.architecture",
                            f"the checkpoint is a {', '.join(map(str, archs))}; the contract says {m.architecture}"))
-    geo = _geometry(cfg)
+    geo = geometry(cfg)
     for field, hf_key in _HF_KEYS.items():
         have = geo[field]
         if have is None:

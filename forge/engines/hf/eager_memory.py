@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+from forge.config.checkpoint_dir import geometry
 from forge.config.files import FileRefused, read_json, shown
 from forge.config.models import Contract
 from forge.config.plan import CardPlan
@@ -30,8 +31,7 @@ def query_heads(contract: Contract) -> Optional[int]:
         cfg = read_json(ckpt / "config.json")
     except (FileRefused, OSError):
         return None
-    text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
-    heads = text.get("num_attention_heads")
+    heads = geometry(cfg)["num_attention_heads"]
     return heads if isinstance(heads, int) and heads > 0 else None
 
 
