@@ -174,21 +174,38 @@ def test_a_candidate_starts_only_with_time_for_it_and_the_confirm(cpu_plan, tmp_
     from forge.bench.sweep import Sweep, SweepOptions
 
     loaded = load_node(ROOT / "node_descriptions" / "local.yaml")
-    sweep = Sweep(loaded, "tiny-llama-cpu", SweepOptions(workload=ROOT / "forge/bench/quick.yaml",
-                                                         deadline_s=100, candidate_limit_s=30), tmp_path)
+    sweep = Sweep(loaded, "tiny-llama-cpu", SweepOptions(workload=ROOT / "forge/bench/quick.yaml", deadline_s=200,
+                                                         candidate_limit_s=30, confirm_repeat=2), tmp_path)
     base, other = sweep.candidates[0], next(c for c in sweep.candidates if c.status == "pending" and c.stage == "one")
-    base.status, base.wall_s, base.result = "ran", 20.0, {"completed": 4, "requests": 4, "tokens_per_s": 100.0}
-    sweep._reserve = 60.0
+    base.status, base.wall_s = "ran", 20.0
+    base.result = {"completed": 4, "requests": 4, "tokens_per_s": 100.0, "window_s": 10.0}
     clock = [sweep.t0]
     monkeypatch.setattr("forge.bench.sweep.time.monotonic", lambda: clock[0])
-    assert sweep._limit(other) == 30.0                    # 100 s left, nothing to confirm yet: the candidate limit
-    clock[0] = sweep.t0 + 75                              # 25 s left >= the shipped tier's 20 s
+    assert sweep._limit(other) == 30.0                    # 200 s left, nothing to confirm yet: the candidate limit
+    clock[0] = sweep.t0 + 175                             # 25 s left >= the typical wall (the shipped tier's 20 s)
     assert sweep._limit(other) == 25.0
-    other.status, other.result = "ran", {"completed": 4, "requests": 4, "tokens_per_s": 150.0}
+    other.status, other.wall_s = "ran", 12.0
+    other.result = {"completed": 4, "requests": 4, "tokens_per_s": 150.0, "window_s": 4.0}
     nxt = next(c for c in sweep.candidates if c.status == "pending" and c.stage == "one")
-    assert sweep._limit(nxt) is None                      # a winner exists: 60 s are kept for the confirm
-    clock[0] = sweep.t0 + 10
-    assert sweep._limit(nxt) == 30.0
+    # a winner exists: the confirm loads both tiers once per repeat and runs their windows, 2 x (20 + 12) x 1.1 + 5
+    clock[0] = sweep.t0 + 100                             # 100 s left - 75.4 kept = 24.6 s >= the median wall, 20 s
+    assert sweep._limit(nxt) == pytest.approx(24.6)
+    assert sweep._reserve == pytest.approx(75.4)
+    clock[0] = sweep.t0 + 110                             # 14.6 s: less than a typical candidate takes
+    assert sweep._limit(nxt) is None
+
+
+def test_the_confirm_reserve_scales_only_the_window_to_the_confirm_records():
+    from forge.bench.sweep import confirm_reserve, typical_wall
+
+    base = Candidate("base", {}, "base", status="ran", wall_s=40.0, result={"window_s": 14.5})
+    best = Candidate("g", {"x": 1}, "one", status="ran", wall_s=24.8, result={"window_s": 5.9})
+    # 2 repeats x ((25.5 + 29.0) + (18.9 + 11.8)) x 1.1 + 5: loads once per repeat, windows at twice the records
+    assert confirm_reserve(base, best, 2, 2.0) == pytest.approx(2 * (25.5 + 29.0 + 18.9 + 11.8) * 1.1 + 5)
+    assert confirm_reserve(base, best, 1, 0.5) == pytest.approx((40.0 + 24.8) * 1.1 + 5)   # never below the run
+    cut = Candidate("c", {"x": 2}, "one", status="cut", wall_s=99.0)
+    assert typical_wall([base, best, cut]) == 40.0 and typical_wall([cut]) == 0.0
+    assert typical_wall([base, best, Candidate("d", {}, "one", status="ran", wall_s=30.0)]) == 30.0
 
 
 def test_a_written_winner_sits_beside_the_shipped_tiers(tmp_path, gpu_loaded):

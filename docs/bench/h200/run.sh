@@ -237,10 +237,11 @@ for n in ('node-llama-1p5b', 'node-llama-8b', 'node-llama-1p5b-small-pool'):
   lpt-fast-3)
     stage lpt-fast-3 330 $F bench run $W/gpu-mixed.yaml --node $H/node-llama-1p5b-fast.yaml --records 512 \
       --out "$R/lpt-fast-3" --modes direct,forge --direct depth,longest --repeat 3 --card-transport process ;;
-  # next: issue 16's "12+ candidates in one 10-minute call" on the 1.5B: 128 records each (~20-30 s a candidate),
-  # eager now skipped by validation, three --try pairs; 13 candidates run if each stays under ~30 s
+  # issue 16's "12+ candidates in one 10-minute call" on the 1.5B. Run once at 128 records (12:11 UTC, call I): 10
+  # ran in 490 s, 4 cut, the confirm's reserve ~60 s too large. Now 96 records a candidate (the confirm keeps 128)
+  # and the reserve from each tier's load + window (forge/bench/sweep.py, confirm_reserve); call with DEADLINE=595
   sweep-1p5b-12)
-    sweep sweep-1p5b-12 575 h200-llama-1p5b $H/node-llama-1p5b.yaml 128 128 --skip transformers.compile_level \
+    sweep sweep-1p5b-12 585 h200-llama-1p5b $H/node-llama-1p5b.yaml 96 128 --skip transformers.compile_level \
       --replicas 2,3 --combine 1 --try transformers.use_cuda_graph=true,card.replicas=2 \
       --try transformers.use_cuda_graph=true,limits.max_batch_size=256 \
       --try transformers.use_cuda_graph=true,limits.max_num_tokens=4096 ;;
