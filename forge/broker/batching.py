@@ -5,10 +5,10 @@ is pending. Grouped: one length bucket per batch, the engine's own prefix groups
 groups (pinned to it as it takes them), then groups it may spill from. FIFO: strict arrival order."""
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Iterator, Optional
 
 from forge.broker.dispatch import Balancer
-from forge.broker.pending import HIT, NEW, SPILL, Entry, Pending
+from forge.broker.pending import HIT, NEW, SPILL, Entry, Pending, priority_of
 from forge.prefix_blocks import BoundedLRU
 from forge.broker.types import EngineGeometry
 
@@ -22,24 +22,48 @@ class Batcher:
     def form(self, i: int, g: EngineGeometry, free_slots: int, free_kv: int) -> list[Entry]:
         """One batch for engine i from the highest priority it may serve (empty if nothing fits now)."""
         drain = self.bal.drain_limit()        # constant during a take: work only moves pending -> held
+        if self.grouping:
+            return self._form_by_class(i, g, free_slots, free_kv, drain)
         for prio in self.p.priorities(i):
-            if self.grouping:
-                batch, accessible = self._form_grouped(i, g, prio, free_slots, free_kv, drain)
-            else:
-                batch, accessible = self._form_fifo(i, g, prio, free_slots, free_kv, drain)
+            batch, accessible = self._form_fifo(i, g, prio, free_slots, free_kv, drain)
             if accessible:
                 return batch
         return []
 
-    def _candidates(self, i: int, prio: int, drain: float) -> Iterator[tuple]:
+    def _form_by_class(self, i: int, geom: EngineGeometry, slots: int, kv: int, drain: float) -> list[Entry]:
+        """Grouped: the highest priority engine i may serve, its output classes longest first (pending.py)."""
+        levels = self.p.priorities(i)
+        while levels:
+            prio = priority_of(levels[0])
+            mine = [lv for lv in levels if priority_of(lv) == prio]
+            levels = levels[len(mine):]
+            take = Take(slots, kv, geom.max_num_tokens)
+            for spill in (False, True):
+                # its own and unowned groups first, every class; then the spill rules: a long class pinned
+                # elsewhere is not spilled while the engine has shorter work of its own
+                for level in mine:
+                    self._form_grouped(i, geom, level, take, drain, spill)
+                    if take.over(self):
+                        break
+                if take.over(self):
+                    break
+            if take.accessible:
+                return take.batch
+        return []
+
+    def _candidates(self, i: int, prio: int, drain: float, spill: Optional[bool] = None) -> Iterator[tuple]:
         """Groups engine i may take from at this priority: its own pinned groups (round-robin), then
         unpinned ones (claimed while within the load bound), then groups pinned to engines that are
         overloaded or, in the tail, would finish their work after everyone else (see dispatch.py).
 
         Lazy and O(1) per group: the consumer rotates every visited group to the end of its dict (or
-        moves or deletes it), so the next group is always the first one."""
+        moves or deletes it), so the next group is always the first one. `spill`: True yields only the groups it
+        may spill from, False all but those, None all."""
         parts = [(p, p.levels[prio]) for p in self.p.by_engine[i] if prio in p.levels]
         k, bal = self.max_visits, self.bal
+        if spill:
+            yield from self._spills(i, parts, drain)
+            return
         for part, lvl in parts:
             own = lvl.owned.get(i)
             for _ in range(min(k, len(own) if own else 0)):
@@ -58,6 +82,11 @@ class Batcher:
                     if loose is not None:
                         yield part, lvl, loose, NEW
                     break
+        if spill is None:
+            yield from self._spills(i, parts, drain)
+
+    def _spills(self, i: int, parts: list, drain: float) -> Iterator[tuple]:
+        k, bal = self.max_visits, self.bal
         mean_work = bal.pending_work / self.p.n if self.p.n else 0.0
         for part, lvl in parts:
             owners = sorted((j for j in lvl.owned if j != i and self._spillable(i, j, mean_work, drain)),
@@ -73,20 +102,20 @@ class Batcher:
         bal = self.bal
         return bal.overloaded(j) > 0 or bal.lags(j, work, drain) or bal.sooner(i, j, work)
 
-    def _form_grouped(self, i, geom, prio, slots, kv, drain):
+    def _form_grouped(self, i, geom, prio, take: "Take", drain, spill=None) -> None:
+        """One level's part of the batch in `take` (see Take); `spill` as in _candidates."""
         bal, tok, tpb = self.bal, geom.tokenizer_key, geom.tokens_per_block
-        budget = geom.max_num_tokens
-        batch: list[Entry] = []
-        seed_qb = None
-        accessible = done = False
-        visits = 0
-        for part, lvl, grp, via in self._candidates(i, prio, drain):
-            visits += 1
+        batch = take.batch
+        for part, lvl, grp, via in self._candidates(i, prio, drain, spill):
+            take.visits += 1
             keyed = grp.key is not None
             if via == NEW and keyed and batch and not bal.may_claim(i, grp.work, grp.n):
                 lvl.unowned.move_to_end(grp.key)   # filling may not pin a group that would overload us
+                if take.visits >= self.max_visits:
+                    take.done = True
+                    return
                 continue
-            accessible = True
+            take.accessible = True
             share_with = None
             if via == SPILL:
                 j = grp.owner
@@ -95,6 +124,7 @@ class Batcher:
                 else:
                     share_with = j                 # its owner's only group: share it while j is over
             took = 0
+            seed_qb = take.seed_qb
             qbs = grp.by_age() if seed_qb is None else ([seed_qb] if seed_qb in grp.buckets else [])
             for qb in qbs:
                 dq = grp.buckets[qb]
@@ -103,29 +133,29 @@ class Batcher:
                     req = e.req
                     n = len(req.prompts[tok])
                     blocks = -(-(n + req.max_new_tokens) // tpb)
-                    if blocks > kv or (batch and n > budget):
+                    if blocks > take.kv or (batch and n > take.budget):
                         break
                     if share_with is not None and bal.overloaded(share_with) <= 0 and not (
                             bal.lags(share_with, e.work, drain) and bal.faster(i, share_with, e.work)) \
                             and not bal.sooner(i, share_with, e.work):
                         break                      # its owner copes, would not finish it late, nor after us
                     if not bal.allows(i, e.work, part.mask, drain):
-                        done = True
+                        take.done = True
                         break
                     self.p.pop(lvl, grp, qb, dq)
                     bal.taken(i, e.work)
                     e.via = via if keyed else NEW
                     batch.append(e)
                     took += 1
-                    slots -= 1
-                    kv -= blocks
-                    if n > budget or slots == 0:      # an oversized prompt goes alone
-                        done = True
+                    take.slots -= 1
+                    take.kv -= blocks
+                    if n > take.budget or take.slots == 0:      # an oversized prompt goes alone
+                        take.done = True
                         break
-                    budget -= n
-                if took or done:
-                    if seed_qb is None and took:
-                        seed_qb = qb
+                    take.budget -= n
+                if took or take.done:
+                    if take.seed_qb is None and took:
+                        take.seed_qb = qb
                     break
             if took and keyed and share_with is None:
                 self.pins.put(grp.key, i)
@@ -135,9 +165,10 @@ class Batcher:
                 self.p.claim(lvl, grp, i)               # lands at the end of the engine's groups
             else:                                      # round-robin: the next take starts elsewhere
                 (lvl.unowned if grp.owner is None else lvl.owned[grp.owner]).move_to_end(grp.key)
-            if done or visits >= self.max_visits or (seed_qb is not None and budget < self.bucket_lower[seed_qb]):
-                break
-        return batch, accessible
+            if take.visits >= self.max_visits:
+                take.done = True
+            if take.over(self):
+                return
 
     def _form_fifo(self, i, geom, prio, slots, kv, drain):
         """Plain FIFO within the priority (merging partitions by arrival); stops at the first misfit."""
@@ -167,3 +198,21 @@ class Batcher:
                 break
             budget -= n
         return batch, True
+
+
+class Take:
+    """One grouped take across the levels it walks: what is left of the engine's capacity, the batch so far, its
+    length bucket (the first level that gives sets it; every level after fills from the same bucket), and the
+    visits, bounded by max_visits for the whole take as one level's walk was before classes were levels."""
+
+    __slots__ = ("slots", "kv", "budget", "batch", "seed_qb", "visits", "accessible", "done")
+
+    def __init__(self, slots: int, kv: int, budget: int):
+        self.slots, self.kv, self.budget = slots, kv, budget
+        self.batch: list[Entry] = []
+        self.seed_qb: Optional[int] = None
+        self.visits = 0
+        self.accessible = self.done = False
+
+    def over(self, b: Batcher) -> bool:
+        return self.done or (self.seed_qb is not None and self.budget < b.bucket_lower[self.seed_qb])

@@ -4,23 +4,35 @@ Layout: partition (the set of engines a request fits, as a bit mask) -> priority
 -> length bucket -> queue. A level keeps each group in one of two places: pinned to an engine
 (`owned[engine]`, ordered for round-robin) or `unowned`. batching.py forms batches from it.
 
-A bucket's queue is FIFO when grouping is off (arrival order, the baseline) and longest-first when it is on:
-the requests asking for the most new tokens (by power-of-two class) go first. A batch job's last minutes are its tail, where the
-engine runs ever fewer requests at the cost of full steps until the longest of the last ones ends; taking the
-longest first leaves short ones for the end, so the tail is as short as the work allows (docs/broker.md,
-"Longest first"; measured in docs/benchmarks.md)."""
+Every queue is FIFO (a requeued request goes to its front). With grouping on, a level is a priority *and an
+output class*: requests asking for more new tokens (by power of two: 16-31, 32-63, ...) sit in a higher level of
+their priority, so takes serve them first, across every prefix group (batching.py fills a batch down the classes
+of one priority). A batch job's last minutes are its tail, where the engine runs ever fewer requests at the cost
+of full steps until the longest of the last ones ends; taking the longest first leaves short ones for the end,
+so the tail is as short as the work allows (docs/broker.md, "Longest first"; measured in docs/benchmarks.md).
+Grouping off keeps one level per priority: arrival order, the baseline."""
 from __future__ import annotations
 
 from bisect import insort
 from collections import OrderedDict, deque
-from itertools import chain
-from typing import Iterator, Optional
+from typing import Optional
 
 from forge.broker.dispatch import Balancer
 from forge.prefix_blocks import BoundedLRU
 from forge.broker.types import BrokerRequest
 
 NEW, HIT, SPILL = 0, 1, 2        # how a request reached its engine (unpinned / its pin / spilled)
+CLASSES = 64                     # output classes per priority level (max_new_tokens.bit_length() < 64)
+REQUEUED = CLASSES - 1           # the class of requeued work: before every other class of its priority
+
+
+def level_key(priority: int, out_class: int) -> int:
+    """One int orders levels: priority first, then output class (both descending in a take)."""
+    return priority * CLASSES + out_class
+
+
+def priority_of(level: int) -> int:
+    return level // CLASSES
 
 
 class Entry:
@@ -37,87 +49,10 @@ class Entry:
 
 
 class Fifo(deque):
-    """A bucket's queue in arrival order (grouping off)."""
+    """A bucket's queue in arrival order, requeued requests at its front."""
 
     def oldest(self) -> "Entry":
         return self[0]
-
-
-class LongestFirst:
-    """A bucket's queue, longest requested output first (grouping on): one FIFO per output-length class (powers of
-    two of max_new_tokens: 16-31, 32-63, ...), served from the longest class down; a requeued request (appendleft)
-    goes before all of them. `q[0]` is the entry `popleft()` returns. Classes, not exact lengths, so a queue holds
-    a dozen FIFOs at most and every operation stays O(1)-ish (exact lengths halved the broker's take rate in
-    tests/broker/bench_core.py)."""
-
-    __slots__ = ("_front", "_by_len", "_neg_lens", "_n", "_oldest")
-
-    def __init__(self):
-        self._front: deque = deque()
-        self._by_len: dict[int, deque] = {}    # max_new_tokens.bit_length() -> FIFO
-        self._neg_lens: list[int] = []         # -class, ascending: the longest class first
-        self._n = 0
-        self._oldest: Optional["Entry"] = None   # cached; None = recompute (by_age asks for it on every take)
-
-    def __len__(self) -> int:
-        return self._n
-
-    def __bool__(self) -> bool:
-        return self._n > 0
-
-    def __iter__(self) -> Iterator["Entry"]:
-        return chain(self._front, *self._by_len.values())
-
-    def __getitem__(self, i: int) -> "Entry":
-        if i != 0 or not self._n:
-            raise IndexError("only the head of a bucket's queue is read")
-        return self._front[0] if self._front else self._by_len[-self._neg_lens[0]][0]
-
-    def oldest(self) -> "Entry":
-        e = self._oldest
-        if e is None:
-            if not self._n:
-                raise IndexError("an empty bucket queue has no oldest request")
-            e = self._front[0] if self._front else None
-            for dq in self._by_len.values():
-                if e is None or dq[0].seq < e.seq:
-                    e = dq[0]
-            self._oldest = e
-        return e
-
-    def append(self, e: "Entry") -> None:
-        k = e.req.max_new_tokens.bit_length()
-        dq = self._by_len.get(k)
-        if dq is None:
-            dq = self._by_len[k] = deque()
-            insort(self._neg_lens, -k)
-        dq.append(e)
-        if not self._n:
-            self._oldest = e                   # arrivals come in seq order: only the first can be the oldest
-        self._n += 1
-
-    def appendleft(self, e: "Entry") -> None:
-        self._front.appendleft(e)
-        if self._oldest is not None and e.seq < self._oldest.seq:
-            self._oldest = e
-        self._n += 1
-
-    def popleft(self) -> "Entry":
-        if not self._n:
-            raise IndexError("pop from an empty bucket queue")
-        self._n -= 1
-        if self._front:
-            e = self._front.popleft()
-        else:
-            k = -self._neg_lens[0]
-            dq = self._by_len[k]
-            e = dq.popleft()
-            if not dq:
-                del self._by_len[k]
-                self._neg_lens.pop(0)
-        if e is self._oldest:
-            self._oldest = None
-        return e
 
 
 class Group:
@@ -157,7 +92,7 @@ class Pending:
     def __init__(self, n_engines: int, n_buckets: int, balancer: Balancer, pins: BoundedLRU, *,
                  longest_first: bool = False):
         self.bal, self.pins = balancer, pins
-        self._queue = LongestFirst if longest_first else Fifo
+        self.longest_first = longest_first
         self.parts: dict[int, Partition] = {}
         self.by_engine: list[list[Partition]] = [[] for _ in range(n_engines)]   # narrowest first
         self.n = 0
@@ -167,6 +102,8 @@ class Pending:
     def push(self, e: Entry, front: bool = False) -> None:
         part = self.parts.get(e.mask) or self._new_partition(e.mask)
         prio = e.req.priority
+        if self.longest_first:
+            prio = level_key(prio, REQUEUED if front else min(e.req.max_new_tokens.bit_length(), REQUEUED - 1))
         lvl = part.levels.get(prio)
         if lvl is None:
             lvl = part.levels[prio] = Level()
@@ -180,7 +117,7 @@ class Pending:
                 lvl.owned.setdefault(g.owner, OrderedDict())[e.key] = g
         dq = g.buckets.get(e.qb)
         if dq is None:
-            dq = g.buckets[e.qb] = self._queue()
+            dq = g.buckets[e.qb] = Fifo()
         if front:                                  # a requeued request: its group is served next
             dq.appendleft(e)
             (lvl.unowned if g.owner is None else lvl.owned[g.owner]).move_to_end(e.key, last=False)
@@ -290,7 +227,8 @@ class Pending:
         return out
 
     def priorities(self, i: int) -> list[int]:
-        """Priorities with work engine i fits, highest first."""
+        """Levels (priorities, or with grouping on priority x output class) with work engine i fits, highest
+        first."""
         parts = self.by_engine[i]
         if len(parts) == 1:
             return [-p for p in parts[0].neg_prios]

@@ -40,16 +40,18 @@ def test_two_engines_at_3_to_1_share_the_queue_3_to_1(grouping):
 
 def test_tail_rule_shortens_the_end_of_the_run():
     """Without the tail rule (an infinite slack disables it) the slow card grabs its last full set of
-    slots and the fast card idles while it finishes them. Shown in arrival order (FIFO): grouped mode serves
-    the longest requested outputs first, which leaves the rule little tail to cut (it ends nearer the ideal
-    makespan with or without the rule)."""
+    slots and the fast card idles while it finishes them: arrival order (FIFO) 2,012 ticks with the rule, 2,101
+    without; grouped 2,022 and 2,085 (ideal 1,950). Grouped mode serves the longest requested outputs first, which
+    on a real engine sets the tail (a request lives about max_new_tokens steps); in this simulation a request's
+    time is its whole work, prompt included (40-200 prompt tokens against 8-64 new), so output order barely
+    shortens it here."""
     _, _, with_rule, ideal, _ = _run(False, n=400)
     _, _, without, _, _ = _run(False, n=400, tail_slack=1e9)
     assert with_rule < without
     assert with_rule <= 1.1 * ideal
     _, _, grouped, _, _ = _run(True, n=400)
     _, _, grouped_without, _, _ = _run(True, n=400, tail_slack=1e9)
-    assert grouped <= with_rule and grouped <= grouped_without <= 1.05 * ideal
+    assert grouped < grouped_without and grouped <= 1.05 * ideal
 
 
 def test_three_engines_share_by_speed_while_producers_feed_the_queue():

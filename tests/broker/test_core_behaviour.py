@@ -84,27 +84,51 @@ def test_grouped_mode_takes_the_longest_requested_output_first_in_a_bucket():
     assert [r.max_new_tokens for b in drain(fifo, slots=2) for r in b] == [16, 128, 48, 128, 16, 96]
 
 
-def test_longest_first_queue_serves_requeued_work_first_and_knows_its_oldest():
-    from forge.broker.pending import Entry, LongestFirst
+def test_longest_first_holds_across_prefix_groups_and_buckets_below_priority():
+    # the long outputs of every group go before any group's short ones (output class is a level under the
+    # priority: forge/broker/pending.py); a batch fills down the classes; priority still comes first
+    # (a batch keeps to one prompt-length bucket, the first class's: here all prompts are 40 tokens)
+    core = BrokerCore([geom(budget=4000)], grouping=True)
+    short = [req(prefixed(k, 40, k), max_new=16) for k in range(4)]              # 4 prefix groups
+    long_ = [req(prefixed(k, 40, 10 + k), max_new=100) for k in range(4)]
+    urgent = req(prefixed(9, 40, 99), max_new=8, priority=1)
+    for r in short + long_ + [urgent]:
+        core.add(r)
+    first = core.take("e0", free_slots=1, free_kv_blocks=4096)
+    assert first == [urgent]                                        # priority before output length
+    got = core.take("e0", free_slots=6, free_kv_blocks=4096)
+    assert sorted(r.max_new_tokens for r in got[:4]) == [100] * 4   # every group's long one, then short ones
+    assert [r.max_new_tokens for r in got[4:]] == [16, 16]
 
-    def entry(seq, max_new):
-        return Entry(req(range(4), max_new=max_new), seq, 1, 4 + max_new, None, 0, 0)
 
-    q = LongestFirst()
-    es = [entry(1, 8), entry(2, 64), entry(3, 8), entry(4, 32)]
-    for e in es:
-        q.append(e)
-    assert len(q) == 4 and q and q.oldest() is es[0]
-    assert q[0] is es[1] and q.popleft() is es[1]
-    back = entry(0, 1)
-    q.appendleft(back)                          # requeued: before every length, whatever its own
-    assert q[0] is back and q.oldest() is back
-    assert [q.popleft() for _ in range(4)] == [back, es[3], es[0], es[2]]
-    assert not q and len(q) == 0 and list(q) == []
-    with pytest.raises(IndexError):
-        q.popleft()
-    with pytest.raises(IndexError):
-        q[0]
+def test_requeued_work_goes_before_every_output_class_of_its_priority():
+    core = BrokerCore([geom()], grouping=True)
+    rs = [req(prefixed(0, 40, k), max_new=m) for k, m in enumerate((8, 8, 120, 120))]
+    for r in rs:
+        core.add(r)
+    got = core.take("e0", free_slots=2, free_kv_blocks=4096)
+    assert [r.max_new_tokens for r in got] == [120, 120]
+    short = core.take("e0", free_slots=1, free_kv_blocks=4096)
+    core.requeue(got + short)                                      # e.g. its worker died
+    again = core.take("e0", free_slots=8, free_kv_blocks=4096)
+    assert again[:3] == got + short and again[3:] == [rs[1]]
+
+
+def test_a_long_class_pinned_elsewhere_is_not_spilled_while_the_engine_has_its_own_work():
+    core = BrokerCore([geom("a"), geom("b")], grouping=True)
+    seed_a, seed_b = req(prefixed(0, 40, 0)), req(prefixed(1, 40, 1))
+    core.add(seed_a)
+    assert core.take("a", free_slots=1, free_kv_blocks=4096) == [seed_a]      # family 0 pinned to a
+    core.add(seed_b)
+    assert core.take("b", free_slots=1, free_kv_blocks=4096) == [seed_b]      # family 1 pinned to b
+    for r in (seed_a, seed_b):
+        core.on_done("a" if r is seed_a else "b", r)
+    mine = [req(prefixed(1, 40, 10 + k), max_new=16) for k in range(4)]
+    theirs = [req(prefixed(0, 40, 20 + k), max_new=120) for k in range(4)]
+    for r in theirs + mine:
+        core.add(r)
+    assert core.take("b", free_slots=4, free_kv_blocks=4096) == mine          # its own short ones, no spill
+    assert core.stats().affinity_spills == 0
 
 
 @pytest.mark.parametrize("grouping", [False, True])
