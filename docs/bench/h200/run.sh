@@ -225,6 +225,13 @@ for n in ('node-llama-1p5b', 'node-llama-8b', 'node-llama-1p5b-small-pool'):
     stage df-fast-spy 100 /tmp/site/bin/py-spy record --gil --threads --subprocesses --format raw --rate 100 \
       -o "$R/df-fast-spy/gil.txt" -- $F bench run $W/gpu-mixed.yaml --node $H/node-llama-1p5b-fast.yaml \
       --records 384 --out "$R/df-fast-spy" --modes direct,forge --direct depth --repeat 1 --card-transport process ;;
+  # longest first across groups (call J): forge's steps equal direct longest's, each slower; where the worker's
+  # time goes, beside direct longest's loop (one repeat, shipped 1.5B)
+  lpt-spy)
+    mkdir -p "$R/lpt-spy"
+    stage lpt-spy 200 /tmp/site/bin/py-spy record --gil --threads --subprocesses --format raw --rate 100 \
+      -o "$R/lpt-spy/gil.txt" -- $F bench run $W/gpu-mixed.yaml --node $H/node-llama-1p5b.yaml \
+      --records 512 --out "$R/lpt-spy" --modes direct,forge --direct longest --repeat 1 --card-transport process ;;
   # the broker's grouped queues serve the longest requested output first (forge/broker/pending.py): forge, FIFO
   # and direct (arrival order, and the whole workload longest first) on the shipped 1.5B tier, 2 interleaved repeats
   lpt-1p5b)
