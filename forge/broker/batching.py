@@ -1,8 +1,9 @@
 """Batch forming for one engine: which pending requests it takes now, and in what shape.
 
 A take walks at most `max_visits` prefix groups, so its cost follows the batch it returns, never what
-is pending. Grouped: one length bucket per batch, the engine's own prefix groups first, then unpinned
-groups (pinned to it as it takes them), then groups it may spill from. FIFO: strict arrival order."""
+is pending. Grouped: the output classes of one priority from the longest down (pending.py), one length bucket
+per batch; in every class the engine's own prefix groups first, then unpinned groups (pinned to it as it takes
+them); only then, room left, groups it may spill from. FIFO: strict arrival order."""
 from __future__ import annotations
 
 from typing import Iterator, Optional
@@ -51,14 +52,14 @@ class Batcher:
                 return take.batch
         return []
 
-    def _candidates(self, i: int, prio: int, drain: float, spill: Optional[bool] = None) -> Iterator[tuple]:
+    def _candidates(self, i: int, prio: int, drain: float, spill: bool) -> Iterator[tuple]:
         """Groups engine i may take from at this priority: its own pinned groups (round-robin), then
         unpinned ones (claimed while within the load bound), then groups pinned to engines that are
         overloaded or, in the tail, would finish their work after everyone else (see dispatch.py).
 
         Lazy and O(1) per group: the consumer rotates every visited group to the end of its dict (or
-        moves or deletes it), so the next group is always the first one. `spill`: True yields only the groups it
-        may spill from, False all but those, None all."""
+        moves or deletes it), so the next group is always the first one. `spill`: the groups it may spill from
+        (True) or the others (False)."""
         parts = [(p, p.levels[prio]) for p in self.p.by_engine[i] if prio in p.levels]
         k, bal = self.max_visits, self.bal
         if spill:
@@ -82,8 +83,6 @@ class Batcher:
                     if loose is not None:
                         yield part, lvl, loose, NEW
                     break
-        if spill is None:
-            yield from self._spills(i, parts, drain)
 
     def _spills(self, i: int, parts: list, drain: float) -> Iterator[tuple]:
         k, bal = self.max_visits, self.bal
@@ -102,7 +101,7 @@ class Batcher:
         bal = self.bal
         return bal.overloaded(j) > 0 or bal.lags(j, work, drain) or bal.sooner(i, j, work)
 
-    def _form_grouped(self, i, geom, prio, take: "Take", drain, spill=None) -> None:
+    def _form_grouped(self, i, geom, prio, take: "Take", drain, spill: bool) -> None:
         """One level's part of the batch in `take` (see Take); `spill` as in _candidates."""
         bal, tok, tpb = self.bal, geom.tokenizer_key, geom.tokens_per_block
         batch = take.batch
