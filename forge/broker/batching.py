@@ -108,7 +108,7 @@ class Batcher:
         for part, lvl, grp, via in self._candidates(i, prio, drain, spill):
             take.visits += 1
             keyed = grp.key is not None
-            if via == NEW and keyed and batch and not bal.may_claim(i, grp.work, grp.n):
+            if via == NEW and keyed and batch and not bal.may_claim(i, *grp.family_load()):
                 lvl.unowned.move_to_end(grp.key)   # filling may not pin a group that would overload us
                 if take.visits >= self.max_visits:
                     take.done = True
@@ -118,7 +118,7 @@ class Batcher:
             share_with = None
             if via == SPILL:
                 j = grp.owner
-                if bal.overloaded(j) > 0 and len(lvl.owned[j]) > 1 and bal.may_claim(i, grp.work, grp.n):
+                if bal.overloaded(j) > 0 and len(lvl.owned[j]) > 1 and bal.may_claim(i, *grp.family_load()):
                     self.p.move(lvl, grp, i)        # take the whole group over: it stays coherent
                 else:
                     share_with = j                 # its owner's only group: share it while j is over
@@ -158,11 +158,12 @@ class Batcher:
                     break
             if took and keyed and share_with is None:
                 self.pins.put(grp.key, i)
+            claimed = took and via == NEW and keyed
+            if claimed:                                # with its family (other classes); lands at the end of
+                self.p.claim(lvl, grp, i)              # the engine's groups, even if this one is emptied now
             if not grp.n:
                 self.p.tidy(part, prio, lvl, grp)
-            elif took and via == NEW and keyed:
-                self.p.claim(lvl, grp, i)               # lands at the end of the engine's groups
-            else:                                      # round-robin: the next take starts elsewhere
+            elif not claimed:                          # round-robin: the next take starts elsewhere
                 (lvl.unowned if grp.owner is None else lvl.owned[grp.owner]).move_to_end(grp.key)
             if take.visits >= self.max_visits:
                 take.done = True

@@ -48,7 +48,7 @@ class BrokerCore:
         self._bal = Balancer(engines, affinity_load_factor=affinity_load_factor, tail_slack=tail_slack,
                              half_life_s=speed_half_life_s)
         pins = BoundedLRU(pin_capacity or max(MIN_PIN_CAPACITY, sum(g.kv_blocks_total for g in engines)))
-        self._pending = Pending(len(engines), len(self._buckets), self._bal, pins, longest_first=grouping)
+        self._pending = Pending(len(engines), len(self._buckets), self._bal, pins, class_levels=grouping)
         self._batcher = Batcher(self._pending, self._bal, pins, self._buckets.lower, grouping, max_group_visits)
         self._mirrors = [BlockMirror(g.kv_blocks_total) for g in engines]
         self._entries: dict[str, Entry] = {}       # pending and in flight, by request id

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from bisect import insort
 from collections import OrderedDict, deque
-from typing import Optional
+from typing import Iterator, Optional
 
 from forge.broker.dispatch import Balancer
 from forge.prefix_blocks import BoundedLRU
@@ -49,19 +49,31 @@ class Entry:
 
 
 class Fifo(deque):
-    """A bucket's queue in arrival order, requeued requests at its front."""
+    """A bucket's queue in arrival order, requeued requests at its front (so its head is also its oldest)."""
 
     def oldest(self) -> "Entry":
         return self[0]
 
 
 class Group:
-    __slots__ = ("key", "owner", "buckets", "n", "work")
+    __slots__ = ("key", "owner", "buckets", "n", "work", "lvl", "family")
 
-    def __init__(self, key: Optional[int], owner: Optional[int]):
-        self.key, self.owner = key, owner
+    def __init__(self, key: Optional[int], owner: Optional[int], lvl: "Level", family: Optional[dict] = None):
+        self.key, self.owner, self.lvl = key, owner, lvl
         self.buckets: dict[int, deque] = {}
         self.n = self.work = 0
+        # the same prefix key's groups at the other output classes of its priority (level key -> Group, itself
+        # included): one family, one owner — claimed, moved and released together (None: no siblings possible)
+        self.family = family
+
+    def siblings(self) -> Iterator["Group"]:
+        return iter(self.family.values()) if self.family is not None else iter((self,))
+
+    def family_load(self) -> tuple[int, int]:
+        """(work, requests) pending in the whole family: what a claim or a move pins."""
+        if self.family is None or len(self.family) == 1:
+            return self.work, self.n
+        return sum(g.work for g in self.family.values()), sum(g.n for g in self.family.values())
 
     def by_age(self) -> list[int]:
         """Bucket ids, the one holding the oldest request first (a handful of buckets at most)."""
@@ -80,19 +92,20 @@ class Level:
 
 
 class Partition:
-    __slots__ = ("mask", "levels", "neg_prios")
+    __slots__ = ("mask", "levels", "neg_prios", "families")
 
     def __init__(self, mask: int):
         self.mask = mask
         self.levels: dict[int, Level] = {}
-        self.neg_prios: list[int] = []          # -priority, ascending: highest priority first
+        self.neg_prios: list[int] = []          # -level key, ascending: highest priority (and class) first
+        self.families: dict[tuple, dict] = {}   # (priority, prefix key) -> {level key: Group} (grouping on)
 
 
 class Pending:
     def __init__(self, n_engines: int, n_buckets: int, balancer: Balancer, pins: BoundedLRU, *,
-                 longest_first: bool = False):
+                 class_levels: bool = False):
         self.bal, self.pins = balancer, pins
-        self.longest_first = longest_first
+        self.class_levels = class_levels      # grouping on: output classes are levels (see above)
         self.parts: dict[int, Partition] = {}
         self.by_engine: list[list[Partition]] = [[] for _ in range(n_engines)]   # narrowest first
         self.n = 0
@@ -102,7 +115,7 @@ class Pending:
     def push(self, e: Entry, front: bool = False) -> None:
         part = self.parts.get(e.mask) or self._new_partition(e.mask)
         prio = e.req.priority
-        if self.longest_first:
+        if self.class_levels:
             prio = level_key(prio, REQUEUED if front else min(e.req.max_new_tokens.bit_length(), REQUEUED - 1))
         lvl = part.levels.get(prio)
         if lvl is None:
@@ -110,7 +123,17 @@ class Pending:
             insort(part.neg_prios, -prio)
         g = lvl.groups.get(e.key)
         if g is None:
-            g = lvl.groups[e.key] = Group(e.key, self._pinned_owner(e.key, part.mask))
+            family = None
+            owner = None
+            if self.class_levels and e.key is not None:
+                family = part.families.setdefault((e.req.priority, e.key), {})
+                if family:                         # its siblings' owner, whatever the pins say now
+                    owner = next(iter(family.values())).owner
+            if not family:
+                owner = self._pinned_owner(e.key, part.mask)
+            g = lvl.groups[e.key] = Group(e.key, owner, lvl, family)
+            if family is not None:
+                family[prio] = g
             if g.owner is None:
                 lvl.unowned[e.key] = g
             else:
@@ -166,6 +189,10 @@ class Pending:
         if g.n:
             return
         del lvl.groups[g.key]
+        if g.family is not None:
+            del g.family[prio]
+            if not g.family:
+                del part.families[(priority_of(prio), g.key)]
         if g.owner is None:
             del lvl.unowned[g.key]
         else:
@@ -178,7 +205,7 @@ class Pending:
             part.neg_prios.remove(-prio)
 
     def release(self, i: int) -> None:
-        """Engine i went unhealthy: its pinned groups become anyone's."""
+        """Engine i went unhealthy: its pinned groups (whole families: every level is walked) become anyone's."""
         for part in self.by_engine[i]:
             for lvl in part.levels.values():
                 for g in (lvl.owned.pop(i, None) or {}).values():
@@ -188,25 +215,30 @@ class Pending:
         self.bal.pinned_n[i] = 0
 
     def claim(self, lvl: Level, g: Group, i: int) -> None:
-        del lvl.unowned[g.key]
-        g.owner = i
-        lvl.owned.setdefault(i, OrderedDict())[g.key] = g
-        self.bal.pinned_work[i] += g.work
-        self.bal.pinned_n[i] += g.n
+        """Pin an unowned group to engine i, with its family (every output class of its key and priority)."""
+        for s in g.siblings():
+            lv = s.lvl
+            del lv.unowned[s.key]
+            s.owner = i
+            lv.owned.setdefault(i, OrderedDict())[s.key] = s
+            self.bal.pinned_work[i] += s.work
+            self.bal.pinned_n[i] += s.n
 
     def move(self, lvl: Level, g: Group, i: int) -> None:
-        """Re-pin a group from an overloaded engine to engine i (bounded-load: the key moves on)."""
+        """Re-pin a group and its family from an overloaded engine to engine i (bounded-load: the key moves on)."""
         j = g.owner
-        theirs = lvl.owned[j]
-        del theirs[g.key]
-        if not theirs:
-            del lvl.owned[j]
-        self.bal.pinned_work[j] -= g.work
-        self.bal.pinned_n[j] -= g.n
-        g.owner = i
-        lvl.owned.setdefault(i, OrderedDict())[g.key] = g
-        self.bal.pinned_work[i] += g.work
-        self.bal.pinned_n[i] += g.n
+        for s in g.siblings():
+            lv = s.lvl
+            theirs = lv.owned[j]
+            del theirs[s.key]
+            if not theirs:
+                del lv.owned[j]
+            self.bal.pinned_work[j] -= s.work
+            self.bal.pinned_n[j] -= s.n
+            s.owner = i
+            lv.owned.setdefault(i, OrderedDict())[s.key] = s
+            self.bal.pinned_work[i] += s.work
+            self.bal.pinned_n[i] += s.n
         self.pins.put(g.key, i)
 
     def drain(self) -> list[Entry]:
@@ -218,6 +250,7 @@ class Pending:
                         out.extend(dq)
             part.levels.clear()
             part.neg_prios.clear()
+            part.families.clear()
         out.sort(key=lambda e: (-e.req.priority, e.seq))
         self.n = 0
         self.bucket_counts = [0] * len(self.bucket_counts)

@@ -69,7 +69,7 @@ def test_fifo_mode_keeps_arrival_order_and_stops_at_the_first_misfit():
 
 def test_grouped_mode_takes_the_longest_requested_output_first_in_a_bucket():
     # one prefix group, one length bucket: the most new tokens first, arrival order among equals; a batch job's
-    # tail is then its short requests (forge/broker/pending.py, LongestFirst)
+    # tail is then its short requests (forge/broker/pending.py: output classes are levels)
     core = BrokerCore([geom(budget=1000)], grouping=True)
     rs = [req(prefixed(0, 40, k), max_new=m) for k, m in enumerate((16, 128, 48, 128, 16, 96))]
     for r in rs:
@@ -361,13 +361,15 @@ def test_grouping_never_pads_more_than_fifo_on_mixed_lengths(lengths, jitter):
     assert padding[True] <= padding[False]
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(families=st.integers(2, 8), per_round=st.integers(1, 3), rounds=st.integers(2, 10),
-       slots=st.integers(1, 24), budget=st.sampled_from([256, 4096]))
-def test_a_prefix_changes_engine_only_through_a_counted_spill(families, per_round, rounds, slots, budget):
+       slots=st.integers(1, 24), budget=st.sampled_from([256, 4096]), long_every=st.integers(0, 3))
+def test_a_prefix_changes_engine_only_through_a_counted_spill(families, per_round, rounds, slots, budget,
+                                                             long_every):
     """Work arrives in rounds and both engines take each round. A family's requests stay on one engine
     unless that engine was past its bound (a spill, counted); when each engine can absorb every arrival
-    (slots and token budget), nothing spills at all."""
+    (slots and token budget), nothing spills at all. With long and short outputs mixed (`long_every`), a family
+    spans two output classes, i.e. two groups: they share one owner (grouped mode; forge/broker/pending.py)."""
     core = BrokerCore([geom("a", slots=slots, budget=budget), geom("b", slots=slots, budget=budget)],
                       grouping=True)
     where: dict[int, set] = {}
@@ -376,7 +378,7 @@ def test_a_prefix_changes_engine_only_through_a_counted_spill(families, per_roun
     for rnd in range(rounds):
         for f in range(families):
             for _ in range(per_round):
-                r = req(prefixed(f, 70, n))
+                r = req(prefixed(f, 70, n), max_new=100 if long_every and n % long_every == 0 else 8)
                 n += 1
                 fam[r.request_id] = f
                 core.add(r)
@@ -387,5 +389,7 @@ def test_a_prefix_changes_engine_only_through_a_counted_spill(families, per_roun
     spills = core.stats().affinity_spills
     if any(len(e) > 1 for e in where.values()):
         assert spills > 0, where
-    if slots >= families * per_round and budget >= 70 * families * per_round:
+    if slots >= families * per_round and budget >= 70 * families * per_round and not long_every:
+        # (with mixed lengths an idle engine may share a family whose owner holds longer work: a work-conserving
+        # spill, counted — before and after output classes became levels)
         assert spills == 0 and all(len(e) == 1 for e in where.values()), where
