@@ -5,9 +5,9 @@ Layout: partition (the set of engines a request fits, as a bit mask) -> priority
 (`owned[engine]`, ordered for round-robin) or `unowned`. batching.py forms batches from it.
 
 Every queue is FIFO (a requeued request goes to its front). With grouping on, a level is a priority *and an
-output class*: requests asking for more new tokens (by power of two: 16-31, 32-63, ...) sit in a higher level of
-their priority, so takes serve them first, across every prefix group (batching.py fills a batch down the classes
-of one priority). A batch job's last minutes are its tail, where the engine runs ever fewer requests at the cost
+output class*: bulk requests asking for more new tokens (by power of two: 16-31, 32-63, ...) sit in a higher level
+of their priority, so takes serve them first, across every prefix group (batching.py fills a batch down the
+classes of one priority); online priorities keep one level, arrival order (output_class). A batch job's last minutes are its tail, where the engine runs ever fewer requests at the cost
 of full steps until the longest of the last ones ends; taking the longest first leaves short ones for the end,
 so the tail is as short as the work allows (docs/broker.md, "Longest first"; measured in docs/benchmarks.md).
 Grouping off keeps one level per priority: arrival order, the baseline."""
@@ -33,6 +33,14 @@ def level_key(priority: int, out_class: int) -> int:
 
 def priority_of(level: int) -> int:
     return level // CLASSES
+
+
+def output_class(req) -> int:
+    """The level of a request within its priority. Bulk work (priority 0 or below) goes by the power of two of
+    max_new_tokens, longest first: a job's makespan. Online work (above 0; serve's ONLINE_PRIORITY) is latency
+    work, for which longest first is the wrong rule (it makes short requests wait behind long ones): one level,
+    arrival order."""
+    return min(req.max_new_tokens.bit_length(), REQUEUED - 1) if req.priority <= 0 else 0
 
 
 class Entry:
@@ -116,7 +124,7 @@ class Pending:
         part = self.parts.get(e.mask) or self._new_partition(e.mask)
         prio = e.req.priority
         if self.class_levels:
-            prio = level_key(prio, REQUEUED if front else min(e.req.max_new_tokens.bit_length(), REQUEUED - 1))
+            prio = level_key(prio, REQUEUED if front else output_class(e.req))
         lvl = part.levels.get(prio)
         if lvl is None:
             lvl = part.levels[prio] = Level()

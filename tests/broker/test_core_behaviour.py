@@ -101,6 +101,17 @@ def test_longest_first_holds_across_prefix_groups_and_buckets_below_priority():
     assert [r.max_new_tokens for r in got[4:]] == [16, 16]
 
 
+def test_online_priorities_keep_arrival_order_across_output_lengths():
+    # longest first is for a bulk job's makespan; online work (priority above 0) is latency work
+    core = BrokerCore([geom()], grouping=True)
+    online = [req(prefixed(k, 40, k), max_new=m, priority=10) for k, m in enumerate((8, 120, 16, 120))]
+    bulk = [req(prefixed(k, 40, 10 + k), max_new=m) for k, m in enumerate((8, 120))]
+    for r in online + bulk:
+        core.add(r)
+    assert core.take("e0", free_slots=4, free_kv_blocks=4096) == online
+    assert core.take("e0", free_slots=4, free_kv_blocks=4096) == bulk[::-1]
+
+
 def test_requeued_work_goes_before_every_output_class_of_its_priority():
     core = BrokerCore([geom()], grouping=True)
     rs = [req(prefixed(0, 40, k), max_new=m) for k, m in enumerate((8, 8, 120, 120))]
