@@ -118,7 +118,8 @@ class Batcher:
             share_with = None
             if via == SPILL:
                 j = grp.owner
-                if bal.overloaded(j) > 0 and len(lvl.owned[j]) > 1 and bal.may_claim(i, *grp.family_load()):
+                if bal.overloaded(j) > 0 and self.p.owns_another(part, prio, j, grp.key) \
+                        and bal.may_claim(i, *grp.family_load()):
                     self.p.move(lvl, grp, i)        # take the whole group over: it stays coherent
                 else:
                     share_with = j                 # its owner's only group: share it while j is over

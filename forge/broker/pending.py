@@ -249,6 +249,18 @@ class Pending:
             self.bal.pinned_n[i] += s.n
         self.pins.put(g.key, i)
 
+    def owns_another(self, part: Partition, level: int, j: int, key) -> bool:
+        """Whether engine j owns a prefix family other than `key` at `level`'s priority in this partition (a few
+        class levels, and at most two keys looked at in each)."""
+        prio = priority_of(level) if self.class_levels else level
+        for lk, lv in part.levels.items():
+            if (priority_of(lk) if self.class_levels else lk) != prio:
+                continue
+            for k in lv.owned.get(j, ()):
+                if k != key:
+                    return True
+        return False
+
     def drain(self) -> list[Entry]:
         out = []
         for part in self.parts.values():

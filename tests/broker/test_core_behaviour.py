@@ -101,6 +101,27 @@ def test_longest_first_holds_across_prefix_groups_and_buckets_below_priority():
     assert [r.max_new_tokens for r in got[4:]] == [16, 16]
 
 
+def test_a_spill_moves_a_family_when_its_owner_holds_another_in_any_class():
+    # a owns families 0 and 1, each with long and short requests; past its bound, b spills: it takes a whole family
+    # over (every class: one owner), because a has another family — even if not in the class being spilled
+    core = BrokerCore([geom("a", slots=4), geom("b", slots=4)], grouping=True)
+    for f in (0, 1):
+        seed = req(prefixed(f, 70, 900 + f))
+        core.add(seed)
+        assert core.take("a", free_slots=1, free_kv_blocks=4096) == [seed]
+    n = 0
+    for f, lengths in ((0, (100, 100, 100, 8, 8, 8)), (1, (8, 8, 8, 8, 8, 8))):
+        for m in lengths:
+            core.add(req(prefixed(f, 70, n), max_new=m))
+            n += 1
+    got = core.take("b", free_slots=2, free_kv_blocks=4096)
+    assert [r.max_new_tokens for r in got] == [100, 100] and core.stats().affinity_spills == 2
+    groups = [g for part in core._pending.parts.values() for lvl in part.levels.values() for g in lvl.groups.values()]
+    fam0 = [g for g in groups if any(e.req.prompts["t"][0] == 1000 for q in g.buckets.values() for e in q)]
+    assert len(fam0) == 2 and {g.owner for g in fam0} == {1}          # family 0, both classes, now b's
+    assert core.loads()["a"]["pinned_pending_requests"] == 6          # family 1 stays a's
+
+
 def test_online_priorities_keep_arrival_order_across_output_lengths():
     # longest first is for a bulk job's makespan; online work (priority above 0) is latency work
     core = BrokerCore([geom()], grouping=True)
