@@ -225,40 +225,40 @@ class Pending:
     def claim(self, lvl: Level, g: Group, i: int) -> None:
         """Pin an unowned group to engine i, with its family (every output class of its key and priority)."""
         for s in g.siblings():
-            lv = s.lvl
-            del lv.unowned[s.key]
-            s.owner = i
-            lv.owned.setdefault(i, OrderedDict())[s.key] = s
-            self.bal.pinned_work[i] += s.work
-            self.bal.pinned_n[i] += s.n
+            self._reown(s, i)
 
     def move(self, lvl: Level, g: Group, i: int) -> None:
         """Re-pin a group and its family from an overloaded engine to engine i (bounded-load: the key moves on)."""
-        j = g.owner
         for s in g.siblings():
-            lv = s.lvl
-            theirs = lv.owned[j]
-            del theirs[s.key]
-            if not theirs:
-                del lv.owned[j]
-            self.bal.pinned_work[j] -= s.work
-            self.bal.pinned_n[j] -= s.n
-            s.owner = i
-            lv.owned.setdefault(i, OrderedDict())[s.key] = s
-            self.bal.pinned_work[i] += s.work
-            self.bal.pinned_n[i] += s.n
+            self._reown(s, i)
         self.pins.put(g.key, i)
 
+    def _reown(self, g: Group, i: int) -> None:
+        """Group g (unowned, or another engine's) becomes engine i's, its pending work counted to i."""
+        lv, j = g.lvl, g.owner
+        if j is None:
+            del lv.unowned[g.key]
+        else:
+            theirs = lv.owned[j]
+            del theirs[g.key]
+            if not theirs:
+                del lv.owned[j]
+            self.bal.pinned_work[j] -= g.work
+            self.bal.pinned_n[j] -= g.n
+        g.owner = i
+        lv.owned.setdefault(i, OrderedDict())[g.key] = g
+        self.bal.pinned_work[i] += g.work
+        self.bal.pinned_n[i] += g.n
+
     def owns_another(self, part: Partition, level: int, j: int, key) -> bool:
-        """Whether engine j owns a prefix family other than `key` at `level`'s priority in this partition (a few
-        class levels, and at most two keys looked at in each)."""
-        prio = priority_of(level) if self.class_levels else level
+        """Whether engine j owns a prefix family other than `key` at `level`'s priority in this partition (grouped
+        mode; a few class levels, and at most two keys looked at in each)."""
+        prio = priority_of(level)
         for lk, lv in part.levels.items():
-            if (priority_of(lk) if self.class_levels else lk) != prio:
-                continue
-            for k in lv.owned.get(j, ()):
-                if k != key:
-                    return True
+            if priority_of(lk) == prio:
+                for k in lv.owned.get(j, ()):
+                    if k != key:
+                        return True
         return False
 
     def drain(self) -> list[Entry]:
