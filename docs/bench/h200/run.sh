@@ -252,6 +252,21 @@ for n in ('node-llama-1p5b', 'node-llama-8b', 'node-llama-1p5b-small-pool'):
       --replicas 2,3 --combine 1 --try transformers.use_cuda_graph=true,card.replicas=2 \
       --try transformers.use_cuda_graph=true,limits.max_batch_size=256 \
       --try transformers.use_cuda_graph=true,limits.max_num_tokens=4096 ;;
+  # Where a step's time goes (docs/benchmarks.md, "The fourth session on the H200"): issue 14's measurement (three
+  # interleaved repeats, direct fed longest first) with transformers' loop timed from inside in every process
+  # (exp/steptime; summary: docs/bench/steplog_summary.py), then the same with the quiet driver as well
+  lpt-steps-3)
+    mkdir -p "$R/lpt-steps-3/steplog"
+    stage lpt-steps-3 330 env STEPLOG="$R/lpt-steps-3/steplog" PYTHONPATH="$PWD/$H/exp/steptime:$PYTHONPATH" \
+      $F bench run $W/gpu-mixed.yaml --node $H/node-llama-1p5b.yaml --records 512 --out "$R/lpt-steps-3" \
+      --modes direct,forge --direct longest --repeat 3 --card-transport process
+    python3 docs/bench/steplog_summary.py "$R/lpt-steps-3/steplog" | tee "$R/lpt-steps-3/steplog.md"; pack ;;
+  lpt-quiet-2)
+    mkdir -p "$R/lpt-quiet-2/steplog"
+    stage lpt-quiet-2 220 env STEPLOG="$R/lpt-quiet-2/steplog" PYTHONPATH="$PWD/$H/exp/steptime-quiet:$PYTHONPATH" \
+      $F bench run $W/gpu-mixed.yaml --node $H/node-llama-1p5b.yaml --records 512 --out "$R/lpt-quiet-2" \
+      --modes direct,forge --direct longest --repeat 2 --card-transport process
+    python3 docs/bench/steplog_summary.py "$R/lpt-quiet-2/steplog" | tee "$R/lpt-quiet-2/steplog.md"; pack ;;
   cp50k)
     stage cp50k 90 $F bench control-plane --records 50000 --repeat 3 --out "$R/cp50k" ;;
   # issue 16, the last call: the new tiers (the sweep's CUDA graphs; replicas 2) against the shipped ones through
