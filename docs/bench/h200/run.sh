@@ -267,6 +267,11 @@ for n in ('node-llama-1p5b', 'node-llama-8b', 'node-llama-1p5b-small-pool'):
       $F bench run $W/gpu-mixed.yaml --node $H/node-llama-1p5b.yaml --records 512 --out "$R/lpt-quiet-2" \
       --modes direct,forge --direct longest --repeat 2 --card-transport process
     python3 docs/bench/steplog_summary.py "$R/lpt-quiet-2/steplog" | tee "$R/lpt-quiet-2/steplog.md"; pack ;;
+  # issue 16: forge ÷ direct on the 8B fast tier (the sweep's winner: CUDA graphs, token budget 2,048), direct fed
+  # longest first, 256 records, three interleaved repeats
+  lpt-8b-fast-3)
+    stage lpt-8b-fast-3 450 $F bench run $W/gpu-mixed.yaml --node $H/node-llama-8b-fast.yaml --records 256 \
+      --out "$R/lpt-8b-fast-3" --modes direct,forge --direct longest --repeat 3 --card-transport process ;;
   cp50k)
     stage cp50k 90 $F bench control-plane --records 50000 --repeat 3 --out "$R/cp50k" ;;
   # issue 16, the last call: the new tiers (the sweep's CUDA graphs; replicas 2) against the shipped ones through
