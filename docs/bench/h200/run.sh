@@ -272,6 +272,14 @@ for n in ('node-llama-1p5b', 'node-llama-8b', 'node-llama-1p5b-small-pool'):
   lpt-8b-fast-3)
     stage lpt-8b-fast-3 450 $F bench run $W/gpu-mixed.yaml --node $H/node-llama-8b-fast.yaml --records 256 \
       --out "$R/lpt-8b-fast-3" --modes direct,forge --direct longest --repeat 3 --card-transport process ;;
+  # the same with the engine holding 8 requests beyond its slots instead of 128 (transformers.max_waiting: 8)
+  lpt-8b-w8-2)
+    stage lpt-8b-w8-2 300 $F bench run $W/gpu-mixed.yaml --node $H/node-llama-8b-fast-w8.yaml --records 256 \
+      --out "$R/lpt-8b-w8-2" --modes direct,forge --direct longest --repeat 2 --card-transport process ;;
+  # where the 8B fast tier's gap is: forge grouped, forge FIFO (grouping off) and direct, one repeat
+  fifo-8b-fast)
+    stage fifo-8b-fast 200 $F bench run $W/gpu-mixed.yaml --node $H/node-llama-8b-fast.yaml --records 256 \
+      --out "$R/fifo-8b-fast" --modes direct,fifo,forge --direct depth,longest --repeat 1 --card-transport process ;;
   cp50k)
     stage cp50k 90 $F bench control-plane --records 50000 --repeat 3 --out "$R/cp50k" ;;
   # issue 16, the last call: the new tiers (the sweep's CUDA graphs; replicas 2) against the shipped ones through
