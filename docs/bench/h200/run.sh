@@ -70,6 +70,11 @@ compare() {  # name limit_s records shipped_node new_node
   stage "$name" "$limit" $F bench compare "$WL" --node "$shipped" --label shipped --node "$new" --label new \
     --modes forge,direct --repeat 2 --records "$recs" --out "$R/$name"
 }
+# An experiment's patch on this copy of the tree, for one stage (-R takes it off again); git or patch(1).
+patch_tree() {  # [-R] file
+  local rev=""; [ "$1" = "-R" ] && { rev="-R"; shift; }
+  if git rev-parse --git-dir >/dev/null 2>&1; then git apply $rev "$1"; else patch -p1 -s --forward $rev < "$1"; fi
+}
 # the new tiers: written beside the shipped ones by this call's sweep stage, or committed there by the lead
 NEW_1P5B=${NEW_1P5B:-$H/node-llama-1p5b-fast.yaml}
 NEW_8B=${NEW_8B:-$H/node-llama-8b-fast.yaml}
@@ -280,6 +285,21 @@ for n in ('node-llama-1p5b', 'node-llama-8b', 'node-llama-1p5b-small-pool'):
   fifo-8b-fast)
     stage fifo-8b-fast 200 $F bench run $W/gpu-mixed.yaml --node $H/node-llama-8b-fast.yaml --records 256 \
       --out "$R/fifo-8b-fast" --modes direct,fifo,forge --direct depth,longest --repeat 1 --card-transport process ;;
+  # next (not run yet): the broker with output classes of a quarter of a power of two (the patch is applied to the
+  # device's copy of the tree for this stage only) against the shipped broker, on the 8B fast tier where forge took
+  # 138-143 steps against direct's 133; the CPU proxy's replay says quarters take exact-length order's steps
+  # (docs/benchmarks.md, "The 8B's extra steps on the CPU proxy"). Then the same with 16 requests of headroom.
+  quarters-8b)
+    patch_tree docs/bench/cpu-proxy/exp/quarter-classes.patch || { echo "=== quarters-8b: patch does not apply"; continue; }
+    stage quarters-8b 330 $F bench run $W/gpu-mixed.yaml --node $H/node-llama-8b-fast.yaml --records 256 \
+      --out "$R/quarters-8b" --modes direct,forge --direct longest --repeat 3 --card-transport process
+    patch_tree -R docs/bench/cpu-proxy/exp/quarter-classes.patch ;;
+  quarters-headroom-8b)
+    patch_tree docs/bench/cpu-proxy/exp/quarter-classes.patch || { echo "=== quarters-headroom-8b: patch does not apply"; continue; }
+    stage quarters-headroom-8b 330 env HEADROOM=16 PYTHONPATH="$PWD/docs/bench/cpu-proxy/exp/headroom:$PYTHONPATH" \
+      $F bench run $W/gpu-mixed.yaml --node $H/node-llama-8b-fast.yaml --records 256 \
+      --out "$R/quarters-headroom-8b" --modes direct,forge --direct longest --repeat 3 --card-transport process
+    patch_tree -R docs/bench/cpu-proxy/exp/quarter-classes.patch ;;
   cp50k)
     stage cp50k 90 $F bench control-plane --records 50000 --repeat 3 --out "$R/cp50k" ;;
   # issue 16, the last call: the new tiers (the sweep's CUDA graphs; replicas 2) against the shipped ones through
