@@ -164,6 +164,7 @@ def _feed(m, order: list[BenchRequest], depth: Optional[int], eng: DirectEngine,
             raise ForgeError("transformers' manager refused a request (its loop is not running)")
 
     t0 = time.perf_counter()
+    res.started_at = time.time()
     limit = len(order) if depth is None else min(depth, len(order))
     while nxt < limit:
         add(order[nxt])

@@ -94,7 +94,7 @@ async def run_forge_async(loaded: LoadedNode, records_path: Path, n_requests: in
         stats = RunStats()
         sampler = GpuSampler(gpus_of(loaded.plans)).start()
         try:
-            t0, c0 = time.perf_counter(), time.process_time()
+            t0, c0, started_at = time.perf_counter(), time.process_time(), time.time()
             store = open_store(opts, function_name=SPEC.name, function_file=__file__, node=node.name, stats=stats)
             async with store:
                 await run_records(spec=SPEC, node=node, records=store.records(), sink=store, stats=stats,
@@ -108,7 +108,7 @@ async def run_forge_async(loaded: LoadedNode, records_path: Path, n_requests: in
         await node.stop()
     res = ModeResult(mode=mode, variant="grouped" if grouping else "fifo", requests=n_requests,
                      completed=stats.done, failed=stats.failed, input_tokens=stats.input_tokens,
-                     output_tokens=stats.output_tokens, window_s=window, cpu_s=cpu)
+                     output_tokens=stats.output_tokens, window_s=window, cpu_s=cpu, started_at=started_at)
     res.prefix_hit_tokens = sum(a.prefix_hit_tokens for a in e1) - sum(a.prefix_hit_tokens for a in e0)
     res.per_card = per_card(e0, e1)
     res.engine_steps = sum(c["engine_steps"] for c in res.per_card.values()) or None

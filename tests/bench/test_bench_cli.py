@@ -40,6 +40,10 @@ def test_quick_mode_writes_every_report(tmp_path):
         assert r["engine_steps"] >= 1 and r["ms_per_step"] == pytest.approx(1000 * r["window_s"] / r["engine_steps"],
                                                                              rel=1e-2)
     assert len({r["input_tokens"] for r in bench["results"]}) == 1          # the same work in every mode
+    # each window's wall-clock start, in run order and windows apart (what lines a run up with other records)
+    starts = [r["started_at"] for r in bench["results"]]
+    assert all(isinstance(t, float) for t in starts) and starts == sorted(starts)
+    assert all(b - a >= r["window_s"] for a, b, r in zip(starts, starts[1:], bench["results"]))
     assert bench["ratios"]["forge_over_direct"] > 0 and bench["ratios"]["forge_over_fifo"] > 0
     assert bench["env"]["software"]["transformers"] and bench["env"]["date"]
     md = (tmp_path / "bench.md").read_text()

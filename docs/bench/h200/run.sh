@@ -265,13 +265,13 @@ for n in ('node-llama-1p5b', 'node-llama-8b', 'node-llama-1p5b-small-pool'):
     stage lpt-steps-3 330 env STEPLOG="$R/lpt-steps-3/steplog" PYTHONPATH="$PWD/$H/exp/steptime:$PYTHONPATH" \
       $F bench run $W/gpu-mixed.yaml --node $H/node-llama-1p5b.yaml --records 512 --out "$R/lpt-steps-3" \
       --modes direct,forge --direct longest --repeat 3 --card-transport process
-    python3 docs/bench/steplog_summary.py "$R/lpt-steps-3/steplog" | tee "$R/lpt-steps-3/steplog.md"; pack ;;
+    python3 docs/bench/steplog_summary.py "$R/lpt-steps-3/steplog" "$R/lpt-steps-3/bench.json" | tee "$R/lpt-steps-3/steplog.md"; pack ;;
   lpt-quiet-2)
     mkdir -p "$R/lpt-quiet-2/steplog"
     stage lpt-quiet-2 220 env STEPLOG="$R/lpt-quiet-2/steplog" PYTHONPATH="$PWD/$H/exp/steptime-quiet:$PYTHONPATH" \
       $F bench run $W/gpu-mixed.yaml --node $H/node-llama-1p5b.yaml --records 512 --out "$R/lpt-quiet-2" \
       --modes direct,forge --direct longest --repeat 2 --card-transport process
-    python3 docs/bench/steplog_summary.py "$R/lpt-quiet-2/steplog" | tee "$R/lpt-quiet-2/steplog.md"; pack ;;
+    python3 docs/bench/steplog_summary.py "$R/lpt-quiet-2/steplog" "$R/lpt-quiet-2/bench.json" | tee "$R/lpt-quiet-2/steplog.md"; pack ;;
   # issue 16: forge ÷ direct on the 8B fast tier (the sweep's winner: CUDA graphs, token budget 2,048), direct fed
   # longest first, 256 records, three interleaved repeats
   lpt-8b-fast-3)
