@@ -5,7 +5,9 @@ in this process, its card's engine in a worker process (card_transport "thread":
 is the same with the broker's grouping turned off.
 
 The window runs from the first record read to the ledger's last commit; loading the engine and the
-warm-up requests are outside it (as for the direct mode)."""
+warm-up requests are outside it (as for the direct mode). With warm jobs, the node first runs that many whole jobs
+of other records (own prompts and prefixes: nothing the measured job could reuse) outside the window, so its card
+worker has run work before, as the direct mode's long-lived process has."""
 from __future__ import annotations
 
 import asyncio
@@ -75,19 +77,36 @@ def per_card(before: Sequence[EngineStats], after: Sequence[EngineStats]) -> dic
     return out
 
 
+async def _job(node, opts: _Opts, stats: RunStats, concurrency: int) -> None:
+    """One whole job of the records at opts.input_path through the node, as `forge run` runs it."""
+    from forge.functions.runner import run_records
+    from forge.functions.store import open_store
+
+    store = open_store(opts, function_name=SPEC.name, function_file=__file__, node=node.name, stats=stats)
+    async with store:
+        await run_records(spec=SPEC, node=node, records=store.records(), sink=store, stats=stats,
+                          concurrency=concurrency, install_signals=False)
+
+
 async def run_forge_async(loaded: LoadedNode, records_path: Path, n_requests: int, workdir: Path, *,
                           grouping: bool, warmup: Sequence[BenchRequest] = (), label: Optional[str] = None,
                           concurrency: int = constants.DEFAULT_RECORD_CONCURRENCY,
-                          card_transport: str = "process", worker_cpus: Optional[frozenset[int]] = None) -> ModeResult:
-    from forge.functions.runner import run_records
-    from forge.functions.store import open_store
+                          card_transport: str = "process", worker_cpus: Optional[frozenset[int]] = None,
+                          warm_jobs: int = 0, warm_records: Optional[Path] = None) -> ModeResult:
+    """warm_jobs: whole jobs of warm_records run on the node before the measured one (outside the window)."""
     from forge.node.local import LocalNode
 
+    if warm_jobs and warm_records is None:
+        raise ValueError("warm_jobs needs warm_records")
     mode = label or ("forge" if grouping else "fifo")
     node = LocalNode(loaded, grouping=grouping, card_transport=card_transport, worker_cpus=worker_cpus)
     await node.start()
     try:
         await _warm(node, warmup)
+        warm = RunStats()
+        for _ in range(warm_jobs):
+            await _job(node, _Opts(input_path=warm_records, output_path=workdir / f"{mode}.warm.out.jsonl",
+                                   ledger_path=workdir / f"{mode}.warm.ledger.sqlite"), warm, concurrency)
         e0, b0 = node.engine_stats(), node.broker_stats()
         opts = _Opts(input_path=records_path, output_path=workdir / f"{mode}.out.jsonl",
                      ledger_path=workdir / f"{mode}.ledger.sqlite")
@@ -95,10 +114,7 @@ async def run_forge_async(loaded: LoadedNode, records_path: Path, n_requests: in
         sampler = GpuSampler(gpus_of(loaded.plans)).start()
         try:
             t0, c0, started_at = time.perf_counter(), time.process_time(), time.time()
-            store = open_store(opts, function_name=SPEC.name, function_file=__file__, node=node.name, stats=stats)
-            async with store:
-                await run_records(spec=SPEC, node=node, records=store.records(), sink=store, stats=stats,
-                                  concurrency=concurrency, install_signals=False)
+            await _job(node, opts, stats, concurrency)
             window, cpu = time.perf_counter() - t0, time.process_time() - c0
         finally:
             gpu_util = sampler.stop()
@@ -119,6 +135,9 @@ async def run_forge_async(loaded: LoadedNode, records_path: Path, n_requests: in
     prompt = _delta(b1.prompt_tokens, b0.prompt_tokens)
     res.padding_ratio = _delta(b1.padded_tokens, b0.padded_tokens) / batch if batch else 0.0
     res.broker_prefix_reuse_ratio = _delta(b1.shared_prefix_tokens, b0.shared_prefix_tokens) / prompt if prompt else 0.0
+    if warm_jobs:
+        res.notes.append(f"after {warm_jobs} warm job(s) on the same node ({warm.done} records done, "
+                         f"{warm.failed} failed; own prompts)")
     requeued = sum(a.requests_requeued for a in e1) - sum(a.requests_requeued for a in e0)
     if requeued:
         res.notes.append(f"{requeued} request(s) requeued by admission")

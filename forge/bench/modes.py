@@ -5,7 +5,9 @@
     fifo    the same with the broker's grouping off (plain FIFO)
 
 Each mode starts from an empty KV cache and runs the same warm-up requests (own random prompts, no shared
-prefix) before its window. Modes run in that order, `repeat` times; every run is kept in the report."""
+prefix) before its window; with `warm_jobs` the forge modes first run that many whole jobs of other records on
+their node (its cache then holds only blocks the measured job cannot reuse). Modes run in that order, `repeat`
+times; every run is kept in the report."""
 from __future__ import annotations
 
 import logging
@@ -23,6 +25,7 @@ from forge.errors import ForgeError, UsageError
 
 MODES = ("direct", "forge", "fifo")
 WARMUP_SEED_OFFSET = 1_000_003         # warm-up prompts come from their own random stream
+WARM_JOB_SEED_OFFSET = 2_000_003       # and a warm job's records from another (prefixes included)
 log = logging.getLogger("forge.bench")
 
 
@@ -38,6 +41,7 @@ class BenchPlan:
     repeat: int = 1
     concurrency: Optional[int] = None
     card_transport: str = "process"          # forge/fifo modes: cards in worker processes, or "thread" (before)
+    warm_jobs: int = 0                       # forge/fifo modes: whole jobs of other records on the node first
     progress: Callable[[str], None] = field(default=lambda line: None)
     on_result: Callable[[list[BenchRequest], list[ModeResult]], None] = field(default=lambda reqs, res: None)
 
@@ -65,6 +69,12 @@ def warmup_requests(spec: WorkloadSpec, vocab: int, n: int) -> list[BenchRequest
             for r in generate(own, vocab, n)]
 
 
+def warm_job_requests(spec: WorkloadSpec, vocab: int, n: int) -> list[BenchRequest]:
+    """A warm job's records: the workload's lengths and shape from their own random stream, so no prompt or prefix
+    is shared with the measured records (the engine's prefix cache gains nothing the measured job could use)."""
+    return generate(spec.model_copy(update={"seed": spec.seed + WARM_JOB_SEED_OFFSET}), vocab, n)
+
+
 def run_modes(bp: BenchPlan) -> tuple[list[BenchRequest], list[ModeResult]]:
     plan = single_card(bp.loaded)
     check_fits(bp.spec, plan)
@@ -79,6 +89,10 @@ def run_modes(bp: BenchPlan) -> tuple[list[BenchRequest], list[ModeResult]]:
     direct: Optional[DirectEngine] = None
     kw = {"concurrency": bp.concurrency} if bp.concurrency else {}
     kw["card_transport"] = bp.card_transport
+    if bp.warm_jobs:
+        kw["warm_jobs"] = bp.warm_jobs
+        kw["warm_records"] = write_records(warm_job_requests(bp.spec, vocab, len(requests)),
+                                           bp.workdir / "warm-records.jsonl")
     try:
         for rep in range(bp.repeat):
             for mode in bp.modes:

@@ -65,12 +65,15 @@ def register(cli: click.Group) -> None:
     @card_transport_option
     @click.option("--together-records", type=click.IntRange(1, 1_000_000), default=None,
                   help="several cards: records for the all-cards run (default: the same as each card alone)")
+    @click.option("--warm-jobs", type=click.IntRange(0, 10), default=0, show_default=True,
+                  help="one card, forge and fifo modes: run this many whole jobs of other records (own prompts and "
+                       "prefixes, the workload's size) on the node before each measured job, outside the window")
     def run_cmd(workload, node_path, records, warmup, direct, out, modes, repeat, concurrency, peak_tflops, hbm_tbps,
-                card_transport, together_records):
+                card_transport, together_records, warm_jobs):
         """Run WORKLOAD.yaml in each mode and write the report. One card: direct vs forge vs fifo. Several cards:
         each card alone, then all cards on one queue (together ÷ Σ alone, shares against speed, affinity)."""
         show_report(do_run(workload, node_path, out, modes, direct, records, warmup, repeat, concurrency,
-                       peaks_of(peak_tflops, hbm_tbps), card_transport or "process", together_records))
+                       peaks_of(peak_tflops, hbm_tbps), card_transport or "process", together_records, warm_jobs))
 
     @bench.command("sweep")
     @click.argument("contract")

@@ -300,6 +300,14 @@ for n in ('node-llama-1p5b', 'node-llama-8b', 'node-llama-1p5b-small-pool'):
       $F bench run $W/gpu-mixed.yaml --node $H/node-llama-8b-fast.yaml --records 256 \
       --out "$R/quarters-headroom-8b" --modes direct,forge --direct longest --repeat 3 --card-transport process
     patch_tree -R docs/bench/cpu-proxy/exp/quarter-classes.patch ;;
+  # next (not run yet): issue 14's measurement with a worker that has run a whole job of other records first
+  # (--warm-jobs 1), and the step timer cut to each window
+  warm-1p5b-3)
+    mkdir -p "$R/warm-1p5b-3/steplog"
+    stage warm-1p5b-3 450 env STEPLOG="$R/warm-1p5b-3/steplog" PYTHONPATH="$PWD/$H/exp/steptime:$PYTHONPATH" \
+      $F bench run $W/gpu-mixed.yaml --node $H/node-llama-1p5b.yaml --records 512 --out "$R/warm-1p5b-3" \
+      --modes direct,forge --direct longest --repeat 3 --warm-jobs 1 --card-transport process
+    python3 docs/bench/steplog_summary.py "$R/warm-1p5b-3/steplog" "$R/warm-1p5b-3/bench.json" | tee "$R/warm-1p5b-3/steplog.md"; pack ;;
   cp50k)
     stage cp50k 90 $F bench control-plane --records 50000 --repeat 3 --out "$R/cp50k" ;;
   # issue 16, the last call: the new tiers (the sweep's CUDA graphs; replicas 2) against the shipped ones through
