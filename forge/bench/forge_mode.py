@@ -62,6 +62,29 @@ async def _warm(node, warmup: Sequence[BenchRequest]) -> None:
                                for r in warmup))
 
 
+SETTLE_READ_S = 0.3        # longer than the period of the engine snapshots that reach the node (driver, link)
+SETTLE_LIMIT_S = 3.0
+_SETTLED = ("engine_steps", "prefix_hit_tokens", "requests_ok", "input_tokens", "output_tokens")
+
+
+async def settled_engine_stats(node, read_s: float = SETTLE_READ_S, limit_s: float = SETTLE_LIMIT_S):
+    """The node's engine stats once they have caught up with the engine: its counters reach the node as periodic
+    snapshots, so a read right after work ends can miss the last steps (and count them in the next window). Reads
+    until two reads `read_s` apart agree, for at most `limit_s`."""
+    def key(stats):
+        return [(s.card, *(getattr(s, k) for k in _SETTLED)) for s in stats]
+
+    deadline = time.monotonic() + limit_s
+    stats = node.engine_stats()
+    while time.monotonic() < deadline:
+        await asyncio.sleep(read_s)
+        again = node.engine_stats()
+        if key(again) == key(stats):
+            return again
+        stats = again
+    return stats
+
+
 def _delta(after: int, before: int) -> int:
     return after - before
 
@@ -92,22 +115,20 @@ async def run_forge_async(loaded: LoadedNode, records_path: Path, n_requests: in
                           grouping: bool, warmup: Sequence[BenchRequest] = (), label: Optional[str] = None,
                           concurrency: int = constants.DEFAULT_RECORD_CONCURRENCY,
                           card_transport: str = "process", worker_cpus: Optional[frozenset[int]] = None,
-                          warm_jobs: int = 0, warm_records: Optional[Path] = None) -> ModeResult:
-    """warm_jobs: whole jobs of warm_records run on the node before the measured one (outside the window)."""
+                          warm_records: Sequence[Path] = ()) -> ModeResult:
+    """warm_records: one whole job of each file runs on the node before the measured one (outside the window)."""
     from forge.node.local import LocalNode
 
-    if warm_jobs and warm_records is None:
-        raise ValueError("warm_jobs needs warm_records")
     mode = label or ("forge" if grouping else "fifo")
     node = LocalNode(loaded, grouping=grouping, card_transport=card_transport, worker_cpus=worker_cpus)
     await node.start()
     try:
         await _warm(node, warmup)
         warm = RunStats()
-        for _ in range(warm_jobs):
-            await _job(node, _Opts(input_path=warm_records, output_path=workdir / f"{mode}.warm.out.jsonl",
+        for path in warm_records:
+            await _job(node, _Opts(input_path=path, output_path=workdir / f"{mode}.warm.out.jsonl",
                                    ledger_path=workdir / f"{mode}.warm.ledger.sqlite"), warm, concurrency)
-        e0, b0 = node.engine_stats(), node.broker_stats()
+        e0, b0 = await settled_engine_stats(node), node.broker_stats()
         opts = _Opts(input_path=records_path, output_path=workdir / f"{mode}.out.jsonl",
                      ledger_path=workdir / f"{mode}.ledger.sqlite")
         stats = RunStats()
@@ -118,7 +139,7 @@ async def run_forge_async(loaded: LoadedNode, records_path: Path, n_requests: in
             window, cpu = time.perf_counter() - t0, time.process_time() - c0
         finally:
             gpu_util = sampler.stop()
-        e1, b1 = node.engine_stats(), node.broker_stats()
+        e1, b1 = await settled_engine_stats(node), node.broker_stats()
         down = getattr(node, "down", None)         # why no engine could work, when that is how the run ended
     finally:
         await node.stop()
@@ -135,8 +156,8 @@ async def run_forge_async(loaded: LoadedNode, records_path: Path, n_requests: in
     prompt = _delta(b1.prompt_tokens, b0.prompt_tokens)
     res.padding_ratio = _delta(b1.padded_tokens, b0.padded_tokens) / batch if batch else 0.0
     res.broker_prefix_reuse_ratio = _delta(b1.shared_prefix_tokens, b0.shared_prefix_tokens) / prompt if prompt else 0.0
-    if warm_jobs:
-        res.notes.append(f"after {warm_jobs} warm job(s) on the same node ({warm.done} records done, "
+    if warm_records:
+        res.notes.append(f"after {len(warm_records)} warm job(s) on the same node ({warm.done} records done, "
                          f"{warm.failed} failed; own prompts)")
     requeued = sum(a.requests_requeued for a in e1) - sum(a.requests_requeued for a in e0)
     if requeued:

@@ -69,10 +69,11 @@ def warmup_requests(spec: WorkloadSpec, vocab: int, n: int) -> list[BenchRequest
             for r in generate(own, vocab, n)]
 
 
-def warm_job_requests(spec: WorkloadSpec, vocab: int, n: int) -> list[BenchRequest]:
-    """A warm job's records: the workload's lengths and shape from their own random stream, so no prompt or prefix
-    is shared with the measured records (the engine's prefix cache gains nothing the measured job could use)."""
-    return generate(spec.model_copy(update={"seed": spec.seed + WARM_JOB_SEED_OFFSET}), vocab, n)
+def warm_job_requests(spec: WorkloadSpec, vocab: int, n: int, k: int = 0) -> list[BenchRequest]:
+    """Warm job k's records: the workload's lengths and shape from their own random stream, so no prompt or prefix
+    is shared with the measured records or another warm job's (the engine's prefix cache gains nothing the next job
+    could use)."""
+    return generate(spec.model_copy(update={"seed": spec.seed + WARM_JOB_SEED_OFFSET + k}), vocab, n)
 
 
 def run_modes(bp: BenchPlan) -> tuple[list[BenchRequest], list[ModeResult]]:
@@ -90,9 +91,10 @@ def run_modes(bp: BenchPlan) -> tuple[list[BenchRequest], list[ModeResult]]:
     kw = {"concurrency": bp.concurrency} if bp.concurrency else {}
     kw["card_transport"] = bp.card_transport
     if bp.warm_jobs:
-        kw["warm_jobs"] = bp.warm_jobs
-        kw["warm_records"] = write_records(warm_job_requests(bp.spec, vocab, len(requests)),
-                                           bp.workdir / "warm-records.jsonl")
+        if not {"forge", "fifo"} & set(bp.modes):
+            raise UsageError("--warm-jobs: applies to the forge and fifo modes, and --modes has neither")
+        kw["warm_records"] = [write_records(warm_job_requests(bp.spec, vocab, len(requests), k),
+                                            bp.workdir / f"warm-records-{k}.jsonl") for k in range(bp.warm_jobs)]
     try:
         for rep in range(bp.repeat):
             for mode in bp.modes:

@@ -67,7 +67,8 @@ def register(cli: click.Group) -> None:
                   help="several cards: records for the all-cards run (default: the same as each card alone)")
     @click.option("--warm-jobs", type=click.IntRange(0, 10), default=0, show_default=True,
                   help="one card, forge and fifo modes: run this many whole jobs of other records (own prompts and "
-                       "prefixes, the workload's size) on the node before each measured job, outside the window")
+                       "prefixes, as many records as the measured job) on the node before each measured job, "
+                       "outside the window")
     def run_cmd(workload, node_path, records, warmup, direct, out, modes, repeat, concurrency, peak_tflops, hbm_tbps,
                 card_transport, together_records, warm_jobs):
         """Run WORKLOAD.yaml in each mode and write the report. One card: direct vs forge vs fifo. Several cards:

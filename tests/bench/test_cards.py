@@ -94,6 +94,7 @@ def test_a_two_card_node_runs_each_card_alone_then_together(tmp_path):
     (("--modes", "direct"), "the direct mode drives one engine; this node has 2 cards"),
     (("--modes", "forge,turbo"), "unknown mode(s) turbo"),
     (("--card-transport", "carrier-pigeon"), "Invalid value for '--card-transport'"),
+    (("--warm-jobs", "1"), "--warm-jobs: this node has several cards (it applies to one-card nodes)"),
 ])
 def test_several_card_refusals_are_one_line(tmp_path, args, message):
     node = write_cpu_node(tmp_path / "nodes", "cpu-2", [4.0, 4.0])

@@ -1,6 +1,7 @@
 """`forge bench run --warm-jobs K`: the forge modes run K whole jobs of other records on the node before the
 measured one, outside its window, so the card worker has run work before (as the direct mode's process has) while
-its prefix cache holds nothing the measured job could reuse."""
+its prefix cache holds nothing the measured job could reuse; and the engine counters are read once they have
+caught up, so the warm work's last steps are not counted in the window."""
 from __future__ import annotations
 
 import asyncio
@@ -9,42 +10,68 @@ from pathlib import Path
 
 import pytest
 
-from forge.bench.forge_mode import run_forge_async, write_records
+from forge.bench.forge_mode import run_forge_async, settled_engine_stats, write_records
 from forge.bench.modes import warm_job_requests
 from forge.bench.workload import generate, load_workload
 from forge.config.load import load_node
+from forge.stats import EngineStats
 
 ROOT = Path(__file__).resolve().parents[2]
 INSTANT_NODE = ROOT / "tests" / "reliability" / "fixtures" / "nodes" / "instant.yaml"
+WORKLOAD = ROOT / "docs" / "bench" / "workloads" / "cpu-mixed-short.yaml"
 
 
-def test_warm_job_records_share_no_prompt_or_prefix_with_the_measured_ones():
-    spec = load_workload(ROOT / "docs" / "bench" / "workloads" / "cpu-mixed-short.yaml")
-    measured, warm = generate(spec, 2048, 256), warm_job_requests(spec, 2048, 256)
-    assert len(warm) == len(measured)
-    assert not {r.prompt for r in measured} & {r.prompt for r in warm}
+def test_warm_job_records_share_no_prompt_or_prefix_with_the_measured_ones_or_each_other():
+    spec = load_workload(WORKLOAD)
+    jobs = [generate(spec, 2048, 256), warm_job_requests(spec, 2048, 256, 0), warm_job_requests(spec, 2048, 256, 1)]
     length = spec.shared_prefix.length
-    prefixes = lambda reqs: {r.prompt[:length] for r in reqs if r.prefix is not None}   # noqa: E731
-    assert prefixes(measured) and prefixes(warm) and not prefixes(measured) & prefixes(warm)
+    for a in range(3):
+        for b in range(a + 1, 3):
+            assert len(jobs[a]) == len(jobs[b])
+            assert not {r.prompt for r in jobs[a]} & {r.prompt for r in jobs[b]}
+            pa = {r.prompt[:length] for r in jobs[a] if r.prefix is not None}
+            pb = {r.prompt[:length] for r in jobs[b] if r.prefix is not None}
+            assert pa and pb and not pa & pb
 
 
 @pytest.mark.timeout(120)
 def test_warm_jobs_run_before_the_window_and_stay_out_of_its_counts(tmp_path):
     loaded = load_node(INSTANT_NODE)
-    spec = load_workload(ROOT / "docs" / "bench" / "workloads" / "cpu-mixed-short.yaml")
+    spec = load_workload(WORKLOAD)
     vocab = loaded.plans[0].contract.model.vocab_size
     reqs = generate(spec, vocab, 64)
     records = write_records(reqs, tmp_path / "records.jsonl")
-    warm = write_records(warm_job_requests(spec, vocab, 64), tmp_path / "warm-records.jsonl")
-    res = asyncio.run(run_forge_async(loaded, records, len(reqs), tmp_path, grouping=True, warm_jobs=2,
-                                      warm_records=warm, card_transport="thread"))
+    warm = [write_records(warm_job_requests(spec, vocab, 64, k), tmp_path / f"warm-records-{k}.jsonl")
+            for k in range(2)]
+    res = asyncio.run(run_forge_async(loaded, records, len(reqs), tmp_path, grouping=True, warm_records=warm,
+                                      card_transport="thread"))
     assert res.completed == res.requests == 64
     assert [n for n in res.notes if n.startswith("after 2 warm job(s) on the same node (128 records done, 0 failed")]
+    # before the window: the warm job's output was complete when the window started
+    assert (tmp_path / "forge.warm.out.jsonl").stat().st_mtime <= res.started_at
+    assert len((tmp_path / "forge.warm.out.jsonl").read_text().splitlines()) == 64
     # the window's counts are the measured job's alone
     assert sum(c["requests_ok"] for c in res.per_card.values()) == 64
     assert res.input_tokens == sum(len(r.prompt) for r in reqs)
-    out = [json.loads(line) for line in (tmp_path / "forge.out.jsonl").read_text().splitlines()]
-    assert len(out) == 64
-    assert len((tmp_path / "forge.warm.out.jsonl").read_text().splitlines()) == 64
-    with pytest.raises(ValueError, match="warm_records"):
-        asyncio.run(run_forge_async(loaded, records, len(reqs), tmp_path, grouping=True, warm_jobs=1))
+    assert len([json.loads(line) for line in (tmp_path / "forge.out.jsonl").read_text().splitlines()]) == 64
+
+
+class LaggingNode:
+    """engine_stats() catches up with the engine over a few reads, as snapshots reach a real node."""
+
+    def __init__(self, steps: list[int]):
+        self.steps = steps
+
+    def engine_stats(self):
+        n = self.steps.pop(0) if len(self.steps) > 1 else self.steps[0]
+        return [EngineStats(node="n", card="c0", tier="t", slots=1, token_budget=1, kv_blocks_total=1,
+                            engine_steps=n)]
+
+
+def test_engine_stats_are_read_once_they_stop_moving():
+    got = asyncio.run(settled_engine_stats(LaggingNode([90, 97, 100, 100, 100]), read_s=0.01, limit_s=2.0))
+    assert got[0].engine_steps == 100
+    # bounded: a node whose counters never settle is read for limit_s at most
+    moving = LaggingNode(list(range(1000)))
+    got = asyncio.run(settled_engine_stats(moving, read_s=0.01, limit_s=0.1))
+    assert got[0].engine_steps < 100
