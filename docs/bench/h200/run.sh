@@ -70,6 +70,16 @@ compare() {  # name limit_s records shipped_node new_node
   stage "$name" "$limit" $F bench compare "$WL" --node "$shipped" --label shipped --node "$new" --label new \
     --modes forge,direct --repeat 2 --records "$recs" --out "$R/$name"
 }
+# The shipped 1.5B tier, 512 records, direct longest first against forge, with an experiment's sitecustomize
+# (docs/bench/h200/exp/EXP, holding the step timer) in every process; then the step log cut to each run's window.
+timed_1p5b() {  # name limit_s exp [extra bench-run flags...]
+  local name=$1 limit=$2 exp=$3; shift 3
+  mkdir -p "$R/$name/steplog"
+  stage "$name" "$limit" env STEPLOG="$R/$name/steplog" PYTHONPATH="$PWD/$H/exp/$exp:$PYTHONPATH" \
+    $F bench run $W/gpu-mixed.yaml --node $H/node-llama-1p5b.yaml --records 512 --out "$R/$name" \
+    --modes direct,forge --direct longest --card-transport process "$@"
+  python3 docs/bench/steplog_summary.py "$R/$name/steplog" "$R/$name/bench.json" | tee "$R/$name/steplog.md"; pack
+}
 # An experiment's patch on this copy of the tree, for one stage (-R takes it off again); git or patch(1).
 patch_tree() {  # [-R] file
   local rev=""; [ "$1" = "-R" ] && { rev="-R"; shift; }
@@ -260,18 +270,8 @@ for n in ('node-llama-1p5b', 'node-llama-8b', 'node-llama-1p5b-small-pool'):
   # Where a step's time goes (docs/benchmarks.md, "The fourth session on the H200"): issue 14's measurement (three
   # interleaved repeats, direct fed longest first) with transformers' loop timed from inside in every process
   # (exp/steptime; summary: docs/bench/steplog_summary.py), then the same with the quiet driver as well
-  lpt-steps-3)
-    mkdir -p "$R/lpt-steps-3/steplog"
-    stage lpt-steps-3 330 env STEPLOG="$R/lpt-steps-3/steplog" PYTHONPATH="$PWD/$H/exp/steptime:$PYTHONPATH" \
-      $F bench run $W/gpu-mixed.yaml --node $H/node-llama-1p5b.yaml --records 512 --out "$R/lpt-steps-3" \
-      --modes direct,forge --direct longest --repeat 3 --card-transport process
-    python3 docs/bench/steplog_summary.py "$R/lpt-steps-3/steplog" "$R/lpt-steps-3/bench.json" | tee "$R/lpt-steps-3/steplog.md"; pack ;;
-  lpt-quiet-2)
-    mkdir -p "$R/lpt-quiet-2/steplog"
-    stage lpt-quiet-2 220 env STEPLOG="$R/lpt-quiet-2/steplog" PYTHONPATH="$PWD/$H/exp/steptime-quiet:$PYTHONPATH" \
-      $F bench run $W/gpu-mixed.yaml --node $H/node-llama-1p5b.yaml --records 512 --out "$R/lpt-quiet-2" \
-      --modes direct,forge --direct longest --repeat 2 --card-transport process
-    python3 docs/bench/steplog_summary.py "$R/lpt-quiet-2/steplog" "$R/lpt-quiet-2/bench.json" | tee "$R/lpt-quiet-2/steplog.md"; pack ;;
+  lpt-steps-3) timed_1p5b lpt-steps-3 330 steptime --repeat 3 ;;
+  lpt-quiet-2) timed_1p5b lpt-quiet-2 220 steptime-quiet --repeat 2 ;;
   # issue 16: forge ÷ direct on the 8B fast tier (the sweep's winner: CUDA graphs, token budget 2,048), direct fed
   # longest first, 256 records, three interleaved repeats
   lpt-8b-fast-3)
@@ -302,12 +302,7 @@ for n in ('node-llama-1p5b', 'node-llama-8b', 'node-llama-1p5b-small-pool'):
     patch_tree -R docs/bench/cpu-proxy/exp/quarter-classes.patch ;;
   # next (not run yet): issue 14's measurement with a worker that has run a whole job of other records first
   # (--warm-jobs 1), and the step timer cut to each window
-  warm-1p5b-3)
-    mkdir -p "$R/warm-1p5b-3/steplog"
-    stage warm-1p5b-3 450 env STEPLOG="$R/warm-1p5b-3/steplog" PYTHONPATH="$PWD/$H/exp/steptime:$PYTHONPATH" \
-      $F bench run $W/gpu-mixed.yaml --node $H/node-llama-1p5b.yaml --records 512 --out "$R/warm-1p5b-3" \
-      --modes direct,forge --direct longest --repeat 3 --warm-jobs 1 --card-transport process
-    python3 docs/bench/steplog_summary.py "$R/warm-1p5b-3/steplog" "$R/warm-1p5b-3/bench.json" | tee "$R/warm-1p5b-3/steplog.md"; pack ;;
+  warm-1p5b-3) timed_1p5b warm-1p5b-3 450 steptime --repeat 3 --warm-jobs 1 ;;
   cp50k)
     stage cp50k 90 $F bench control-plane --records 50000 --repeat 3 --out "$R/cp50k" ;;
   # issue 16, the last call: the new tiers (the sweep's CUDA graphs; replicas 2) against the shipped ones through
