@@ -6,8 +6,11 @@
 
 Each mode starts from an empty KV cache and runs the same warm-up requests (own random prompts, no shared
 prefix) before its window; with `warm_jobs` the forge modes first run that many whole jobs of other records on
-their node (its cache then holds only blocks the measured job cannot reuse). Modes run in that order, `repeat`
-times; every run is kept in the report."""
+their node (its cache then holds only blocks the measured job cannot reuse). Modes run in the order given, then,
+with `repeat`, in the reverse order, and so on (direct, forge; forge, direct; direct, forge): a machine that drifts
+over the invocation (clocks, heat, a neighbour) would otherwise always favour the mode that runs first, and with
+alternation each mode runs as often early as late in its pair (docs/benchmarks.md, "The fifth session on the
+H200"). Every run is kept in the report."""
 from __future__ import annotations
 
 import logging
@@ -97,7 +100,7 @@ def run_modes(bp: BenchPlan) -> tuple[list[BenchRequest], list[ModeResult]]:
                                             bp.workdir / f"warm-records-{k}.jsonl") for k in range(bp.warm_jobs)]
     try:
         for rep in range(bp.repeat):
-            for mode in bp.modes:
+            for mode in repeat_order(bp.modes, rep):
                 if mode == "direct":
                     if direct is None:
                         t = time.perf_counter()
@@ -128,6 +131,11 @@ def run_modes(bp: BenchPlan) -> tuple[list[BenchRequest], list[ModeResult]]:
     if results and len(incomplete) == len(results):
         raise ForgeError("no mode completed the workload; see the notes in the report")
     return requests, results
+
+
+def repeat_order(modes: Sequence[str], rep: int) -> list[str]:
+    """The modes' order in repeat `rep` (from 0): as given in even repeats, reversed in odd ones."""
+    return list(modes) if rep % 2 == 0 else list(reversed(modes))
 
 
 def _line(r: ModeResult) -> str:

@@ -58,7 +58,7 @@ def register(cli: click.Group) -> None:
     @click.option("--modes", default=None, help="modes to run, in this order [default: direct,forge,fifo; with "
                   "several cards: forge,fifo]")
     @click.option("--repeat", "--repeats", "repeat", type=click.IntRange(1, 20), default=1, show_default=True,
-                  help="run the modes this many times, interleaved")
+                  help="run the modes this many times, interleaved, every other repeat in reverse order")
     @click.option("--concurrency", type=click.IntRange(1, 100_000), default=None,
                   help="function invocations in flight in forge modes (default: forge's)")
     @_peak_options

@@ -74,11 +74,14 @@ compare() {  # name limit_s records shipped_node new_node
 # (docs/bench/h200/exp/EXP, holding the step timer) in every process; then the step log cut to each run's window.
 timed_1p5b() {  # name limit_s exp [extra bench-run flags...]
   local name=$1 limit=$2 exp=$3; shift 3
-  mkdir -p "$R/$name/steplog"
-  stage "$name" "$limit" env STEPLOG="$R/$name/steplog" PYTHONPATH="$PWD/$H/exp/$exp:$PYTHONPATH" \
+  mkdir -p "$R/$name/steplog" "$R/$name/threadlog"
+  stage "$name" "$limit" env STEPLOG="$R/$name/steplog" THREADLOG="$R/$name/threadlog" \
+    PYTHONPATH="$PWD/$H/exp/$exp:$PYTHONPATH" \
     $F bench run $W/gpu-mixed.yaml --node $H/node-llama-1p5b.yaml --records 512 --out "$R/$name" \
     --modes direct,forge --direct longest --card-transport process "$@"
-  python3 docs/bench/steplog_summary.py "$R/$name/steplog" "$R/$name/bench.json" | tee "$R/$name/steplog.md"; pack
+  python3 docs/bench/steplog_summary.py "$R/$name/steplog" "$R/$name/bench.json" | tee "$R/$name/steplog.md"
+  python3 docs/bench/threadcpu_summary.py "$R/$name/threadlog" "$R/$name/bench.json" > "$R/$name/threadcpu.md"
+  pack
 }
 # An experiment's patch on this copy of the tree, for one stage (-R takes it off again); git or patch(1).
 patch_tree() {  # [-R] file
@@ -94,7 +97,8 @@ for s in "$@"; do case $s in
   env)
     stage env 120 bash -c "nvidia-smi; python3 -c 'import torch, transformers, pydantic, sys; print(sys.version); \
 print(\"torch\", torch.__version__, \"cuda\", torch.version.cuda, torch.cuda.get_device_name(0)); \
-print(\"transformers\", transformers.__version__, \"pydantic\", pydantic.__version__)'" ;;
+print(\"transformers\", transformers.__version__, \"pydantic\", pydantic.__version__)'; \
+lscpu; nvidia-smi topo -m; cat /sys/bus/pci/devices/*/numa_node 2>/dev/null | sort | uniq -c" ;;
   demo)   # issue 3: validate, the plan, the hardware check, and a short generation run on the GPU
     mkdir -p "$R/demo"
     stage validate 60 $F validate $H/ | tee "$R/demo/validate.txt"
@@ -302,7 +306,10 @@ for n in ('node-llama-1p5b', 'node-llama-8b', 'node-llama-1p5b-small-pool'):
     patch_tree -R docs/bench/cpu-proxy/exp/quarter-classes.patch ;;
   # next (not run yet): issue 14's measurement with a worker that has run a whole job of other records first
   # (--warm-jobs 1), and the step timer cut to each window
-  warm-1p5b-3) timed_1p5b warm-1p5b-3 450 steptime --repeat 3 --warm-jobs 1 ;;
+  warm-1p5b-3) timed_1p5b warm-1p5b-3 450 steptime-threads --repeat 3 --warm-jobs 1 ;;
+  warm-1p5b-2) timed_1p5b warm-1p5b-2 330 steptime-threads --repeat 2 --warm-jobs 1 ;;
+  # the product path as it is (cold worker), the step timer and every thread's CPU in every process
+  lpt-threads-3) timed_1p5b lpt-threads-3 330 steptime-threads --repeat 3 ;;
   cp50k)
     stage cp50k 90 $F bench control-plane --records 50000 --repeat 3 --out "$R/cp50k" ;;
   # issue 16, the last call: the new tiers (the sweep's CUDA graphs; replicas 2) against the shipped ones through
