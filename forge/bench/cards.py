@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 from forge.bench.forge_mode import run_forge, write_records
-from forge.bench.modes import check_fits, warmup_requests
+from forge.bench.modes import check_fits, repeat_order, warmup_requests
 from forge.bench.results import ModeResult
 from forge.bench.workload import BenchRequest, WorkloadSpec, generate
 from forge.config.load import LoadedNode
@@ -90,11 +90,13 @@ def run_cards(cp: CardsPlan) -> list[ModeResult]:
                     f"{r.completed}/{r.requests} in {r.window_s:.2f} s")
         cp.on_result(results)
 
+    runs = [(mode, i) for mode in cp.modes for i in [*range(len(plans)), None]]     # None: all cards together
     for rep in range(cp.repeat):
-        for mode in cp.modes:
-            for i, p in enumerate(plans):
-                one(one_card(cp.loaded, i), p.card_id, alone_path, alone_reqs, mode, rep)
-            one(cp.loaded, TOGETHER, together_path, together_reqs, mode, rep)
+        for mode, i in repeat_order(runs, rep):          # every other repeat reversed (forge/bench/modes.py)
+            if i is None:
+                one(cp.loaded, TOGETHER, together_path, together_reqs, mode, rep)
+            else:
+                one(one_card(cp.loaded, i), plans[i].card_id, alone_path, alone_reqs, mode, rep)
     if results and all(r.completed != r.requests for r in results):
         raise ForgeError("no run completed the workload; see the notes in the report")
     return results

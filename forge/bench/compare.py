@@ -15,7 +15,7 @@ from typing import Callable, Optional, Sequence
 from forge.bench.bounds import bounds_line, tier_bounds
 from forge.bench.direct import DirectEngine
 from forge.bench.forge_mode import run_forge, write_records
-from forge.bench.modes import check_fits, single_card, warmup_requests
+from forge.bench.modes import check_fits, repeat_order, single_card, warmup_requests
 from forge.bench.report import _fmt, gpu_util_line, header, mode_rows, write_report
 from forge.bench.workload import WorkloadSpec, generate
 from forge.config.load import LoadedNode
@@ -42,29 +42,29 @@ def run_compare(tiers: Sequence[tuple[str, LoadedNode]], spec: WorkloadSpec, wor
     warm = warmup_requests(spec, vocab, warmup)
     records_path = write_records(requests, workdir / "records.jsonl")
     results: list[dict] = []
+    runs = [(label, loaded, plan, mode) for (label, loaded), plan in zip(tiers, plans) for mode in modes]
     for rep in range(repeat):
-        for (label, loaded), plan in zip(tiers, plans):
-            for mode in modes:
-                started = time.perf_counter()
-                if mode == "direct" and plan.replicas > 1:
-                    progress(f"{label}: direct skipped (the direct engine is one manager; the card runs "
-                             f"{plan.replicas} replicas)")
-                    continue
-                if mode == "direct":
-                    eng = DirectEngine(plan)
-                    try:
-                        r = eng.run(requests, f"depth:{plan.slots}", warmup=warm)
-                    finally:
-                        eng.close()
-                else:
-                    r = run_forge(loaded, records_path, len(requests), workdir / label, grouping=True, warmup=warm,
-                                  label="forge")
-                r.notes.append(f"repeat {rep + 1}")
-                row = dict(r.to_dict(), tier=label, repeat=rep + 1, wall_s=round(time.perf_counter() - started, 2))
-                results.append(row)
-                progress(f"{label} {mode}: {r.tokens_per_s:,.0f} tok/s ({r.completed}/{r.requests} in "
-                         f"{r.window_s:.2f} s; repeat {rep + 1})")
-                on_result(requests, results)
+        for label, loaded, plan, mode in repeat_order(runs, rep):     # every other repeat reversed (modes.py)
+            started = time.perf_counter()
+            if mode == "direct" and plan.replicas > 1:
+                progress(f"{label}: direct skipped (the direct engine is one manager; the card runs "
+                         f"{plan.replicas} replicas)")
+                continue
+            if mode == "direct":
+                eng = DirectEngine(plan)
+                try:
+                    r = eng.run(requests, f"depth:{plan.slots}", warmup=warm)
+                finally:
+                    eng.close()
+            else:
+                r = run_forge(loaded, records_path, len(requests), workdir / label, grouping=True, warmup=warm,
+                              label="forge")
+            r.notes.append(f"repeat {rep + 1}")
+            row = dict(r.to_dict(), tier=label, repeat=rep + 1, wall_s=round(time.perf_counter() - started, 2))
+            results.append(row)
+            progress(f"{label} {mode}: {r.tokens_per_s:,.0f} tok/s ({r.completed}/{r.requests} in "
+                     f"{r.window_s:.2f} s; repeat {rep + 1})")
+            on_result(requests, results)
     return requests, results
 
 

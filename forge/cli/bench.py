@@ -148,7 +148,7 @@ def register(cli: click.Group) -> None:
     @click.option("--label", "labels", multiple=True, help="a name per --node, in order (default: file stems)")
     @click.option("--modes", default="forge", show_default=True, help="forge and/or direct, comma-separated")
     @click.option("--repeat", type=click.IntRange(1, 20), default=2, show_default=True,
-                  help="interleaved repeats: every tier runs every mode once per repeat")
+                  help="interleaved repeats: every tier runs every mode once per repeat, every other repeat in reverse order")
     @click.option("--records", type=click.IntRange(1, 1_000_000), default=None,
                   help="use this many of the workload's records (default: the file's count)")
     @click.option("--warmup", type=click.IntRange(0, 1024), default=8, show_default=True,

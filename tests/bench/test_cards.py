@@ -71,8 +71,8 @@ def test_a_two_card_node_runs_each_card_alone_then_together(tmp_path):
     data = json.loads((tmp_path / "out" / "bench.json").read_text())
     assert data["kind"] == "forge-bench-cards" and data["card_transport"] == "process"      # the default
     order = [(r["repeat"], r["mode"], r["scope"]) for r in data["results"]]
-    assert order == [(rep, mode, scope) for rep in (1, 2) for mode in ("forge", "fifo")
-                     for scope in ("cpu0", "cpu1", "together")]
+    first = [(mode, scope) for mode in ("forge", "fifo") for scope in ("cpu0", "cpu1", "together")]
+    assert order == [(1, *run) for run in first] + [(2, *run) for run in reversed(first)]   # alternating repeats
     for r in data["results"]:
         assert r["completed"] == r["requests"] == 60
         assert sum(c["input_tokens"] for c in r["per_card"].values()) == r["input_tokens"]
