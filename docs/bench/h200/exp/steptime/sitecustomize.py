@@ -1,6 +1,7 @@
 # Experiment (docs/benchmarks.md, "Where a step's time goes"): time transformers' generation loop from inside, in
 # every process (the bench's direct engine and forge's card worker alike). Put this directory on PYTHONPATH and set
-# STEPLOG to a directory; each process appends one JSON line per manager every 16 steps and at every 16th idle wait:
+# STEPLOG to a directory; each process appends one JSON line per manager every 16 steps, at the first idle wait after
+# steps (so a run's last steps are written) and at every 16th idle wait:
 # totals (steps, seconds inside step bodies (schedule + forward + sample + update), seconds in the forward alone,
 # seconds and count of idle waits, q tokens) and the steps since the last line, each [wall-clock start, body s,
 # forward s, q tokens]. The last line per (pid, manager) holds the totals; docs/bench/steplog_summary.py cuts the
@@ -48,7 +49,7 @@ if _DIR:
         else:
             a["idle_s"] += dt
             a["idle_n"] += 1
-            if a["idle_n"] % 16 == 1:
+            if a["recent"] or a["idle_n"] % 16 == 1:     # steps not yet written: the run's last ones
                 _dump(self, a)
         return r
 
