@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 from forge.bench.direct import DirectEngine
+from forge.bench.direct_child import run_direct_in_child
 from forge.bench.forge_mode import run_forge, write_records
 from forge.bench.results import ModeResult, best
 from forge.bench.workload import BenchRequest, WorkloadSpec, generate
@@ -45,6 +46,7 @@ class BenchPlan:
     concurrency: Optional[int] = None
     card_transport: str = "process"          # forge/fifo modes: cards in worker processes, or "thread" (before)
     warm_jobs: int = 0                       # forge/fifo modes: whole jobs of other records on the node first
+    direct_process: str = "bench"            # direct mode: in the bench's process, or "child": a fresh one per run
     progress: Callable[[str], None] = field(default=lambda line: None)
     on_result: Callable[[list[BenchRequest], list[ModeResult]], None] = field(default=lambda reqs, res: None)
 
@@ -98,10 +100,22 @@ def run_modes(bp: BenchPlan) -> tuple[list[BenchRequest], list[ModeResult]]:
             raise UsageError("--warm-jobs: applies to the forge and fifo modes, and --modes has neither")
         kw["warm_records"] = [write_records(warm_job_requests(bp.spec, vocab, len(requests), k),
                                             bp.workdir / f"warm-records-{k}.jsonl") for k in range(bp.warm_jobs)]
+    if bp.direct_process not in ("bench", "child"):
+        raise UsageError(f"--direct-process: {bp.direct_process!r} (bench | child)")
+    if bp.direct_process == "child" and "direct" not in bp.modes:
+        raise UsageError("--direct-process child: applies to the direct mode, and --modes has none")
     try:
         for rep in range(bp.repeat):
             for mode in repeat_order(bp.modes, rep):
-                if mode == "direct":
+                if mode == "direct" and bp.direct_process == "child":
+                    for v in bp.direct_variants:
+                        r = run_direct_in_child(plan, requests, v, warmup=warm, workdir=bp.workdir,
+                                                tag=f"{rep + 1}-{v.replace(':', '')}")
+                        r.notes.append(f"repeat {rep + 1}")
+                        results.append(r)
+                        bp.progress(_line(r))
+                        bp.on_result(requests, results)
+                elif mode == "direct":
                     if direct is None:
                         t = time.perf_counter()
                         direct = DirectEngine(plan)

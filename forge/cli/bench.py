@@ -69,12 +69,16 @@ def register(cli: click.Group) -> None:
                   help="one card, forge and fifo modes: run this many whole jobs of other records (own prompts and "
                        "prefixes, as many records as the measured job) on the node before each measured job, "
                        "outside the window")
+    @click.option("--direct-process", type=click.Choice(["bench", "child"]), default="bench", show_default=True,
+                  help="one card, direct mode: run it in the bench's own process (model built once), or each run in "
+                       "a fresh process of its own, as every forge run's card worker is")
     def run_cmd(workload, node_path, records, warmup, direct, out, modes, repeat, concurrency, peak_tflops, hbm_tbps,
-                card_transport, together_records, warm_jobs):
+                card_transport, together_records, warm_jobs, direct_process):
         """Run WORKLOAD.yaml in each mode and write the report. One card: direct vs forge vs fifo. Several cards:
         each card alone, then all cards on one queue (together ÷ Σ alone, shares against speed, affinity)."""
         show_report(do_run(workload, node_path, out, modes, direct, records, warmup, repeat, concurrency,
-                       peaks_of(peak_tflops, hbm_tbps), card_transport or "process", together_records, warm_jobs))
+                       peaks_of(peak_tflops, hbm_tbps), card_transport or "process", together_records, warm_jobs,
+                       direct_process))
 
     @bench.command("sweep")
     @click.argument("contract")

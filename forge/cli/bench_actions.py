@@ -40,7 +40,8 @@ def _quiet_engines() -> None:
 
 def do_run(workload: Path, node_path: Optional[Path], out: Path, modes: Optional[str], direct: str,
            records: Optional[int], warmup: int, repeat: int, concurrency: Optional[int], peaks: Optional[dict] = None,
-           card_transport: str = "process", together_records: Optional[int] = None, warm_jobs: int = 0) -> list[Path]:
+           card_transport: str = "process", together_records: Optional[int] = None, warm_jobs: int = 0,
+           direct_process: str = "bench") -> list[Path]:
     from forge.bench import env as envmod
     from forge.bench.bounds import tier_bounds
     from forge.bench.direct import parse_variants
@@ -55,6 +56,8 @@ def do_run(workload: Path, node_path: Optional[Path], out: Path, modes: Optional
     if len(loaded.plans) > 1:
         if warm_jobs:
             raise UsageError("--warm-jobs: this node has several cards (it applies to one-card nodes)")
+        if direct_process != "bench":
+            raise UsageError("--direct-process: this node has several cards (the direct mode is for one-card nodes)")
         return do_run_cards(workload, spec, loaded, out, modes, records, warmup, repeat, concurrency,
                             card_transport, together_records)
     if together_records is not None:
@@ -74,7 +77,8 @@ def do_run(workload: Path, node_path: Optional[Path], out: Path, modes: Optional
     bp = BenchPlan(loaded=loaded, spec=spec, workdir=out / "work", records=records, warmup=warmup, repeat=repeat,
                    modes=[m.strip() for m in modes.split(",") if m.strip()], concurrency=concurrency,
                    direct_variants=parse_variants(direct, plan.contract.limits.max_batch_size), progress=_say,
-                   on_result=report, card_transport=card_transport, warm_jobs=warm_jobs)
+                   on_result=report, card_transport=card_transport, warm_jobs=warm_jobs,
+                   direct_process=direct_process)
     requests, results = run_modes(bp)
     return report(requests, results)
 

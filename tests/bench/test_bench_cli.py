@@ -79,6 +79,8 @@ def test_control_plane_runs_the_full_path_with_the_instant_engine(tmp_path):
     (("bench", "run", "forge/bench/quick.yaml", "--modes", "direct", "--warm-jobs", "1"),
      "--warm-jobs: applies to the forge and fifo modes, and --modes has neither"),
     (("bench", "run", "node_descriptions/local.yaml"), "local.yaml::$.node: unknown key"),
+    (("bench", "run", "forge/bench/quick.yaml", "--modes", "forge", "--direct-process", "child"),
+     "--direct-process child: applies to the direct mode, and --modes has none"),
 ])
 def test_bad_invocations_get_one_line(tmp_path, args, message):
     proc = forge(*args, "--out", tmp_path, timeout=60)

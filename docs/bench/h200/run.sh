@@ -310,6 +310,13 @@ for n in ('node-llama-1p5b', 'node-llama-8b', 'node-llama-1p5b-small-pool'):
   warm-1p5b-2) timed_1p5b warm-1p5b-2 330 steptime-threads --repeat 2 --warm-jobs 1 ;;
   # the product path as it is (cold worker), the step timer and every thread's CPU in every process
   lpt-threads-3) timed_1p5b lpt-threads-3 330 steptime-threads --repeat 3 ;;
+  # next (not run yet): direct in a fresh process of its own per run (--direct-process child), as forge's card
+  # worker is: tells "a fresh process" from "forge's worker" in the per-step gap (docs/benchmarks.md, calls S-U)
+  lpt-child-3) timed_1p5b lpt-child-3 400 steptime-threads --repeat 3 --direct-process child ;;
+  lpt-8b-child-3)
+    stage lpt-8b-child-3 450 $F bench run $W/gpu-mixed.yaml --node $H/node-llama-8b-fast.yaml --records 256 \
+      --out "$R/lpt-8b-child-3" --modes direct,forge --direct longest --repeat 3 --card-transport process \
+      --direct-process child ;;
   # the same with the wake-on-command patch in the tree for this stage (the worker's driver: 0.9 % of the window's
   # CPU instead of 2.8-3.7 % on the CPU proxy)
   lpt-wake-3)
