@@ -166,4 +166,17 @@ def ratios(results: list[ModeResult]) -> dict:
     out["forge_over_direct"] = round(f.tokens_per_s / d.tokens_per_s, 4) if f and d else None
     out["forge_over_fifo"] = round(f.tokens_per_s / q.tokens_per_s, 4) if f and q else None
     out["fifo_over_direct"] = round(q.tokens_per_s / d.tokens_per_s, 4) if q and d else None
+    reps = sorted({n for n in map(repeat_of, results) if n is not None})
+    if len(reps) > 1:       # the same ratios within each repeat: what "none below X" targets are stated in
+        out["per_repeat"] = [dict(ratios([r for r in results if repeat_of(r) == n]), repeat=n) for n in reps]
+        for row in out["per_repeat"]:
+            del row["best"], row["tokens_per_s"]
     return out
+
+
+def repeat_of(r: ModeResult) -> Optional[int]:
+    """The repeat a run belongs to (its "repeat N" note), or None."""
+    for note in reversed(r.notes):
+        if note.startswith("repeat ") and note[7:].isdigit():
+            return int(note[7:])
+    return None

@@ -103,6 +103,18 @@ def gpu_util_line(results: list[dict]) -> str:
     return f"GPU util: not sampled ({why or 'no run recorded it'})."
 
 
+def _per_repeat_lines(rows) -> list[str]:
+    """Each repeat's own ratios (its best run of each mode), when the bench ran more than one."""
+    if not rows:
+        return []
+    names = [(k, t) for k, t in (("forge_over_direct", "forge ÷ direct"), ("forge_over_fifo", "forge ÷ fifo"),
+                                 ("fifo_over_direct", "fifo ÷ direct")) if any(r.get(k) for r in rows)]
+    if not names:
+        return []
+    return ["Per repeat (the modes' order alternates from one repeat to the next): "
+            + "; ".join(f"{t} {' / '.join(_fmt(r.get(k), '.3f') for r in rows)}" for k, t in names) + ".", ""]
+
+
 def bench_markdown(data: dict) -> str:
     env, w, rt = data["env"], data["workload"], data["ratios"]
     card = data["card"]
@@ -121,6 +133,7 @@ def bench_markdown(data: dict) -> str:
               "| ---: | ---: | ---: | --- |",
               f"| {_fmt(rt['forge_over_direct'], '.3f')} | {_fmt(rt['forge_over_fifo'], '.3f')} | "
               f"{_fmt(rt['fifo_over_direct'], '.3f')} | {rt['best']['direct'] or '—'} |", "",
+              *_per_repeat_lines(rt.get("per_repeat")),
               "## Every run", ""]
     if data.get("bounds"):        # the hardware's bounds beside the best run's window (forge/bench/bounds.py)
         from forge.bench.bounds import bounds_line

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from forge.bench.modes import BenchPlan, repeat_order, run_modes
+from forge.bench.modes import BenchPlan, ratios, repeat_order, run_modes
 from forge.bench.workload import load_workload
 from forge.config.load import load_node
 
@@ -32,3 +32,10 @@ def test_a_repeated_bench_alternates_the_order_of_its_runs(tmp_path):
         ("forge", "repeat 3"), ("fifo", "repeat 3")]
     assert all(r.completed == r.requests == 16 for r in results)
     assert [r.started_at for r in results] == sorted(r.started_at for r in results)
+    # each repeat's own ratio beside the best-of ratio (what "none below X" targets are stated in)
+    per = ratios(results)["per_repeat"]
+    assert [row["repeat"] for row in per] == [1, 2, 3]
+    for row, pair in zip(per, (results[0:2], results[2:4], results[4:6])):
+        forge, fifo = sorted(pair, key=lambda r: r.mode != "forge")
+        assert row["forge_over_fifo"] == round(forge.tokens_per_s / fifo.tokens_per_s, 4)
+        assert row["forge_over_direct"] is None
