@@ -8,7 +8,7 @@ Each mode starts from an empty KV cache and runs the same warm-up requests (own 
 prefix) before its window; with `warm_jobs` the forge modes first run that many whole jobs of other records on
 their node (its cache then holds only blocks the measured job cannot reuse). Modes run in the order given, then,
 with `repeat`, in the reverse order, and so on (direct, forge; forge, direct; direct, forge): a machine that drifts
-over the invocation (clocks, heat, a neighbour) would otherwise always favour the mode that runs first, and with
+over the invocation (clocks, heat, a neighbour) would otherwise always hand its drift to the same mode, and with
 alternation each mode runs as often early as late in its pair (docs/benchmarks.md, "The fifth session on the
 H200"). Every run is kept in the report."""
 from __future__ import annotations
@@ -17,7 +17,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Callable, Optional, Sequence, TypeVar
 
 from forge.bench.direct import DirectEngine
 from forge.bench.direct_child import run_direct_in_child
@@ -28,6 +28,7 @@ from forge.config.load import LoadedNode
 from forge.errors import ForgeError, UsageError
 
 MODES = ("direct", "forge", "fifo")
+T = TypeVar("T")
 WARMUP_SEED_OFFSET = 1_000_003         # warm-up prompts come from their own random stream
 WARM_JOB_SEED_OFFSET = 2_000_003       # and a warm job's records from another (prefixes included)
 log = logging.getLogger("forge.bench")
@@ -147,9 +148,10 @@ def run_modes(bp: BenchPlan) -> tuple[list[BenchRequest], list[ModeResult]]:
     return requests, results
 
 
-def repeat_order(modes: Sequence[str], rep: int) -> list[str]:
-    """The modes' order in repeat `rep` (from 0): as given in even repeats, reversed in odd ones."""
-    return list(modes) if rep % 2 == 0 else list(reversed(modes))
+def repeat_order(runs: Sequence[T], rep: int) -> list[T]:
+    """The runs' (modes', tiers', cards') order in repeat `rep` (from 0): as given in even repeats, reversed in odd
+    ones."""
+    return list(runs) if rep % 2 == 0 else list(reversed(runs))
 
 
 def _line(r: ModeResult) -> str:
