@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Callable, Optional
+from typing import Optional
 
 from forge.stats import RunStats
 
