@@ -81,6 +81,8 @@ def test_control_plane_runs_the_full_path_with_the_instant_engine(tmp_path):
     (("bench", "run", "node_descriptions/local.yaml"), "local.yaml::$.node: unknown key"),
     (("bench", "run", "forge/bench/quick.yaml", "--modes", "forge", "--direct-process", "child"),
      "--direct-process child: applies to the direct mode, and --modes has none"),
+    (("bench", "run", "forge/bench/quick.yaml", "--node", "docs/bench/h200x2/node-equal-1p5b.yaml",
+      "--direct-process", "child"), "--direct-process: this node has several cards"),
 ])
 def test_bad_invocations_get_one_line(tmp_path, args, message):
     proc = forge(*args, "--out", tmp_path, timeout=60)

@@ -10,12 +10,9 @@ from __future__ import annotations
 
 import os
 import sys
-from pathlib import Path
 
 from forge.bench.direct import DirectEngine, _feed
-from forge.bench.modes import single_card, warmup_requests
-from forge.bench.workload import generate, load_workload
-from forge.config.load import load_node
+from ab_setup import arms, direct_setup
 
 
 def thread_cpu(native_id: int) -> float:
@@ -49,14 +46,9 @@ def run(eng: DirectEngine, reqs, warm, guides: bool) -> str:
 
 
 def main(workload: str, node: str, records: str, repeats: str) -> None:
-    plan = single_card(load_node(Path(node)))
-    spec = load_workload(Path(workload))
-    vocab = plan.contract.model.vocab_size
-    reqs = generate(spec, vocab, int(records))
-    eng = DirectEngine(plan)
-    warm = warmup_requests(spec, vocab, 8)
+    eng, reqs, warm = direct_setup(workload, node, records)
     for i in range(int(repeats)):
-        for guides in ((False, True) if i % 2 == 0 else (True, False)):
+        for guides in arms(i):
             print(f"repeat {i + 1}  {run(eng, reqs, warm, guides)}", flush=True)
 
 

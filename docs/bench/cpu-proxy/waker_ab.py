@@ -11,12 +11,8 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from pathlib import Path
 
-from forge.bench.direct import DirectEngine
-from forge.bench.modes import single_card, warmup_requests
-from forge.bench.workload import generate, load_workload
-from forge.config.load import load_node
+from ab_setup import arms, direct_setup
 
 
 def waker(stop: threading.Event, period_s: float, work_s: float, used: list) -> None:
@@ -30,14 +26,9 @@ def waker(stop: threading.Event, period_s: float, work_s: float, used: list) -> 
 
 
 def main(workload: str, node: str, records: str, repeats: str, period_ms: str, work_us: str) -> None:
-    plan = single_card(load_node(Path(node)))
-    spec = load_workload(Path(workload))
-    vocab = plan.contract.model.vocab_size
-    reqs = generate(spec, vocab, int(records))
-    eng = DirectEngine(plan)
-    warm = warmup_requests(spec, vocab, 8)
+    eng, reqs, warm = direct_setup(workload, node, records)
     for i in range(int(repeats)):
-        for on in ((False, True) if i % 2 == 0 else (True, False)):
+        for on in arms(i):
             stop, used = threading.Event(), [0.0]
             t = threading.Thread(target=waker, args=(stop, float(period_ms) / 1e3, float(work_us) / 1e6, used),
                                  daemon=True)
