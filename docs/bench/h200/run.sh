@@ -317,6 +317,19 @@ for n in ('node-llama-1p5b', 'node-llama-8b', 'node-llama-1p5b-small-pool'):
     stage lpt-8b-child-3 450 $F bench run $W/gpu-mixed.yaml --node $H/node-llama-8b-fast.yaml --records 256 \
       --out "$R/lpt-8b-child-3" --modes direct,forge --direct longest --repeat 3 --card-transport process \
       --direct-process child ;;
+  # does Python in a sibling thread of the engine's process cost transformers' loop what forge's worker loses?
+  # direct only, each run in its own process, alternating plain / NOISE_MS of Python per finished result (exp/sibling-noise)
+  noise-1p5b-6)
+    mkdir -p "$R/noise-1p5b-6/steplog" "$R/noise-1p5b-6/threadlog"
+    stage noise-1p5b-6 330 env STEPLOG="$R/noise-1p5b-6/steplog" THREADLOG="$R/noise-1p5b-6/threadlog" \
+      NOISE_DIR="$R/noise-1p5b-6/noise" NOISE_PATTERN=PNNPPN NOISE_MS="${NOISE_MS:-2.5}" \
+      PYTHONPATH="$PWD/$H/exp/sibling-noise:$PYTHONPATH" \
+      $F bench run $W/gpu-mixed.yaml --node $H/node-llama-1p5b.yaml --records 512 --out "$R/noise-1p5b-6" \
+      --modes direct --direct longest --repeat 6 --direct-process child
+    ls "$R/noise-1p5b-6/noise"
+    python3 docs/bench/steplog_summary.py "$R/noise-1p5b-6/steplog" "$R/noise-1p5b-6/bench.json" | tee "$R/noise-1p5b-6/steplog.md"
+    python3 docs/bench/threadcpu_summary.py "$R/noise-1p5b-6/threadlog" "$R/noise-1p5b-6/bench.json" > "$R/noise-1p5b-6/threadcpu.md"
+    pack ;;
   # the same with the wake-on-command patch in the tree for this stage (the worker's driver: 0.9 % of the window's
   # CPU instead of 2.8-3.7 % on the CPU proxy)
   lpt-wake-3)
