@@ -330,6 +330,27 @@ for n in ('node-llama-1p5b', 'node-llama-8b', 'node-llama-1p5b-small-pool'):
     python3 docs/bench/steplog_summary.py "$R/noise-1p5b-6/steplog" "$R/noise-1p5b-6/bench.json" | tee "$R/noise-1p5b-6/steplog.md"
     python3 docs/bench/threadcpu_summary.py "$R/noise-1p5b-6/threadlog" "$R/noise-1p5b-6/bench.json" > "$R/noise-1p5b-6/threadcpu.md"
     pack ;;
+  # forge's schedule at the direct mode's cost per step: one bench (direct longest, forge; 2 repeats) recording what
+  # entered the scheduler at which step (exp/timeline), then each recorded timeline of the first repeat replayed on a
+  # fresh engine without forge (replay_timeline.py), forge's and direct's alternating, twice
+  timeline-1p5b)
+    d="$R/timeline-1p5b"; mkdir -p "$d/steplog" "$d/threadlog" "$d/timeline" "$d/replay-steplog"
+    stage timeline-1p5b 260 env STEPLOG="$d/steplog" THREADLOG="$d/threadlog" TIMELINE="$d/timeline" \
+      PYTHONPATH="$PWD/$H/exp/timeline:$PYTHONPATH" \
+      $F bench run $W/gpu-mixed.yaml --node $H/node-llama-1p5b.yaml --records 512 --out "$d" \
+      --modes direct,forge --direct longest --card-transport process --repeat 2 --direct-process child
+    python3 docs/bench/steplog_summary.py "$d/steplog" "$d/bench.json" | tee "$d/steplog.md"
+    python3 docs/bench/threadcpu_summary.py "$d/threadlog" "$d/bench.json" > "$d/threadcpu.md"
+    inp=$(ls "$d"/work/direct-1-*.in.pickle | head -1)
+    tl_forge=$(grep -l "forge.host" "$d"/timeline/*.cmd | head -1); tl_direct=$(grep -l "direct_child" "$d"/timeline/*.cmd | head -1)
+    echo "timelines: forge ${tl_forge%.cmd}.jsonl direct ${tl_direct%.cmd}.jsonl"
+    i=0
+    for which in forge direct direct forge; do
+      i=$((i + 1)); tl=$tl_forge; [ $which = direct ] && tl=$tl_direct
+      stage "replay-$i-$which" 80 env STEPLOG="$d/replay-steplog" PYTHONPATH="$PWD/$H/exp/timeline:$PYTHONPATH" \
+        python3 docs/bench/h200/replay_timeline.py "$inp" "${tl%.cmd}.jsonl" 512 "$d/replay-$i-$which.json"
+    done
+    pack ;;
   # the same with the wake-on-command patch in the tree for this stage (the worker's driver: 0.9 % of the window's
   # CPU instead of 2.8-3.7 % on the CPU proxy)
   lpt-wake-3)
