@@ -351,6 +351,17 @@ for n in ('node-llama-1p5b', 'node-llama-8b', 'node-llama-1p5b-small-pool'):
         python3 docs/bench/h200/replay_timeline.py "$inp" "${tl%.cmd}.jsonl" 512 "$d/replay-$i-$which.json"
     done
     pack ;;
+  # recorded timelines replayed on the 1.5B without forge (replay_timeline.py), in the order REPLAYS names them:
+  # $REPLAY_DIR/in.pickle (a direct run's input from a --direct-process child bench of this tier) and NAME.jsonl each
+  # (carried: the device has no copy; docs/benchmarks.md, "The sixth session on the H200", says how they were made)
+  replays)
+    d="$R/replays"; mkdir -p "$d/steplog"; RD=${REPLAY_DIR:-.replay}; i=0
+    for name in ${REPLAYS:-}; do
+      i=$((i + 1))
+      stage "replay-$i-$name" 75 env STEPLOG="$d/steplog" PYTHONPATH="$PWD/$H/exp/timeline:$PYTHONPATH" \
+        python3 docs/bench/h200/replay_timeline.py "$RD/in.pickle" "$RD/$name.jsonl" 512 "$d/replay-$i-$name.json"
+    done
+    pack ;;
   # the same with the wake-on-command patch in the tree for this stage (the worker's driver: 0.9 % of the window's
   # CPU instead of 2.8-3.7 % on the CPU proxy)
   lpt-wake-3)
