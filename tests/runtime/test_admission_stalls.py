@@ -118,6 +118,9 @@ def test_a_crash_requeues_in_flight_work_to_the_other_engine():
         assert ra.state == "failed" and not s.healthy and "injected crash" in ra.failure
         assert s.requests_requeued >= 1 and s.in_flight == 0
         assert not ra._driver.alive()
+        # the other engine took everything else, requeued work included, and is still healthy
+        assert [card for [(card, _)] in h.results.values()].count("cpu1") == 35
+        assert rb.state != "failed" and rb.stats().healthy
         await h.stop()
 
     run(go())
