@@ -1,6 +1,6 @@
 """Each replayed schedule's time at one machine speed (docs/benchmarks.md, "The sixth session on the H200").
 
-    python docs/bench/h200/replay_cost_model.py REPLAY_DIR [REPLAY_DIR...]
+    python docs/bench/h200/replay_cost_model.py REPLAY_DIR [REPLAY_DIR...] [--predict RUN_DIR...]
 
 A REPLAY_DIR holds replay-N-NAME.json files (docs/bench/h200/replay_timeline.py) and the step timer's log of the
 same replays (replay-steplog/, else steplog/; one file per replay process, in start order). On the H200 VM one
@@ -8,7 +8,12 @@ CPU-bound thread's speed changes from run to run and within a run (a pure-decode
 windows mix the schedule with the machine. This fits one cost per step from the steps taken while the machine
 was fast (the median pure-decode step within 20 steps of it at most FAST_MS) — ms = a + b*q + c*[q > 128] +
 d*[q < 128] + e*max(q - 2048, 0), q the step's tokens — and prints each schedule's predicted total. A model of q
-alone: it does not see how many requests a step prefills or how long their contexts are."""
+alone: it does not see how many requests a step prefills or how long their contexts are.
+
+--predict: runs recorded anywhere with TIMELINE and STEPLOG set (e.g. on the CPU tier with the 1.5B's scheduling
+geometry, docs/bench/cpu-proxy/node-cpu-llama-micro-g1p5b.yaml), RUN_DIR holding timeline/ and steplog/: each
+recording process's steps from its last RECORDS requests' first step on, priced with the same fit — what that
+schedule would take on the H200 at its fast speed (the steps a schedule takes do not depend on the machine)."""
 from __future__ import annotations
 
 import json
@@ -47,7 +52,24 @@ def fast_steps(r: np.ndarray) -> np.ndarray:
     return np.array(keep)
 
 
-def main(folders: list[str]) -> None:
+def recorded(run_dir: Path, records: int = 512) -> list[tuple[str, np.ndarray]]:
+    out = []
+    for tl in sorted((run_dir / "timeline").glob("*.jsonl")):
+        lines = tl.read_text().splitlines()
+        if len(lines) < records:
+            continue
+        first = json.loads(lines[-records])["step"]
+        log = run_dir / "steplog" / tl.name
+        rows = [s for line in log.read_text().splitlines() for s in json.loads(line)["recent"]]
+        cmd = tl.with_suffix(".cmd").read_text() if tl.with_suffix(".cmd").is_file() else ""
+        kind = "forge worker" if "forge.host" in cmd else "direct" if "direct_child" in cmd else "process"
+        out.append((f"{run_dir.name}/{kind} {tl.stem}", np.array(rows[first:], dtype=float)))
+    return out
+
+
+def main(args: list[str]) -> None:
+    cut = args.index("--predict") if "--predict" in args else len(args)
+    folders, predict = args[:cut], args[cut + 1:]
     runs = [run for f in folders for run in runs_of(Path(f))]
     xs, ys = [], []
     for _, r in runs:
@@ -66,6 +88,9 @@ def main(folders: list[str]) -> None:
         measured = ", ".join(f"{rr[:, 1].sum():.2f}" for n, rr in runs if n == name)
         print(f"{name:40s} {len(r):4d} steps  predicted {float((features(r[:, 3]) @ coef).sum()) / 1000:6.2f} s"
               f"  (step bodies as measured: {measured} s)")
+    for run_dir in predict:
+        for name, r in recorded(Path(run_dir)):
+            print(f"{name:40s} {len(r):4d} steps  predicted {float((features(r[:, 3]) @ coef).sum()) / 1000:6.2f} s")
 
 
 if __name__ == "__main__":
