@@ -30,15 +30,21 @@ def features(q: np.ndarray) -> np.ndarray:
     return np.c_[np.ones_like(q), q, q > 128, q < 128, np.maximum(q - 2048, 0)]
 
 
+def steps_of(log: Path) -> list:
+    """Every step the step timer wrote to one process's log, in order: [start, body s, forward s, q tokens]."""
+    return [s for line in log.read_text().splitlines() for s in json.loads(line)["recent"]]
+
+
 def runs_of(folder: Path) -> list[tuple[str, np.ndarray]]:
     reps = sorted(folder.glob("replay-*.json"), key=lambda p: int(p.name.split("-")[1]))
-    logs = next(d for d in (folder / "replay-steplog", folder / "steplog") if d.is_dir())
+    logs = next((d for d in (folder / "replay-steplog", folder / "steplog") if d.is_dir()), None)
+    if not reps or logs is None:
+        raise SystemExit(f"{folder}: no replay-N-NAME.json files or no replay-steplog/ (or steplog/) beside them")
     files = sorted(logs.glob("*.jsonl"), key=lambda p: json.loads(p.read_text().splitlines()[0])["t"])
     out = []
     for rep, log in zip(reps, files):
         steps = json.loads(rep.read_text())["steps"]
-        rows = [s for line in log.read_text().splitlines() for s in json.loads(line)["recent"]]
-        out.append((f"{folder.name}/{rep.stem.split('-', 2)[2]}", np.array(rows[-steps:], dtype=float)))
+        out.append((f"{folder.name}/{rep.stem.split('-', 2)[2]}", np.array(steps_of(log)[-steps:], dtype=float)))
     return out
 
 
@@ -60,7 +66,9 @@ def recorded(run_dir: Path, records: int = 512) -> list[tuple[str, np.ndarray]]:
             continue
         first = json.loads(lines[-records])["step"]
         log = run_dir / "steplog" / tl.name
-        rows = [s for line in log.read_text().splitlines() for s in json.loads(line)["recent"]]
+        if not log.is_file():
+            raise SystemExit(f"{log}: no step log for {tl} (record with STEPLOG and TIMELINE both set)")
+        rows = steps_of(log)
         cmd = tl.with_suffix(".cmd").read_text() if tl.with_suffix(".cmd").is_file() else ""
         kind = "forge worker" if "forge.host" in cmd else "direct" if "direct_child" in cmd else "process"
         out.append((f"{run_dir.name}/{kind} {tl.stem}", np.array(rows[first:], dtype=float)))
@@ -94,4 +102,6 @@ def main(args: list[str]) -> None:
 
 
 if __name__ == "__main__":
+    if len(sys.argv) < 2 or sys.argv[1] == "--predict":
+        raise SystemExit("usage: replay_cost_model.py REPLAY_DIR [REPLAY_DIR...] [--predict RUN_DIR...]")
     main(sys.argv[1:])

@@ -116,4 +116,11 @@ def main(in_pickle: str, timeline: str, records: str, out_json: str) -> None:
 
 
 if __name__ == "__main__":
+    if len(sys.argv) != 5:
+        raise SystemExit("usage: replay_timeline.py IN_PICKLE TIMELINE_JSONL RECORDS OUT_JSON")
+    for path in sys.argv[1:3]:
+        if not Path(path).is_file():
+            raise SystemExit(f"replay_timeline.py: {path}: no such file")
+    if not sys.argv[3].isdigit() or int(sys.argv[3]) < 1:
+        raise SystemExit(f"replay_timeline.py: RECORDS must be a positive whole number, got {sys.argv[3]!r}")
     main(*sys.argv[1:5])
