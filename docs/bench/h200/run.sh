@@ -84,6 +84,29 @@ timed_1p5b() {  # name limit_s exp [extra bench-run flags...]
   python3 docs/bench/threadcpu_summary.py "$R/$name/threadlog" "$R/$name/bench.json" > "$R/$name/threadcpu.md"
   pack
 }
+# forge's schedule at the direct mode's cost per step: one bench (direct longest, forge; REPEATS) recording what
+# entered the scheduler at which step (exp/timeline), then each recorded timeline of the first repeat replayed on a
+# fresh engine without forge (replay_timeline.py), forge's and direct's alternating, twice
+timeline() {  # name bench_limit_s replay_limit_s node records repeats
+  local name=$1 limit=$2 rlimit=$3 node=$4 recs=$5 reps=$6 d="$R/$1" inp tl_forge tl_direct tl i which
+  mkdir -p "$d/steplog" "$d/threadlog" "$d/timeline" "$d/replay-steplog"
+  stage "$name" "$limit" env STEPLOG="$d/steplog" THREADLOG="$d/threadlog" TIMELINE="$d/timeline" \
+    PYTHONPATH="$PWD/$H/exp/timeline:$PYTHONPATH" \
+    $F bench run $W/gpu-mixed.yaml --node "$node" --records "$recs" --out "$d" \
+    --modes direct,forge --direct longest --card-transport process --repeat "$reps" --direct-process child
+  python3 docs/bench/steplog_summary.py "$d/steplog" "$d/bench.json" | tee "$d/steplog.md"
+  python3 docs/bench/threadcpu_summary.py "$d/threadlog" "$d/bench.json" > "$d/threadcpu.md"
+  inp=$(ls "$d"/work/direct-1-*.in.pickle | head -1)
+  tl_forge=$(grep -l "forge.host" "$d"/timeline/*.cmd | head -1); tl_direct=$(grep -l "direct_child" "$d"/timeline/*.cmd | head -1)
+  echo "timelines: forge ${tl_forge%.cmd}.jsonl direct ${tl_direct%.cmd}.jsonl"
+  i=0
+  for which in forge direct direct forge; do
+    i=$((i + 1)); tl=$tl_forge; [ $which = direct ] && tl=$tl_direct
+    stage "replay-$i-$which" "$rlimit" env STEPLOG="$d/replay-steplog" PYTHONPATH="$PWD/$H/exp/timeline:$PYTHONPATH" \
+      python3 docs/bench/h200/replay_timeline.py "$inp" "${tl%.cmd}.jsonl" "$recs" "$d/replay-$i-$which.json"
+  done
+  pack
+}
 # An experiment's patch on this copy of the tree, for one stage (-R takes it off again); git or patch(1).
 patch_tree() {  # [-R] file
   local rev=""; [ "$1" = "-R" ] && { rev="-R"; shift; }
@@ -334,24 +357,10 @@ for n in ('node-llama-1p5b', 'node-llama-8b', 'node-llama-1p5b-small-pool'):
   # forge's schedule at the direct mode's cost per step: one bench (direct longest, forge; 2 repeats) recording what
   # entered the scheduler at which step (exp/timeline), then each recorded timeline of the first repeat replayed on a
   # fresh engine without forge (replay_timeline.py), forge's and direct's alternating, twice
-  timeline-1p5b)
-    d="$R/timeline-1p5b"; mkdir -p "$d/steplog" "$d/threadlog" "$d/timeline" "$d/replay-steplog"
-    stage timeline-1p5b 260 env STEPLOG="$d/steplog" THREADLOG="$d/threadlog" TIMELINE="$d/timeline" \
-      PYTHONPATH="$PWD/$H/exp/timeline:$PYTHONPATH" \
-      $F bench run $W/gpu-mixed.yaml --node $H/node-llama-1p5b.yaml --records 512 --out "$d" \
-      --modes direct,forge --direct longest --card-transport process --repeat 2 --direct-process child
-    python3 docs/bench/steplog_summary.py "$d/steplog" "$d/bench.json" | tee "$d/steplog.md"
-    python3 docs/bench/threadcpu_summary.py "$d/threadlog" "$d/bench.json" > "$d/threadcpu.md"
-    inp=$(ls "$d"/work/direct-1-*.in.pickle | head -1)
-    tl_forge=$(grep -l "forge.host" "$d"/timeline/*.cmd | head -1); tl_direct=$(grep -l "direct_child" "$d"/timeline/*.cmd | head -1)
-    echo "timelines: forge ${tl_forge%.cmd}.jsonl direct ${tl_direct%.cmd}.jsonl"
-    i=0
-    for which in forge direct direct forge; do
-      i=$((i + 1)); tl=$tl_forge; [ $which = direct ] && tl=$tl_direct
-      stage "replay-$i-$which" 80 env STEPLOG="$d/replay-steplog" PYTHONPATH="$PWD/$H/exp/timeline:$PYTHONPATH" \
-        python3 docs/bench/h200/replay_timeline.py "$inp" "${tl%.cmd}.jsonl" 512 "$d/replay-$i-$which.json"
-    done
-    pack ;;
+  timeline-1p5b) timeline timeline-1p5b 260 80 $H/node-llama-1p5b.yaml 512 2 ;;
+  # the same for the 8B fast tier (CUDA graphs; 256 records): is its larger gap (forge's steps 190-220 ms against
+  # direct's 174-179, GPU utilisation 71-79 % against 82-91 %, call U) the schedule or forge's worker?
+  timeline-8b) timeline timeline-8b 200 90 $H/node-llama-8b-fast.yaml 256 1 ;;
   # recorded timelines replayed on the 1.5B without forge (replay_timeline.py), in the order REPLAYS names them:
   # $REPLAY_DIR/in.pickle (a direct run's input from a --direct-process child bench of this tier) and NAME.jsonl each
   # (carried: the device has no copy; docs/benchmarks.md, "The sixth session on the H200", says how they were made)
