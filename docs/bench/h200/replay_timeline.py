@@ -74,7 +74,7 @@ def replay(eng: DirectEngine, rows: list[dict], warmup) -> dict:
             hits[0] = 0
         want = {r["id"]: r for r in rows}
         inp = out = 0
-        t0 = time.perf_counter()
+        t0, started_at = time.perf_counter(), time.time()
         state["base"] = m.current_batch
         m._wake_up_loop.set()
         last = t0
@@ -93,7 +93,7 @@ def replay(eng: DirectEngine, rows: list[dict], warmup) -> dict:
             inp += len(r["prompt"])
             out += len(toks) - (1 if toks and toks[-1] in eng.eos_set else 0)
         window = last - t0
-        return dict(window_s=round(window, 3), steps=m.current_batch - state["base"], requests=len(rows),
+        return dict(window_s=round(window, 3), started_at=round(started_at, 3), steps=m.current_batch - state["base"], requests=len(rows),
                     input_tokens=inp, output_tokens=out, tok_s=round((inp + out) / window, 1),
                     prefix_hit_tokens=hits[0], groups=len(order))
     finally:

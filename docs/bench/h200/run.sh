@@ -105,6 +105,7 @@ timeline() {  # name bench_limit_s replay_limit_s node records repeats
     stage "replay-$i-$which" "$rlimit" env STEPLOG="$d/replay-steplog" PYTHONPATH="$PWD/$H/exp/timeline:$PYTHONPATH" \
       python3 docs/bench/h200/replay_timeline.py "$inp" "${tl%.cmd}.jsonl" "$recs" "$d/replay-$i-$which.json"
   done
+  python3 docs/bench/h200/graph_captures.py "$d/timeline" "$d/bench.json" "$d"/replay-*.json | tee "$d/graphs.md"
   pack
 }
 # An experiment's patch on this copy of the tree, for one stage (-R takes it off again); git or patch(1).

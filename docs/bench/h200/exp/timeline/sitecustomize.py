@@ -39,3 +39,28 @@ if _DIR:
         return got
 
     _M._generation_loop_body, _api.drain_queue = _noting_body, _noting_drain
+
+    # CUDA graph captures (tiers with use_cuda_graph): each new padded batch shape is captured the first time it comes
+    # up, a warm-up forward and a captured one inside the step. TIMELINE/<pid>.graphs.jsonl, one line per capture:
+    # {"t": wall clock at its end, "step", "key": the shape, "s": seconds it took}; docs/bench/h200/graph_captures.py
+    # counts them inside each bench run's window.
+    import time as _time
+    from transformers.generation.continuous_batching import model_runner as _mr
+
+    _capture = _mr.ModelRunner._capture_graph
+
+    def _timed_capture(self, *args, **kwargs):
+        t0 = _time.perf_counter()
+        try:
+            return _capture(self, *args, **kwargs)
+        finally:
+            s = _time.perf_counter() - t0
+            try:
+                key = list(self.inputs_and_outputs._get_graph_key())
+            except Exception:  # noqa: BLE001 - an experiment's log never breaks the run
+                key = None
+            with open(os.path.join(_DIR, f"{os.getpid()}.graphs.jsonl"), "a") as f:
+                f.write(json.dumps({"t": round(_time.time(), 3), "step": _step[0], "key": key,
+                                    "s": round(s, 4)}) + "\n")
+
+    _mr.ModelRunner._capture_graph = _timed_capture
