@@ -102,7 +102,7 @@ timeline() {  # name bench_limit_s replay_limit_s node records repeats
   i=0
   for which in forge direct direct forge; do
     i=$((i + 1)); tl=$tl_forge; [ $which = direct ] && tl=$tl_direct
-    stage "replay-$i-$which" "$rlimit" env STEPLOG="$d/replay-steplog" PYTHONPATH="$PWD/$H/exp/timeline:$PYTHONPATH" \
+    stage "replay-$i-$which" "$rlimit" env STEPLOG="$d/replay-steplog" TIMELINE="$d/timeline" PYTHONPATH="$PWD/$H/exp/timeline:$PYTHONPATH" \
       python3 docs/bench/h200/replay_timeline.py "$inp" "${tl%.cmd}.jsonl" "$recs" "$d/replay-$i-$which.json"
   done
   python3 docs/bench/h200/graph_captures.py "$d/timeline" "$d/bench.json" "$d"/replay-*.json | tee "$d/graphs.md"
