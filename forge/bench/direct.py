@@ -104,23 +104,23 @@ class DirectEngine:
 
             torch.cuda.empty_cache()
 
-    def run(self, requests: Sequence[BenchRequest], variant: str, *, warmup: Sequence[BenchRequest] = ()) -> ModeResult:
+    def run(self, requests: Sequence[BenchRequest], variant: str, *, warmup: Sequence[BenchRequest] = (),
+            warm_jobs: Sequence[Sequence[BenchRequest]] = ()) -> ModeResult:
+        """One window of `requests` fed as `variant` says, on a new manager. Before it, outside the window: the
+        warm-up requests, then each warm job (whole jobs of other records, fed the same way) through the same
+        manager, as a forge node runs its warm jobs (`--warm-jobs`): its CUDA graphs and allocator are then those
+        of a manager that has run work of this shape."""
         m = self.manager()
         hits = _count_prefix_hits(m.batch_processor.cache)
         m.start()
         try:
             if warmup:
                 _feed(m, list(warmup), None, self, "warm")
-                hits[0] = 0
-            order = list(requests)
-            depth: Optional[int] = None
-            if variant == "sorted" and self.cb_kwargs["allow_block_sharing"]:
-                order.sort(key=lambda r: r.prompt, reverse=True)      # what add_requests does
-            elif variant.startswith("depth:"):
-                depth = int(variant[6:])
-            elif variant.startswith("longest:"):
-                depth = int(variant[8:])
-                order.sort(key=lambda r: -r.max_new_tokens)           # stable: arrival order among equals
+            for k, job in enumerate(warm_jobs):
+                order, depth = _order(job, variant, self.cb_kwargs["allow_block_sharing"])
+                _feed(m, order, depth, self, f"wj{k}-")
+            hits[0] = 0
+            order, depth = _order(requests, variant, self.cb_kwargs["allow_block_sharing"])
             sampler = GpuSampler(gpus_of([self.plan])).start()
             steps0 = int(getattr(m, "current_batch", 0) or 0)
             try:
@@ -130,11 +130,29 @@ class DirectEngine:
             res.engine_steps = int(getattr(m, "current_batch", 0) or 0) - steps0 or None
             res.variant, res.prefix_hit_tokens = variant, hits[0]
             res.gpu_util, res.gpu_util_missing = gpu_util, sampler.missing
+            if warm_jobs:
+                res.notes.append(f"after {len(warm_jobs)} warm job(s) on the same manager "
+                                 f"({sum(len(j) for j in warm_jobs)} records; own prompts)")
             return res
         finally:
             m.stop(block=True, timeout=30, hard_stop=True)
             m.destroy()
             gc.collect()
+
+
+def _order(requests: Sequence[BenchRequest], variant: str, block_sharing: bool) -> tuple[list[BenchRequest],
+                                                                                       Optional[int]]:
+    """The order a variant hands requests in, and how many it keeps in flight (None: all at once)."""
+    order = list(requests)
+    depth: Optional[int] = None
+    if variant == "sorted" and block_sharing:
+        order.sort(key=lambda r: r.prompt, reverse=True)      # what add_requests does
+    elif variant.startswith("depth:"):
+        depth = int(variant[6:])
+    elif variant.startswith("longest:"):
+        depth = int(variant[8:])
+        order.sort(key=lambda r: -r.max_new_tokens)           # stable: arrival order among equals
+    return order, depth
 
 
 def _count_prefix_hits(cache) -> list[int]:

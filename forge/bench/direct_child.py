@@ -26,12 +26,14 @@ CHILD_LIMIT_S = 1800.0          # one direct run in its process, model build inc
 
 def run_direct_in_child(plan: CardPlan, requests: Sequence[BenchRequest], variant: str, *,
                         warmup: Sequence[BenchRequest], workdir: Path, tag: str,
+                        warm_jobs: Sequence[Sequence[BenchRequest]] = (),
                         limit_s: float = CHILD_LIMIT_S) -> ModeResult:
     """One direct run (one variant) in a new process; its ModeResult, noted with the child's pid and build time."""
     workdir.mkdir(parents=True, exist_ok=True)
     inp, out, log = (workdir / f"direct-{tag}.{ext}" for ext in ("in.pickle", "out.pickle", "log"))
     out.unlink(missing_ok=True)
-    inp.write_bytes(pickle.dumps((plan, list(requests), variant, list(warmup)), protocol=5))
+    inp.write_bytes(pickle.dumps((plan, list(requests), variant, list(warmup), [list(j) for j in warm_jobs]),
+                               protocol=5))
     rc, wall, cut = ChildProcess([sys.executable, "-m", "forge.bench.direct_child", str(inp), str(out)],
                                  log).wait(limit_s)
     if cut or rc != 0 or not out.is_file():
@@ -47,12 +49,12 @@ def main(inp: str, out: str) -> None:
     from forge.host.lifeline import die_with_parent
 
     die_with_parent()
-    plan, requests, variant, warmup = pickle.loads(Path(inp).read_bytes())
+    plan, requests, variant, warmup, warm_jobs = pickle.loads(Path(inp).read_bytes())
     t0 = time.perf_counter()
     engine = DirectEngine(plan)
     build_s = time.perf_counter() - t0
     try:
-        result = engine.run(requests, variant, warmup=warmup)
+        result = engine.run(requests, variant, warmup=warmup, warm_jobs=warm_jobs)
     finally:
         engine.close()
     tmp = Path(out + ".tmp")

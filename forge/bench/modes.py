@@ -5,8 +5,10 @@
     fifo    the same with the broker's grouping off (plain FIFO)
 
 Each mode starts from an empty KV cache and runs the same warm-up requests (own random prompts, no shared
-prefix) before its window; with `warm_jobs` the forge modes first run that many whole jobs of other records on
-their node (its cache then holds only blocks the measured job cannot reuse). Modes run in the order given, then,
+prefix) before its window; with `warm_jobs` every mode first runs that many whole jobs of other records — the forge
+modes on their node, the direct mode through the manager its window then uses — so each engine has captured the
+CUDA graphs and grown the allocator that work of this shape needs, as a long-running node has (its cache then
+holds only blocks the measured job cannot reuse). Modes run in the order given, then,
 with `repeat`, in the reverse order, and so on (direct, forge; forge, direct; direct, forge): a machine that drifts
 over the invocation (clocks, heat, a neighbour) would otherwise always hand its drift to the same mode, and with
 alternation each mode runs as often early as late in its pair (docs/benchmarks.md, "The fifth session on the
@@ -46,7 +48,7 @@ class BenchPlan:
     repeat: int = 1
     concurrency: Optional[int] = None
     card_transport: str = "process"          # forge/fifo modes: cards in worker processes, or "thread" (before)
-    warm_jobs: int = 0                       # forge/fifo modes: whole jobs of other records on the node first
+    warm_jobs: int = 0                       # every mode: whole jobs of other records on the same engine first
     direct_process: str = "bench"            # direct mode: in the bench's process, or "child": a fresh one per run
     progress: Callable[[str], None] = field(default=lambda line: None)
     on_result: Callable[[list[BenchRequest], list[ModeResult]], None] = field(default=lambda reqs, res: None)
@@ -96,11 +98,10 @@ def run_modes(bp: BenchPlan) -> tuple[list[BenchRequest], list[ModeResult]]:
     direct: Optional[DirectEngine] = None
     kw = {"concurrency": bp.concurrency} if bp.concurrency else {}
     kw["card_transport"] = bp.card_transport
-    if bp.warm_jobs:
-        if not {"forge", "fifo"} & set(bp.modes):
-            raise UsageError("--warm-jobs: applies to the forge and fifo modes, and --modes has neither")
-        kw["warm_records"] = [write_records(warm_job_requests(bp.spec, vocab, len(requests), k),
-                                            bp.workdir / f"warm-records-{k}.jsonl") for k in range(bp.warm_jobs)]
+    warm_jobs = [warm_job_requests(bp.spec, vocab, len(requests), k) for k in range(bp.warm_jobs)]
+    if warm_jobs and {"forge", "fifo"} & set(bp.modes):
+        kw["warm_records"] = [write_records(job, bp.workdir / f"warm-records-{k}.jsonl")
+                              for k, job in enumerate(warm_jobs)]
     if bp.direct_process not in ("bench", "child"):
         raise UsageError(f"--direct-process: {bp.direct_process!r} (bench | child)")
     if bp.direct_process == "child" and "direct" not in bp.modes:
@@ -111,7 +112,7 @@ def run_modes(bp: BenchPlan) -> tuple[list[BenchRequest], list[ModeResult]]:
                 if mode == "direct" and bp.direct_process == "child":
                     for v in bp.direct_variants:
                         r = run_direct_in_child(plan, requests, v, warmup=warm, workdir=bp.workdir,
-                                                tag=f"{rep + 1}-{v.replace(':', '')}")
+                                                tag=f"{rep + 1}-{v.replace(':', '')}", warm_jobs=warm_jobs)
                         r.notes.append(f"repeat {rep + 1}")
                         results.append(r)
                         bp.progress(_line(r))
@@ -122,7 +123,7 @@ def run_modes(bp: BenchPlan) -> tuple[list[BenchRequest], list[ModeResult]]:
                         direct = DirectEngine(plan)
                         bp.progress(f"direct: model built in {time.perf_counter() - t:.1f} s")
                     for v in bp.direct_variants:
-                        r = direct.run(requests, v, warmup=warm)
+                        r = direct.run(requests, v, warmup=warm, warm_jobs=warm_jobs)
                         r.notes.append(f"repeat {rep + 1}")
                         results.append(r)
                         bp.progress(_line(r))

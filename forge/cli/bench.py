@@ -66,9 +66,9 @@ def register(cli: click.Group) -> None:
     @click.option("--together-records", type=click.IntRange(1, 1_000_000), default=None,
                   help="several cards: records for the all-cards run (default: the same as each card alone)")
     @click.option("--warm-jobs", type=click.IntRange(0, 10), default=0, show_default=True,
-                  help="one card, forge and fifo modes: run this many whole jobs of other records (own prompts and "
-                       "prefixes, as many records as the measured job) on the node before each measured job, "
-                       "outside the window")
+                  help="one card: before each measured run, run this many whole jobs of other records (own prompts "
+                       "and prefixes, as many records as the measured job) on the same engine, outside the window "
+                       "(forge and fifo: on the node; direct: through the manager its window uses)")
     @click.option("--direct-process", type=click.Choice(["bench", "child"]), default="bench", show_default=True,
                   help="one card, direct mode: run it in the bench's own process (model built once), or each run in "
                        "a fresh process of its own, as every forge run's card worker is")

@@ -76,8 +76,6 @@ def test_control_plane_runs_the_full_path_with_the_instant_engine(tmp_path):
     (("bench", "run", "docs/bench/workloads/gpu-mixed.yaml"), "do not fit contract tiny-llama-cpu"),
     (("bench", "run", "forge/bench/quick.yaml", "--modes", "direct,turbo"), "unknown mode(s) turbo"),
     (("bench", "run", "forge/bench/quick.yaml", "--direct", "deep"), "unknown variant 'deep'"),
-    (("bench", "run", "forge/bench/quick.yaml", "--modes", "direct", "--warm-jobs", "1"),
-     "--warm-jobs: applies to the forge and fifo modes, and --modes has neither"),
     (("bench", "run", "node_descriptions/local.yaml"), "local.yaml::$.node: unknown key"),
     (("bench", "run", "forge/bench/quick.yaml", "--modes", "forge", "--direct-process", "child"),
      "--direct-process child: applies to the direct mode, and --modes has none"),

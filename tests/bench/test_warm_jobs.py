@@ -75,3 +75,35 @@ def test_engine_stats_are_read_once_they_stop_moving():
     moving = LaggingNode(list(range(1000)))
     got = asyncio.run(settled_engine_stats(moving, read_s=0.01, limit_s=0.1))
     assert got[0].engine_steps < 100
+
+
+@pytest.mark.engine
+@pytest.mark.timeout(240)
+def test_direct_runs_its_warm_jobs_through_the_manager_its_window_uses(tmp_path):
+    """The direct mode gets the same warm jobs (in the bench's process and in a fresh one): fed through the manager
+    its window then uses, before the window, and left out of the window's counts."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    import subprocess
+    import sys
+
+    def bench(out, *extra):
+        proc = subprocess.run([sys.executable, "-m", "forge", "bench", "run", "forge/bench/quick.yaml", "--modes",
+                               "direct", "--direct", "longest", "--records", "12", "--out", str(out), *extra],
+                              cwd=ROOT, capture_output=True, text=True, timeout=200)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return json.loads((out / "bench.json").read_text())["results"]
+
+    plain = bench(tmp_path / "plain")
+    warm = bench(tmp_path / "warm", "--warm-jobs", "2", "--direct-process", "child", "--repeat", "2")
+    assert len(warm) == 2
+    for r in warm:
+        assert r["completed"] == r["requests"] == 12
+        assert "after 2 warm job(s) on the same manager (24 records; own prompts)" in r["notes"]
+        assert any(n.startswith("own process") for n in r["notes"])
+        # the window's counts are the measured job's alone: the same tokens as without warm jobs, and no prefix
+        # reuse from the warm jobs' prompts (they share none with the measured records)
+        assert (r["input_tokens"], r["output_tokens"]) == (plain[0]["input_tokens"], plain[0]["output_tokens"])
+        assert r["prefix_hit_tokens"] == plain[0]["prefix_hit_tokens"]
+        assert r["engine_steps"] == plain[0]["engine_steps"]
+    assert not [n for n in plain[0]["notes"] if "warm job" in n]

@@ -103,7 +103,7 @@ def replay(eng: DirectEngine, rows: list[dict], warmup) -> dict:
 
 
 def main(in_pickle: str, timeline: str, records: str, out_json: str) -> None:
-    plan, _requests, _variant, warmup = pickle.loads(Path(in_pickle).read_bytes())
+    plan, _requests, _variant, warmup, *_ = pickle.loads(Path(in_pickle).read_bytes())
     rows = load_timeline(timeline, int(records))
     eng = DirectEngine(plan)
     try:
