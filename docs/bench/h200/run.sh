@@ -112,12 +112,12 @@ timeline() {  # name bench_limit_s replay_limit_s node records repeats
 # same engine (forge: its node; direct: the manager its window uses; --warm-jobs 1), so neither window pays the CUDA
 # graph captures of a fresh engine (call Z: 18 captures, 4.8 s of direct's 22.6 s window on the 8B fast tier, 34 and
 # 9.1 s of forge's 24.9 s). The recorder (exp/timeline) logs every capture; graph_captures.py counts them per window.
-warm_pair() {  # name limit_s node records repeats
-  local name=$1 limit=$2 node=$3 recs=$4 reps=$5 d="$R/$1"
+warm_pair() {  # name limit_s node records repeats [warm_jobs, default 1]
+  local name=$1 limit=$2 node=$3 recs=$4 reps=$5 wj=${6:-1} d="$R/$1"
   mkdir -p "$d/steplog" "$d/timeline"
   stage "$name" "$limit" env STEPLOG="$d/steplog" TIMELINE="$d/timeline" PYTHONPATH="$PWD/$H/exp/timeline:$PYTHONPATH" \
     $F bench run $W/gpu-mixed.yaml --node "$node" --records "$recs" --out "$d" --modes direct,forge \
-    --direct longest --card-transport process --repeat "$reps" --warm-jobs 1
+    --direct longest --card-transport process --repeat "$reps" --warm-jobs "$wj"
   python3 docs/bench/steplog_summary.py "$d/steplog" "$d/bench.json" | tee "$d/steplog.md"
   python3 docs/bench/h200/graph_captures.py "$d/timeline" "$d/bench.json" | tee "$d/graphs.md"
   rm -f "$d"/timeline/*[0-9].jsonl          # the request timelines (MBs); the capture logs stay
@@ -381,6 +381,8 @@ for n in ('node-llama-1p5b', 'node-llama-8b', 'node-llama-1p5b-small-pool'):
   # records, as in calls P and U) and the 1.5B fast tier (512, as in call O)
   warm-8b-3) warm_pair warm-8b-3 460 $NEW_8B 256 3 ;;
   warm-1p5b-fast-3) warm_pair warm-1p5b-fast-3 400 $NEW_1P5B 512 3 ;;
+  # two warm jobs each (call AA: after one, 8 captures in direct's window and 15 in forge's, still 2.2 and 4.3 s)
+  warm2-8b-3) warm_pair warm2-8b-3 540 $NEW_8B 256 3 2 ;;
   # recorded timelines replayed on the 1.5B without forge (replay_timeline.py), in the order REPLAYS names them:
   # $REPLAY_DIR/in.pickle (a direct run's input from a --direct-process child bench of this tier) and NAME.jsonl each
   # (carried: the device has no copy; docs/benchmarks.md, "The sixth session on the H200", says how they were made)
