@@ -9,7 +9,8 @@
 # starts-2card (each two-card node from a fresh `forge provision` process STARTS=3 times: time to ready, /health's
 # healthy cards, exit code after SIGTERM; docs/bench/fresh_starts.py). CARD_TRANSPORT=thread|process picks where the
 # engines run (default process). Sixth session (docs/benchmarks.md): lpt-child-3 (call V), noise-1p5b-6 (W),
-# timeline-1p5b (X), replays (Y; REPLAYS="NAME..." of .replay/NAME.jsonl with .replay/in.pickle, carried).
+# timeline-1p5b (X), replays (Y; REPLAYS="NAME..." of .replay/NAME.jsonl with .replay/in.pickle, carried). Seventh
+# session: timeline-8b (Z), warm-8b-3 (AA), warm2-8b-3 (AB); ready, not run: warm-1p5b-fast-3.
 # forge's own Python dependencies missing from the device image travel as wheels in .whl/ (see the README of
 # the device tool); transformers 5.24.0 travels too (the image has 5.17). Results go to $OUT/results.tgz,
 # the log to $OUT/log.txt. Every stage has its own time limit, so one stuck stage cannot eat the call.
