@@ -10,7 +10,8 @@
 # healthy cards, exit code after SIGTERM; docs/bench/fresh_starts.py). CARD_TRANSPORT=thread|process picks where the
 # engines run (default process). Sixth session (docs/benchmarks.md): lpt-child-3 (call V), noise-1p5b-6 (W),
 # timeline-1p5b (X), replays (Y; REPLAYS="NAME..." of .replay/NAME.jsonl with .replay/in.pickle, carried). Seventh
-# session: timeline-8b (Z), warm-8b-3 (AA), warm2-8b-3 (AB); ready, not run: warm-1p5b-fast-3.
+# session: timeline-8b (Z), warm-8b-3 (AA), warm2-8b-3 (AB); ready, not run: warm-1p5b-fast-3, precapture-8b,
+# precapture-all-8b.
 # forge's own Python dependencies missing from the device image travel as wheels in .whl/ (see the README of
 # the device tool); transformers 5.24.0 travels too (the image has 5.17). Results go to $OUT/results.tgz,
 # the log to $OUT/log.txt. Every stage has its own time limit, so one stuck stage cannot eat the call.
@@ -122,6 +123,20 @@ warm_pair() {  # name limit_s node records repeats [warm_jobs, default 1]
   python3 docs/bench/steplog_summary.py "$d/steplog" "$d/bench.json" | tee "$d/steplog.md"
   python3 docs/bench/h200/graph_captures.py "$d/timeline" "$d/bench.json" | tee "$d/graphs.md"
   rm -f "$d"/timeline/*[0-9].jsonl          # the request timelines (MBs); the capture logs stay
+  pack
+}
+# The 8B fast tier cold, 256 records, 3 interleaved repeats, with exp/precapture in the processes whose command line
+# holds $3 (the shapes: the capture logs committed under docs/bench/captures/2026-12-01-h200), captures per window.
+precap() {  # name limit_s where
+  local name=$1 limit=$2 where=$3 d="$R/$1"
+  mkdir -p "$d/steplog" "$d/timeline"
+  stage "$name" "$limit" env PRECAPTURE=docs/bench/captures/2026-12-01-h200 PRECAPTURE_IN="$where" PRECAPTURE_S=120 \
+    STEPLOG="$d/steplog" TIMELINE="$d/timeline" PYTHONPATH="$PWD/$H/exp/precapture:$PYTHONPATH" \
+    $F bench run $W/gpu-mixed.yaml --node "$NEW_8B" --records 256 --out "$d" --modes direct,forge \
+    --direct longest --card-transport process --repeat 3
+  python3 docs/bench/steplog_summary.py "$d/steplog" "$d/bench.json" | tee "$d/steplog.md"
+  python3 docs/bench/h200/graph_captures.py "$d/timeline" "$d/bench.json" | tee "$d/graphs.md"
+  rm -f "$d"/timeline/*[0-9].jsonl
   pack
 }
 # An experiment's patch on this copy of the tree, for one stage (-R takes it off again); git or patch(1).
@@ -384,6 +399,11 @@ for n in ('node-llama-1p5b', 'node-llama-8b', 'node-llama-1p5b-small-pool'):
   warm-1p5b-fast-3) warm_pair warm-1p5b-fast-3 400 $NEW_1P5B 512 3 ;;
   # two warm jobs each (call AA: after one, 8 captures in direct's window and 15 in forge's, still 2.2 and 4.3 s)
   warm2-8b-3) warm_pair warm2-8b-3 540 $NEW_8B 256 3 2 ;;
+  # next (not run yet): cold engines, forge's card workers capturing at load the 72 shapes calls Z-AB met
+  # (exp/precapture; an oracle of the shapes, so an upper bound of what remembering a tier's shapes would give);
+  # then every engine, direct's too (PRECAPTURE_IN=python: every process), which leaves only the schedule between them
+  precapture-8b) precap precapture-8b 330 forge.host ;;
+  precapture-all-8b) precap precapture-all-8b 330 python ;;
   # recorded timelines replayed on the 1.5B without forge (replay_timeline.py), in the order REPLAYS names them:
   # $REPLAY_DIR/in.pickle (a direct run's input from a --direct-process child bench of this tier) and NAME.jsonl each
   # (carried: the device has no copy; docs/benchmarks.md, "The sixth session on the H200", says how they were made)
