@@ -49,6 +49,11 @@ class TransformersSection(BaseModel):
                                  "doubles the IO buffers' memory)")
     compile_level: int = Field(0, ge=0, le=3, description="torch.compile level for the forward passes: 0 off, 1-3 "
                                "are transformers' default_compile_level presets (longer warm-up)")
+    graph_q_padding: int = Field(
+        64, ge=8, le=65536, description="with use_cuda_graph or compile_level: a step's query tokens are padded up to "
+        "a multiple of this (at most limits.max_num_tokens), and a graph is captured the first time each padded size "
+        "comes up (per KV size and longest key); larger means fewer captures and more padded tokens in every step. "
+        "64 is transformers 5.24's preset, stated here rather than inherited")
     hidden_pooling: Literal["mean", "last"] = Field(
         "mean", description="how want_hidden requests pool the final (normed) hidden states of the prompt: mean over "
         "all prompt tokens, or the last token's")
@@ -80,7 +85,8 @@ def forge_register_tunables(register):
 @hookimpl
 def forge_validation_rules(register):
     from forge.engines.hf.eager_memory import eager_scores_fit
-    from forge.engines.hf.tunables import gpu_only_switches
+    from forge.engines.hf.tunables import gpu_only_switches, graph_padding_fits
 
     register(gpu_only_switches)
+    register(graph_padding_fits)
     register(eager_scores_fit)

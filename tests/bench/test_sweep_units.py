@@ -41,12 +41,13 @@ def test_transformers_declares_its_switches_through_the_plugin_hook(gpu_loaded):
     dims = dimensions(plan, mode="forge", overrides={}, skip=())
     assert [d.field for d in dims] == [
         "transformers.use_cuda_graph", "transformers.attn_implementation", "transformers.scheduler",
-        "transformers.async_batching", cm.TOKENS, cm.SLOTS, cm.REPLICAS, "transformers.compile_level"]  # slow last
+        "transformers.async_batching", "transformers.graph_q_padding", cm.TOKENS, cm.SLOTS, cm.REPLICAS,
+        "transformers.compile_level"]  # slow last
     attn = {c.value: c.unavailable for c in dims[1].choices}
     assert attn["sdpa"] is None and attn["eager"] is None
     assert "flash-attn package" in attn["flash_attention_2"]          # not installed on this machine
     assert "refuses it" in attn["flex_attention"] and "alias" in attn["paged|sdpa"]
-    assert [c.value for c in dims[4].choices] == [4096, 16384] and [c.value for c in dims[5].choices] == [64, 256]
+    assert [c.value for c in dims[5].choices] == [4096, 16384] and [c.value for c in dims[6].choices] == [64, 256]
 
 
 def test_one_change_at_a_time_with_reasons_for_what_cannot_run(cpu_plan, gpu_loaded, monkeypatch):
@@ -122,6 +123,34 @@ def test_a_candidate_that_breaks_a_rule_is_refused_by_the_validator(tmp_path, cp
     write_tier(loaded, contract, card, tmp_path / "g")
     got, why = load_tier(tmp_path / "g" / "node.yaml")
     assert got is None and "$.transformers.use_cuda_graph: CUDA graphs need a GPU" in why
+
+
+def test_graph_q_padding_is_a_switch_of_padded_tiers_and_refused_where_it_pads_nothing(tmp_path, gpu_loaded):
+    sections = from_plugins().sections
+    eager = gpu_loaded.plans[0]                                 # the shipped 1.5B tier: no CUDA graphs, no compile
+    fast_loaded = load_node(H200 / "node-llama-8b-fast.yaml")   # CUDA graphs, token budget 2,048
+    fast = fast_loaded.plans[0]
+
+    def padding_choices(plan):
+        dims = {d.field: d for d in dimensions(plan, mode="forge", overrides={}, skip=())}
+        return {c.value: c.unavailable for c in dims["transformers.graph_q_padding"].choices}
+
+    assert padding_choices(fast) == {64: None, 128: None, 256: None}
+    eager_choices = padding_choices(eager)
+    assert eager_choices[64] is None and "pads only with use_cuda_graph or compile_level" in eager_choices[128]
+    # the rule is the validator's, so a written tier (and `forge validate`) refuses the same
+    contract, card, _ = apply(eager, {"transformers.graph_q_padding": 128}, sections)
+    write_tier(gpu_loaded, contract, card, tmp_path / "eager")
+    got, why = load_tier(tmp_path / "eager" / "node.yaml")
+    assert got is None and "$.transformers.graph_q_padding: 128 has no effect" in why
+    contract, card, _ = apply(fast, {"transformers.graph_q_padding": 4096}, sections)
+    write_tier(fast_loaded, contract, card, tmp_path / "wide")
+    got, why = load_tier(tmp_path / "wide" / "node.yaml")
+    assert got is None and "4096 is more than limits.max_num_tokens (2048)" in why
+    contract, card, _ = apply(fast, {"transformers.graph_q_padding": 128}, sections)
+    write_tier(fast_loaded, contract, card, tmp_path / "ok")
+    got, why = load_tier(tmp_path / "ok" / "node.yaml")
+    assert why is None and got.contracts[got.plans[0].contract.contract].sections["transformers"].graph_q_padding == 128
 
 
 def test_replicas_candidate_is_a_card_field_checked_against_memory_and_cores(tmp_path, gpu_loaded):

@@ -191,6 +191,8 @@ def test_describe_has_the_exact_config(engine):
     assert (cb["max_batch_tokens"], cb["max_requests_per_batch"], cb["page_size"], cb["num_blocks"]) == (512, 32, 32, 512)
     assert cb["allow_block_sharing"] is True and cb["cpu_offload_space"] == 0.0 and cb["scheduler_type"] == "fifo"
     assert d["resolved"]["num_blocks"] == 512 and d["resolved"]["max_batch_tokens"] == 512
+    # the padding a graph or compiled tier would use, as transformers resolved it (its presets: 64 and 16,384)
+    assert (d["resolved"]["q_padding_interval_size"], d["resolved"]["kv_padding_interval_size"]) == (64, 16384)
     assert d["weights"] == "checkpoint" and d["dtype"] == "float32" and d["device"] == "cpu"
     json.dumps(d)                                                # plain data, for logs and `forge status`
 
@@ -312,6 +314,10 @@ def test_cb_config_from_a_gpu_fraction_contract():
     assert kw["cpu_offload_space"] == 8.0 and kw["allow_block_sharing"] is False and kw["use_cuda_graph"] is True
     assert kw["max_blocks_per_request"] == plan.blocks_per_full_seq == 5
     assert kw["max_queue_size"] == 512 and kw["auto_switch_to_flash"] is False
+    # query padding for CUDA graphs: transformers 5.24's preset, stated, or the contract's
+    assert kw["q_padding_interval_size"] == 64
+    assert cb_config_kwargs(plan, TransformersSection(use_cuda_graph=True, graph_q_padding=128))[
+        "q_padding_interval_size"] == 128
 
 
 def test_sampling_modes():

@@ -127,6 +127,8 @@ def build_engine(contract, plan: CardPlan):
             "max_blocks_per_request": resolved.max_blocks_per_request,
             "use_cuda_graph": list(resolved.cuda_graph_booleans), "use_async_batching": resolved.use_async_batching,
             "max_memory_percent": resolved.max_memory_percent, "prefix_sharing": bool(cache.use_prefix_sharing),
+            "q_padding_interval_size": resolved.q_padding_interval_size,      # graph shapes: query and KV read
+            "kv_padding_interval_size": resolved.kv_padding_interval_size,    # padded to these (graphs, compile)
         },
         "generation_config": gen_kwargs,
     }

@@ -87,7 +87,10 @@ def cb_config_kwargs(plan: CardPlan, section: TransformersSection) -> dict[str, 
         use_cuda_graph=section.use_cuda_graph,
         use_async_batching=section.async_batching,
         default_compile_level=section.compile_level,
-        q_padding_interval_size=0,
+        # Query padding (graphs or compile only) as the contract states it. transformers reads a non-zero padding
+        # as "graphs wanted" only when use_cuda_graph is None, and it is always given above. KV read keeps its
+        # preset (16,384; 0 here): coarser KV padding grows every step's attention.
+        q_padding_interval_size=section.graph_q_padding,
         kv_padding_interval_size=0,
         return_logprobs=False,
         seed=section.seed,

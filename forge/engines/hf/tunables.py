@@ -24,6 +24,8 @@ FLASH_PACKAGES = {
 SECTION_FLASH = ("flash_attention_2", "flash_attention_3")     # the flash values transformers: accepts
 GPU_ONLY = {"use_cuda_graph": "CUDA graphs", "async_batching": "async batching (CUDA streams)"}
 COMPILE_LEVELS = (1, 2, 3)
+GRAPH_Q_PADDINGS = (64, 128, 256)   # 128: a third fewer shapes on forge's 8B schedule for ~2 % more query tokens
+                                    # (CPU count, docs/benchmarks.md "The seventh session on the H200")
 
 
 def _version_tuple(text: str) -> tuple:
@@ -67,6 +69,8 @@ def transformers_tunables(contract, card) -> list[Tunable]:
     tier, docs/benchmarks.md), torch.compile last (its warm-up can take minutes)."""
     gpu = card.kind == "gpu"
     not_here = None if gpu else "needs a GPU card"
+    section = contract.sections.get(BACKEND)
+    padded = section is not None and (section.use_cuda_graph or section.compile_level > 0)
     return [
         Tunable(f"{BACKEND}.use_cuda_graph", (Choice(True, unavailable=not_here), Choice(False)),
                 note="capture each forward (+ logits processing + sampling) once per padded shape, then replay it"),
@@ -74,6 +78,10 @@ def transformers_tunables(contract, card) -> list[Tunable]:
         Tunable(f"{BACKEND}.scheduler", (Choice("fifo"), Choice("prefill_first"))),
         Tunable(f"{BACKEND}.async_batching", (Choice(True, unavailable=not_here), Choice(False)),
                 note="prepare batch N+1 on the CPU while batch N runs on the GPU (two IO buffers)"),
+        Tunable(f"{BACKEND}.graph_q_padding", tuple(Choice(v, unavailable=None if (v == 64 or padded) else
+                                                           "pads only with use_cuda_graph or compile_level")
+                                                    for v in GRAPH_Q_PADDINGS),
+                note="query tokens padded to a multiple of this: fewer graph captures, more padded tokens a step"),
         Tunable(f"{BACKEND}.compile_level", tuple(Choice(v) for v in (0, *COMPILE_LEVELS)),
                 note="1: torch.compile mode default, dynamic; 2: max-autotune-no-cudagraphs, dynamic; 3: the same, "
                      "static shapes (transformers' default_compile_level presets)"),
@@ -95,4 +103,22 @@ def gpu_only_switches(loaded) -> list[Problem]:
         if section.attn_implementation in SECTION_FLASH:
             out.append(Problem(file, f"$.{BACKEND}.attn_implementation", f"{section.attn_implementation} needs a "
                                f"GPU; this contract targets {c.target.kind}"))
+    return out
+
+
+def graph_padding_fits(loaded) -> list[Problem]:
+    """A validation rule: graph_q_padding set where it pads nothing, or above the step's token budget."""
+    out = []
+    for c in loaded.contracts.values():
+        section = c.sections.get(BACKEND)
+        if c.backend != BACKEND or section is None:
+            continue
+        file = shown(c.source) if c.source else f"<contract {c.contract}>"
+        field, q = f"$.{BACKEND}.graph_q_padding", section.graph_q_padding
+        if q != 64 and not (section.use_cuda_graph or section.compile_level > 0):
+            out.append(Problem(file, field, f"{q} has no effect: query tokens are padded only with use_cuda_graph or "
+                               "compile_level; leave it at 64"))
+        elif q > c.limits.max_num_tokens:
+            out.append(Problem(file, field, f"{q} is more than limits.max_num_tokens ({c.limits.max_num_tokens}): "
+                               "every step would be padded to the whole budget"))
     return out
