@@ -11,7 +11,7 @@
 # engines run (default process). Sixth session (docs/benchmarks.md): lpt-child-3 (call V), noise-1p5b-6 (W),
 # timeline-1p5b (X), replays (Y; REPLAYS="NAME..." of .replay/NAME.jsonl with .replay/in.pickle, carried). Seventh
 # session: timeline-8b (Z), warm-8b-3 (AA), warm2-8b-3 (AB); ready, not run: warm-1p5b-fast-3, precapture-8b,
-# precapture-all-8b.
+# precapture-all-8b, pad-8b.
 # forge's own Python dependencies missing from the device image travel as wheels in .whl/ (see the README of
 # the device tool); transformers 5.24.0 travels too (the image has 5.17). Results go to $OUT/results.tgz,
 # the log to $OUT/log.txt. Every stage has its own time limit, so one stuck stage cannot eat the call.
@@ -402,6 +402,11 @@ for n in ('node-llama-1p5b', 'node-llama-8b', 'node-llama-1p5b-small-pool'):
   # next (not run yet): cold engines, forge's card workers capturing at load the 72 shapes calls Z-AB met
   # (exp/precapture; an oracle of the shapes, so an upper bound of what remembering a tier's shapes would give);
   # then every engine, direct's too (PRECAPTURE_IN=python: every process), which leaves only the schedule between them
+  # next (not run yet): query padding 64 (the fast tier) against 128 (graph_q_padding), cold engines, forge and
+  # direct, 2 interleaved repeats: fewer graph captures against more padded tokens in every step
+  pad-8b)
+    stage pad-8b 450 $F bench compare $W/gpu-mixed.yaml --node "$NEW_8B" --label q64 \
+      --node $H/node-llama-8b-fast-q128.yaml --label q128 --modes forge,direct --repeat 2 --records 256 --out "$R/pad-8b" ;;
   precapture-8b) precap precapture-8b 330 forge.host ;;
   precapture-all-8b) precap precapture-all-8b 330 python ;;
   # recorded timelines replayed on the 1.5B without forge (replay_timeline.py), in the order REPLAYS names them:
