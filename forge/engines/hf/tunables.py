@@ -24,8 +24,14 @@ FLASH_PACKAGES = {
 SECTION_FLASH = ("flash_attention_2", "flash_attention_3")     # the flash values transformers: accepts
 GPU_ONLY = {"use_cuda_graph": "CUDA graphs", "async_batching": "async batching (CUDA streams)"}
 COMPILE_LEVELS = (1, 2, 3)
-GRAPH_Q_PADDINGS = (64, 128, 256)   # 128: a third fewer shapes on forge's 8B schedule for ~2 % more query tokens
-                                    # (CPU count, docs/benchmarks.md "The seventh session on the H200")
+Q_PADDING_PRESET = 64              # transformers 5.24's query padding for graphs and compile (initialization.py)
+GRAPH_Q_PADDINGS = (Q_PADDING_PRESET, 128, 256)   # 128: a third fewer shapes on forge's 8B schedule for ~2 % more
+                                                  # query tokens (docs/benchmarks.md "The seventh session on the H200")
+
+
+def pads_queries(section) -> bool:
+    """Whether transformers pads a step's query tokens for this section: only for CUDA graphs or compile."""
+    return section.use_cuda_graph or section.compile_level > 0
 
 
 def _version_tuple(text: str) -> tuple:
@@ -70,7 +76,7 @@ def transformers_tunables(contract, card) -> list[Tunable]:
     gpu = card.kind == "gpu"
     not_here = None if gpu else "needs a GPU card"
     section = contract.sections.get(BACKEND)
-    padded = section is not None and (section.use_cuda_graph or section.compile_level > 0)
+    padded = section is not None and pads_queries(section)
     return [
         Tunable(f"{BACKEND}.use_cuda_graph", (Choice(True, unavailable=not_here), Choice(False)),
                 note="capture each forward (+ logits processing + sampling) once per padded shape, then replay it"),
@@ -78,9 +84,9 @@ def transformers_tunables(contract, card) -> list[Tunable]:
         Tunable(f"{BACKEND}.scheduler", (Choice("fifo"), Choice("prefill_first"))),
         Tunable(f"{BACKEND}.async_batching", (Choice(True, unavailable=not_here), Choice(False)),
                 note="prepare batch N+1 on the CPU while batch N runs on the GPU (two IO buffers)"),
-        Tunable(f"{BACKEND}.graph_q_padding", tuple(Choice(v, unavailable=None if (v == 64 or padded) else
-                                                           "pads only with use_cuda_graph or compile_level")
-                                                    for v in GRAPH_Q_PADDINGS),
+        Tunable(f"{BACKEND}.graph_q_padding",
+                tuple(Choice(v, unavailable=None if v == Q_PADDING_PRESET or padded else
+                             "pads only with use_cuda_graph or compile_level") for v in GRAPH_Q_PADDINGS),
                 note="query tokens padded to a multiple of this: fewer graph captures, more padded tokens a step"),
         Tunable(f"{BACKEND}.compile_level", tuple(Choice(v) for v in (0, *COMPILE_LEVELS)),
                 note="1: torch.compile mode default, dynamic; 2: max-autotune-no-cudagraphs, dynamic; 3: the same, "
@@ -115,9 +121,9 @@ def graph_padding_fits(loaded) -> list[Problem]:
             continue
         file = shown(c.source) if c.source else f"<contract {c.contract}>"
         field, q = f"$.{BACKEND}.graph_q_padding", section.graph_q_padding
-        if q != 64 and not (section.use_cuda_graph or section.compile_level > 0):
+        if q != Q_PADDING_PRESET and not pads_queries(section):
             out.append(Problem(file, field, f"{q} has no effect: query tokens are padded only with use_cuda_graph or "
-                               "compile_level; leave it at 64"))
+                               f"compile_level; leave it at {Q_PADDING_PRESET}"))
         elif q > c.limits.max_num_tokens:
             out.append(Problem(file, field, f"{q} is more than limits.max_num_tokens ({c.limits.max_num_tokens}): "
                                "every step would be padded to the whole budget"))
