@@ -12,7 +12,7 @@ from forge import constants
 from forge.broker.batching import Batcher
 from forge.broker.dispatch import DEFAULT_SPEED_HALF_LIFE_S, DEFAULT_TAIL_SLACK, Balancer
 from forge.broker.geometry import FitTable, LengthBuckets, grouping_view
-from forge.broker.pending import HIT, NEW, SPILL, Entry, Pending
+from forge.broker.pending import HIT, NEW, ONE_ENGINE_CLASS_BITS, SPILL, Entry, Pending
 from forge.prefix_blocks import BlockMirror, BoundedLRU, chain_hashes
 from forge.broker.types import BrokerRequest, EngineGeometry, QueueFull
 from forge.stats import BrokerStats
@@ -48,7 +48,10 @@ class BrokerCore:
         self._bal = Balancer(engines, affinity_load_factor=affinity_load_factor, tail_slack=tail_slack,
                              half_life_s=speed_half_life_s)
         pins = BoundedLRU(pin_capacity or max(MIN_PIN_CAPACITY, sum(g.kv_blocks_total for g in engines)))
-        self._pending = Pending(len(engines), len(self._buckets), self._bal, pins, class_levels=grouping)
+        # quarters of a power of two for one engine, whole powers for several (pending.py's docstring says why)
+        class_bits = ONE_ENGINE_CLASS_BITS if len(engines) == 1 else 0
+        self._pending = Pending(len(engines), len(self._buckets), self._bal, pins, class_levels=grouping,
+                                class_bits=class_bits)
         self._batcher = Batcher(self._pending, self._bal, pins, self._buckets.lower, grouping, max_group_visits)
         self._mirrors = [BlockMirror(g.kv_blocks_total) for g in engines]
         self._entries: dict[str, Entry] = {}       # pending and in flight, by request id

@@ -5,12 +5,15 @@ Layout: partition (the set of engines a request fits, as a bit mask) -> priority
 (`owned[engine]`, ordered for round-robin) or `unowned`. batching.py forms batches from it.
 
 Every queue is FIFO (a requeued request goes to its front). With grouping on, a level is a priority *and an
-output class*: bulk requests asking for more new tokens (by power of two: 16-31, 32-63, ...) sit in a higher level
-of their priority, so takes serve them first, across every prefix group (batching.py fills a batch down the
-classes of one priority); online priorities keep one level, arrival order (output_class). A batch job's last minutes are its tail, where the engine runs ever fewer requests at the cost
-of full steps until the longest of the last ones ends; taking the longest first leaves short ones for the end,
-so the tail is as short as the work allows (docs/broker.md, "Longest first"; measured in docs/benchmarks.md).
-Grouping off keeps one level per priority: arrival order, the baseline."""
+output class*: bulk requests asking for more new tokens sit in a higher level of their priority, so takes serve
+them first, across every prefix group (batching.py fills a batch down the classes of one priority); online
+priorities keep one level, arrival order (output_class). A batch job's last minutes are its tail, where the engine
+runs ever fewer requests at the cost of full steps until the longest of the last ones ends; taking the longest
+first leaves short ones for the end, so the tail is as short as the work allows (docs/broker.md, "Longest first";
+measured in docs/benchmarks.md). A class is a power of two of max_new_tokens (16-31, 32-63, ...) split into
+2**class_bits parts: quarters (16-19, 20-23, ...) for a broker of one engine, where the tail is all that class
+width costs; whole powers of two for several, where finer classes pull an engine across more prefix families
+(more spills, less prefix reuse). Grouping off keeps one level per priority: arrival order, the baseline."""
 from __future__ import annotations
 
 from bisect import insort
@@ -22,8 +25,10 @@ from forge.prefix_blocks import BoundedLRU
 from forge.broker.types import BrokerRequest
 
 NEW, HIT, SPILL = 0, 1, 2        # how a request reached its engine (unpinned / its pin / spilled)
-CLASSES = 64                     # output classes per priority level (max_new_tokens.bit_length() < 64)
+MAX_CLASS_BITS = 2               # a power of two splits into at most 2**MAX_CLASS_BITS output classes
+CLASSES = 64 << MAX_CLASS_BITS   # output classes per priority level (max_new_tokens.bit_length() < 64)
 REQUEUED = CLASSES - 1           # the class of requeued work: before every other class of its priority
+ONE_ENGINE_CLASS_BITS = 2        # quarters of a power of two: a one-engine broker's classes (module docstring)
 
 
 def level_key(priority: int, out_class: int) -> int:
@@ -35,12 +40,17 @@ def priority_of(level: int) -> int:
     return level // CLASSES
 
 
-def output_class(req) -> int:
-    """The level of a request within its priority. Bulk work (priority 0 or below) goes by the power of two of
-    max_new_tokens, longest first: a job's makespan. Online work (above 0; serve's ONLINE_PRIORITY) is latency
-    work, for which longest first is the wrong rule (it makes short requests wait behind long ones): one level,
-    arrival order."""
-    return min(req.max_new_tokens.bit_length(), REQUEUED - 1) if req.priority <= 0 else 0
+def output_class(req, class_bits: int = 0) -> int:
+    """The level of a request within its priority. Bulk work (priority 0 or below) goes by max_new_tokens, longest
+    first (a job's makespan): its power of two, and within it the next `class_bits` bits (0: the power of two alone,
+    2: quarters). Online work (above 0; serve's ONLINE_PRIORITY) is latency work, for which longest first is the
+    wrong rule (it makes short requests wait behind long ones): one level, arrival order."""
+    if req.priority > 0:
+        return 0
+    n = req.max_new_tokens
+    top = n.bit_length()
+    part = ((n << class_bits) >> (top - 1)) & ((1 << class_bits) - 1) if top else 0   # bits after the leading one
+    return min((top << MAX_CLASS_BITS) | (part << (MAX_CLASS_BITS - class_bits)), REQUEUED - 1)
 
 
 class Entry:
@@ -111,9 +121,12 @@ class Partition:
 
 class Pending:
     def __init__(self, n_engines: int, n_buckets: int, balancer: Balancer, pins: BoundedLRU, *,
-                 class_levels: bool = False):
+                 class_levels: bool = False, class_bits: int = 0):
+        if not 0 <= class_bits <= MAX_CLASS_BITS:
+            raise ValueError(f"class_bits must be 0..{MAX_CLASS_BITS}, got {class_bits}")
         self.bal, self.pins = balancer, pins
         self.class_levels = class_levels      # grouping on: output classes are levels (see above)
+        self.class_bits = class_bits
         self.parts: dict[int, Partition] = {}
         self.by_engine: list[list[Partition]] = [[] for _ in range(n_engines)]   # narrowest first
         self.n = 0
@@ -124,7 +137,7 @@ class Pending:
         part = self.parts.get(e.mask) or self._new_partition(e.mask)
         prio = e.req.priority
         if self.class_levels:
-            prio = level_key(prio, REQUEUED if front else output_class(e.req))
+            prio = level_key(prio, REQUEUED if front else output_class(e.req, self.class_bits))
         lvl = part.levels.get(prio)
         if lvl is None:
             lvl = part.levels[prio] = Level()

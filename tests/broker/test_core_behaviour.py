@@ -101,6 +101,36 @@ def test_longest_first_holds_across_prefix_groups_and_buckets_below_priority():
     assert [r.max_new_tokens for r in got[4:]] == [16, 16]
 
 
+def test_one_engine_orders_by_quarters_of_a_power_of_two_several_by_the_power_alone():
+    # outputs 16-31 are one power of two: with one engine its quarters order it (the last taken are the 16-19s, so
+    # the tail is as short as the work allows); with several, finer classes would pull engines across more prefix
+    # families, so the class stays the whole power and arrival order holds inside it
+    lengths = (16, 31, 20, 27, 19, 24)
+    one = BrokerCore([geom(budget=1000)], grouping=True)
+    for k, m in enumerate(lengths):
+        one.add(req(prefixed(0, 40, k), max_new=m))
+    assert [r.max_new_tokens for b in drain(one, slots=2) for r in b] == [31, 27, 24, 20, 16, 19]
+    two = BrokerCore([geom("a", budget=1000), geom("b", budget=1000)], grouping=True)
+    for k, m in enumerate(lengths):
+        two.add(req(prefixed(0, 40, k), max_new=m))
+    assert [r.max_new_tokens for b in drain(two, "a", slots=2) for r in b] == list(lengths)
+
+
+@pytest.mark.parametrize("bits", [0, 1, 2])
+def test_output_classes_never_put_a_shorter_request_above_a_longer_one(bits):
+    from types import SimpleNamespace
+    from forge.broker.pending import MAX_CLASS_BITS, REQUEUED, output_class
+
+    classes = [output_class(SimpleNamespace(priority=0, max_new_tokens=n), bits) for n in range(1, 5000)]
+    assert classes == sorted(classes) and max(classes) < REQUEUED
+    assert len(set(classes[15:31])) == 1 << bits                   # 16-31 split into 2**bits classes
+    whole = [output_class(SimpleNamespace(priority=0, max_new_tokens=n), 0) >> MAX_CLASS_BITS for n in range(1, 5000)]
+    assert whole == [n.bit_length() for n in range(1, 5000)]       # bits 0: the power of two, as before
+    with pytest.raises(ValueError, match="class_bits"):
+        from forge.broker.pending import Pending
+        Pending(1, 1, None, None, class_bits=MAX_CLASS_BITS + 1)
+
+
 def test_a_spill_moves_a_family_when_its_owner_holds_another_in_any_class():
     # a owns families 0 and 1, each with long and short requests; past its bound, b spills: it takes a whole family
     # over (every class: one owner), because a has another family — even if not in the class being spilled

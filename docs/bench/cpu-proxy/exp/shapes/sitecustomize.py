@@ -6,7 +6,9 @@
 # docs/bench/h200/graph_captures.py counts the "captures" inside each bench window. The schedule does not depend on
 # the model's speed, so with a CPU tier of a GPU tier's scheduling geometry (cpu-llama-micro-g8b.yaml) the counts
 # are the GPU run's, but for the shapes the GPU's load-time warm-ups capture before any window. SHAPES_RAW=1 also
-# logs every batch's unpadded sizes (<pid>.steps.jsonl), to count shapes under other paddings afterwards.
+# logs every batch's unpadded sizes (<pid>.steps.jsonl), to count shapes under other paddings afterwards,
+# with its request count ("n") and the requests it admitted ([id, prompt tokens, max_new_tokens]) for
+# docs/bench/cpu-proxy/step_occupancy.py.
 import json
 import os
 import time
@@ -21,6 +23,7 @@ if _DIR:
     _seen = set()
     _RAW = bool(os.environ.get("SHAPES_RAW"))
     _step = [0]
+    _met = set()
 
     def _keyed_prepare(self, requests_in_batch, logits_processors, use_decode_fast_path, num_q_tokens, max_kv_read,
                        use_padding):
@@ -34,7 +37,12 @@ if _DIR:
                pad_to_pow2(lenk, cache.max_tokens_read, 1024))
         if _RAW:      # every batch's unpadded sizes, to count shapes under other paddings afterwards
             with open(os.path.join(_DIR, f"{os.getpid()}.steps.jsonl"), "a") as f:
-                f.write(json.dumps({"t": round(time.time(), 3), "raw": [num_q_tokens, max_kv_read, lenk]}) + "\n")
+                f.write(json.dumps({"t": round(time.time(), 3), "raw": [num_q_tokens, max_kv_read, lenk],
+                                    "n": len(requests_in_batch),
+                                    "new": [[r.state.request_id, len(r.state.initial_tokens), r.state.max_new_tokens]
+                                            for r in requests_in_batch if r.state.request_id not in _met]}) + "\n")
+        if _RAW:
+            _met.update(r.state.request_id for r in requests_in_batch)
         if key not in _seen:
             _seen.add(key)
             with open(os.path.join(_DIR, f"{os.getpid()}.graphs.jsonl"), "a") as f:
