@@ -1,6 +1,7 @@
 """Spills of tests/broker/test_balance.py's closed loop (two cards at speeds 3:1, 16 prefix families, 1,200 requests)
 over eight seeds, with output classes of 2**BITS per power of two (docs/benchmarks.md, "The sixth session on the
-H200"). Needs docs/bench/cpu-proxy/exp/quarter-classes.patch applied (it adds CLASS_BITS); from the repo root:
+H200"; since 2026-12-02 a broker of one engine uses quarters, of several the power of two, and this sets the
+classes of the two-card broker directly). From the repo root:
 
     python docs/bench/cpu-proxy/class_spills.py BITS        (0: the shipped power of two; 1 halves; 2 quarters)
 """
@@ -9,17 +10,18 @@ import sys
 
 sys.path.insert(0, ".")
 
-import forge.broker.pending as pending  # noqa: E402
 from forge.broker import BrokerCore  # noqa: E402
 import tests.broker.test_balance as tb  # noqa: E402
 
 SEEDS = range(1, 9)
+BITS = [0]
 
 
 def one_run(owner: str, in_system: int, seed: int) -> tuple[int, float]:
     """The test's setup for one seed: family 0 pinned to `owner` first, then the closed loop; (spills, fast share)."""
     geoms = [tb.geom(f"g{k}", slots=8, budget=1024) for k in range(2)]
     core = BrokerCore(geoms, grouping=True)
+    core._pending.class_bits = BITS[0]
     sims = [tb.SimEngine(g, s) for g, s in zip(geoms, (24.0, 8.0))]
     first = geoms[0 if owner == "fast" else 1].engine_id
     pin = tb.req(tb.prefixed(0, 100, 10**6), max_new=32)
@@ -31,8 +33,7 @@ def one_run(owner: str, in_system: int, seed: int) -> tuple[int, float]:
 
 
 def main(bits: int) -> None:
-    pending.CLASS_BITS, pending.CLASSES = bits, 64 << bits
-    pending.REQUEUED = pending.CLASSES - 1
+    BITS[0] = bits
     for owner in ("fast", "slow"):
         for in_system in (32, 64):
             runs = [one_run(owner, in_system, seed) for seed in SEEDS]
