@@ -24,6 +24,8 @@ from forge.bench.results import ModeResult
 from forge.bench.workload import BenchRequest
 from forge.config.load import LoadedNode
 from forge.functions.api import GenerateParams, function, spec_of
+from forge.host.driver import STATS_INTERVAL_S
+from forge.link.link import COLLECT_WAIT_S
 from forge.stats import EngineStats, RunStats
 
 
@@ -62,8 +64,12 @@ async def _warm(node, warmup: Sequence[BenchRequest]) -> None:
                                for r in warmup))
 
 
-SETTLE_READ_S = 0.3        # longer than the period of the engine snapshots that reach the node (driver, link)
-SETTLE_LIMIT_S = 3.0
+# Two reads this far apart that agree come after the engine's last snapshot reached the node: an idle card's
+# snapshots ride on its link's long-poll, one every COLLECT_WAIT_S, each at most the driver's STATS_INTERVAL_S old.
+# (At 0.3 s, shorter than the long-poll, two reads could agree on a stale snapshot: forge's window on the CPU proxy
+# of the 8B fast tier read 136-140 engine steps where the engine ran 141, every run.)
+SETTLE_READ_S = COLLECT_WAIT_S + 2 * STATS_INTERVAL_S
+SETTLE_LIMIT_S = 5.0
 _SETTLED = ("engine_steps", "prefix_hit_tokens", "requests_ok", "input_tokens", "output_tokens")
 
 

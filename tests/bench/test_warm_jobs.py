@@ -77,6 +77,29 @@ def test_engine_stats_are_read_once_they_stop_moving():
     assert got[0].engine_steps < 100
 
 
+class PeriodicNode:
+    """An idle card's snapshots reach a real node once a link long-poll (COLLECT_WAIT_S): the node's view is stale
+    until then, however often it is read."""
+
+    def __init__(self, before: int, after: int, arrives_in_s: float):
+        import time
+        self.before, self.after, self.at = before, after, time.monotonic() + arrives_in_s
+
+    def engine_stats(self):
+        import time
+        n = self.after if time.monotonic() >= self.at else self.before
+        return [EngineStats(node="n", card="c0", tier="t", slots=1, token_budget=1, kv_blocks_total=1,
+                            engine_steps=n)]
+
+
+def test_engine_stats_wait_out_a_long_poll_of_stale_snapshots():
+    from forge.link.link import COLLECT_WAIT_S
+
+    # the job's last steps reach the node with the next idle long-poll, up to COLLECT_WAIT_S after the job ends
+    got = asyncio.run(settled_engine_stats(PeriodicNode(136, 141, arrives_in_s=COLLECT_WAIT_S)))
+    assert got[0].engine_steps == 141
+
+
 @pytest.mark.engine
 @pytest.mark.timeout(240)
 def test_direct_runs_its_warm_jobs_through_the_manager_its_window_uses(tmp_path):
