@@ -48,7 +48,7 @@ class BrokerCore:
         self._bal = Balancer(engines, affinity_load_factor=affinity_load_factor, tail_slack=tail_slack,
                              half_life_s=speed_half_life_s)
         pins = BoundedLRU(pin_capacity or max(MIN_PIN_CAPACITY, sum(g.kv_blocks_total for g in engines)))
-        # quarters of a power of two for one engine, whole powers for several (pending.py's docstring says why)
+        # fine output classes for one engine, whole powers of two for several (pending.py's docstring says why)
         class_bits = ONE_ENGINE_CLASS_BITS if len(engines) == 1 else 0
         self._pending = Pending(len(engines), len(self._buckets), self._bal, pins, class_levels=grouping,
                                 class_bits=class_bits)

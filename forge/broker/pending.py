@@ -11,9 +11,10 @@ priorities keep one level, arrival order (output_class). A batch job's last minu
 runs ever fewer requests at the cost of full steps until the longest of the last ones ends; taking the longest
 first leaves short ones for the end, so the tail is as short as the work allows (docs/broker.md, "Longest first";
 measured in docs/benchmarks.md). A class is a power of two of max_new_tokens (16-31, 32-63, ...) split into
-2**class_bits parts: quarters (16-19, 20-23, ...) for a broker of one engine, where the tail is all that class
-width costs; whole powers of two for several, where finer classes pull an engine across more prefix families
-(more spills, less prefix reuse). Grouping off keeps one level per priority: arrival order, the baseline."""
+2**class_bits parts: for a broker of one engine 32 parts (every length below 64 a class of its own, then classes
+about 3 % wide), where class width costs a longer tail and a schedule of more distinct step shapes; whole powers
+of two for several, where finer classes pull an engine across more prefix families (more spills, less prefix
+reuse). Grouping off keeps one level per priority: arrival order, the baseline."""
 from __future__ import annotations
 
 from bisect import insort
@@ -25,10 +26,10 @@ from forge.prefix_blocks import BoundedLRU
 from forge.broker.types import BrokerRequest
 
 NEW, HIT, SPILL = 0, 1, 2        # how a request reached its engine (unpinned / its pin / spilled)
-MAX_CLASS_BITS = 2               # a power of two splits into at most 2**MAX_CLASS_BITS output classes
+MAX_CLASS_BITS = 5               # a power of two splits into at most 2**MAX_CLASS_BITS output classes
 CLASSES = 64 << MAX_CLASS_BITS   # output classes per priority level (max_new_tokens.bit_length() < 64)
 REQUEUED = CLASSES - 1           # the class of requeued work: before every other class of its priority
-ONE_ENGINE_CLASS_BITS = 2        # quarters of a power of two: a one-engine broker's classes (module docstring)
+ONE_ENGINE_CLASS_BITS = 5        # a one-engine broker's classes: 32 to a power of two (module docstring)
 
 
 def level_key(priority: int, out_class: int) -> int:
@@ -43,7 +44,7 @@ def priority_of(level: int) -> int:
 def output_class(req, class_bits: int = 0) -> int:
     """The level of a request within its priority. Bulk work (priority 0 or below) goes by max_new_tokens, longest
     first (a job's makespan): its power of two, and within it the next `class_bits` bits (0: the power of two alone,
-    2: quarters). Online work (above 0; serve's ONLINE_PRIORITY) is latency work, for which longest first is the
+    2: quarters, 5: 32 parts). Online work (above 0; serve's ONLINE_PRIORITY) is latency work, for which longest first is the
     wrong rule (it makes short requests wait behind long ones): one level, arrival order."""
     if req.priority > 0:
         return 0

@@ -101,29 +101,35 @@ def test_longest_first_holds_across_prefix_groups_and_buckets_below_priority():
     assert [r.max_new_tokens for r in got[4:]] == [16, 16]
 
 
-def test_one_engine_orders_by_quarters_of_a_power_of_two_several_by_the_power_alone():
-    # outputs 16-31 are one power of two: with one engine its quarters order it (the last taken are the 16-19s, so
-    # the tail is as short as the work allows); with several, finer classes would pull engines across more prefix
-    # families, so the class stays the whole power and arrival order holds inside it
+def test_one_engine_orders_by_fine_classes_several_by_the_power_of_two_alone():
+    # outputs 16-31 are one power of two: with one engine every length below 64 is its own class (the last taken are
+    # the shortest, so the tail is as short as the work allows), above it 32 classes to a power of two; with several,
+    # finer classes would pull engines across more prefix families, so the class stays the whole power and arrival
+    # order holds inside it
     lengths = (16, 31, 20, 27, 19, 24)
     one = BrokerCore([geom(budget=1000)], grouping=True)
     for k, m in enumerate(lengths):
         one.add(req(prefixed(0, 40, k), max_new=m))
-    assert [r.max_new_tokens for b in drain(one, slots=2) for r in b] == [31, 27, 24, 20, 16, 19]
+    assert [r.max_new_tokens for b in drain(one, slots=2) for r in b] == [31, 27, 24, 20, 19, 16]
+    wide = BrokerCore([geom(budget=1000, max_out=2048)], grouping=True)
+    for k, m in enumerate((1000, 1030, 1024, 1100)):                # 1024-1055 is one class of 32 in 1024-2047
+        wide.add(req(prefixed(0, 40, k), max_new=m))
+    assert [r.max_new_tokens for b in drain(wide, slots=1) for r in b] == [1100, 1030, 1024, 1000]
     two = BrokerCore([geom("a", budget=1000), geom("b", budget=1000)], grouping=True)
     for k, m in enumerate(lengths):
         two.add(req(prefixed(0, 40, k), max_new=m))
     assert [r.max_new_tokens for b in drain(two, "a", slots=2) for r in b] == list(lengths)
 
 
-@pytest.mark.parametrize("bits", [0, 1, 2])
+@pytest.mark.parametrize("bits", [0, 2, 5])
 def test_output_classes_never_put_a_shorter_request_above_a_longer_one(bits):
     from types import SimpleNamespace
     from forge.broker.pending import MAX_CLASS_BITS, REQUEUED, output_class
 
     classes = [output_class(SimpleNamespace(priority=0, max_new_tokens=n), bits) for n in range(1, 5000)]
     assert classes == sorted(classes) and max(classes) < REQUEUED
-    assert len(set(classes[15:31])) == 1 << bits                   # 16-31 split into 2**bits classes
+    assert len(set(classes[15:31])) == min(1 << bits, 16)          # 16-31 split into 2**bits classes (16 at most)
+    assert len(set(classes[1023:2047])) == 1 << bits               # 1024-2047 likewise
     whole = [output_class(SimpleNamespace(priority=0, max_new_tokens=n), 0) >> MAX_CLASS_BITS for n in range(1, 5000)]
     assert whole == [n.bit_length() for n in range(1, 5000)]       # bits 0: the power of two, as before
     with pytest.raises(ValueError, match="class_bits"):

@@ -1,6 +1,6 @@
 # Experiment (docs/benchmarks.md, "The eighth session"): with POWER_CLASSES=1 a one-engine broker orders bulk work by
 # the power of two of max_new_tokens alone, as every broker did before 2026-12-02 (forge/broker/pending.py), so one
-# call can run the shipped quarters against it. Put on PYTHONPATH ahead of another experiment's sitecustomize: that
+# call can run the shipped classes (32 to a power of two) against it. Put on PYTHONPATH ahead of another experiment's sitecustomize: that
 # one runs too (Python itself imports only the first sitecustomize on the path). Without POWER_CLASSES it changes
 # nothing.
 import importlib.util
