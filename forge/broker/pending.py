@@ -44,8 +44,8 @@ def priority_of(level: int) -> int:
 def output_class(req, class_bits: int = 0) -> int:
     """The level of a request within its priority. Bulk work (priority 0 or below) goes by max_new_tokens, longest
     first (a job's makespan): its power of two, and within it the next `class_bits` bits (0: the power of two alone,
-    2: quarters, 5: 32 parts). Online work (above 0; serve's ONLINE_PRIORITY) is latency work, for which longest first is the
-    wrong rule (it makes short requests wait behind long ones): one level, arrival order."""
+    2: quarters, 5: 32 parts). Online work (above 0; serve's ONLINE_PRIORITY) is latency work, for which longest
+    first is the wrong rule (it makes short requests wait behind long ones): one level, arrival order."""
     if req.priority > 0:
         return 0
     n = req.max_new_tokens
