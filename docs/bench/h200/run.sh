@@ -125,7 +125,7 @@ warm_pair() {  # name limit_s node records repeats [warm_jobs, default 1]
   rm -f "$d"/timeline/*[0-9].jsonl          # the request timelines (MBs); the capture logs stay
   pack
 }
-# The shipped one-engine classes (32 to a power of two) against the power of two (exp/power-classes), alternating
+# The shipped one-engine classes (32 to a power of two) against the power of two (exp/class-bits), alternating
 # invocations, each direct longest
 # then forge, one repeat each, with the step log and CUDA-graph capture log (exp/timeline) of every window.
 classes() {  # name limit_s_per_invocation node records warm_jobs
@@ -133,8 +133,8 @@ classes() {  # name limit_s_per_invocation node records warm_jobs
   for k in 1 2; do for v in fine power; do
     local d="$R/$name/$v-$k"; mkdir -p "$d/steplog" "$d/timeline"
     stage "$name-$v-$k" "$limit" env STEPLOG="$d/steplog" TIMELINE="$d/timeline" \
-      POWER_CLASSES=$([ $v = power ] && echo 1) \
-      PYTHONPATH="$PWD/docs/bench/cpu-proxy/exp/power-classes:$PWD/$H/exp/timeline:$PYTHONPATH" \
+      CLASS_BITS=$([ $v = power ] && echo 0) \
+      PYTHONPATH="$PWD/docs/bench/cpu-proxy/exp/class-bits:$PWD/$H/exp/timeline:$PYTHONPATH" \
       $F bench run $W/gpu-mixed.yaml --node "$node" --records "$recs" --out "$d" --modes direct,forge \
       --direct longest --card-transport process --repeat 1 --warm-jobs "$wj"
     python3 docs/bench/steplog_summary.py "$d/steplog" "$d/bench.json" > "$d/steplog.md"
@@ -457,7 +457,7 @@ for n in ('node-llama-1p5b', 'node-llama-8b', 'node-llama-1p5b-small-pool'):
       --node $H/node-llama-1p5b-fast-r2.yaml --label graphs-r2 --modes forge --repeat 2 --records 256 \
       --out "$R/final-1p5b-r2" ;;
   # next (not run yet; eighth session): the one-engine broker's output classes, 32 to a power of two (shipped since
-  # 2026-12-02) against the power of two (exp/power-classes, POWER_CLASSES=1), alternating invocations A B A B, each
+  # 2026-12-02) against the power of two (exp/class-bits, CLASS_BITS=0), alternating invocations A B A B, each
   # direct longest then forge: issue 14's measurement (shipped 1.5B tier, 512 records, cold) and the 8B fast tier
   # warm (256 records, --warm-jobs 2, as call AB). CPU proxies: 1.5B 247 -> 242 steps, 8B 141 -> 134 (direct 243, 133).
   classes-1p5b) classes classes-1p5b 130 $H/node-llama-1p5b.yaml 512 0 ;;
