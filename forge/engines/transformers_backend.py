@@ -51,10 +51,11 @@ class TransformersSection(BaseModel):
     compile_level: int = Field(0, ge=0, le=3, description="torch.compile level for the forward passes: 0 off, 1-3 "
                                "are transformers' default_compile_level presets (longer warm-up)")
     graph_q_padding: int = Field(
-        Q_PADDING_PRESET, ge=8, le=65536, description="with use_cuda_graph or compile_level: a step's query tokens are padded up to "
-        "a multiple of this (at most limits.max_num_tokens), and a graph is captured the first time each padded size "
-        "comes up (per KV size and longest key); larger means fewer captures and more padded tokens in every step. "
-        "64 is transformers 5.24's preset, stated here rather than inherited")
+        Q_PADDING_PRESET, ge=8, le=65536,
+        description="with use_cuda_graph or compile_level: a step's query tokens are padded up to a multiple of this "
+        "(at most limits.max_num_tokens), and a graph is captured the first time each padded size comes up (per KV "
+        "size and longest key); larger means fewer captures and more padded tokens in every step. 64 is "
+        "transformers 5.24's preset, stated here rather than inherited")
     hidden_pooling: Literal["mean", "last"] = Field(
         "mean", description="how want_hidden requests pool the final (normed) hidden states of the prompt: mean over "
         "all prompt tokens, or the last token's")

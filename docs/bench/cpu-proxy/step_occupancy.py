@@ -58,7 +58,10 @@ def main() -> None:
     ap.add_argument("--q-padding", default="", help="comma-separated query paddings to count shapes under")
     args = ap.parse_args()
     paddings = [int(x) for x in args.q_padding.split(",") if x]
-    for f in sorted(args.shapes_dir.glob("*.steps.jsonl")):
+    logs = sorted(args.shapes_dir.glob("*.steps.jsonl"))
+    if not logs:
+        raise SystemExit(f"{args.shapes_dir}: no *.steps.jsonl (run exp/shapes with SHAPES=DIR SHAPES_RAW=1)")
+    for f in logs:
         rows = [json.loads(line) for line in f.read_text().splitlines() if line.strip()]
         if len(rows) <= args.skip + 30:
             continue

@@ -12,7 +12,13 @@ if os.environ.get("CLASS_BITS"):
     import forge.broker.core as _core
     import forge.broker.pending as _pending
 
-    _bits = int(os.environ["CLASS_BITS"])
+    try:
+        _bits = int(os.environ["CLASS_BITS"])
+        if _bits < 0:
+            raise ValueError
+    except ValueError:      # sys.exit here would be a fatal error of site itself: one line, then out
+        sys.stderr.write(f"CLASS_BITS: expected an integer >= 0, got {os.environ['CLASS_BITS']!r}\n")
+        os._exit(2)
     if _bits > _pending.MAX_CLASS_BITS:      # room for the finer classes in every priority's levels
         _pending.MAX_CLASS_BITS = _bits
         _pending.CLASSES = 64 << _bits
