@@ -384,6 +384,7 @@ for n in ('node-llama-1p5b', 'node-llama-8b', 'node-llama-1p5b-small-pool'):
   warm-1p5b-2) timed_1p5b warm-1p5b-2 330 steptime-threads --repeat 2 --warm-jobs 1 ;;
   # the product path as it is (cold worker), the step timer and every thread's CPU in every process
   lpt-threads-3) timed_1p5b lpt-threads-3 330 steptime-threads --repeat 3 ;;
+  lpt-threads-3b) timed_1p5b lpt-threads-3b 330 steptime-threads --repeat 3 ;;   # a second set in the same call
   # next (not run yet): direct in a fresh process of its own per run (--direct-process child), as forge's card
   # worker is: tells "a fresh process" from "forge's worker" in the per-step gap (docs/benchmarks.md, calls S-U)
   lpt-child-3) timed_1p5b lpt-child-3 400 steptime-threads --repeat 3 --direct-process child ;;
