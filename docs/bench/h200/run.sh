@@ -11,7 +11,8 @@
 # engines run (default process). Sixth session (docs/benchmarks.md): lpt-child-3 (call V), noise-1p5b-6 (W),
 # timeline-1p5b (X), replays (Y; REPLAYS="NAME..." of .replay/NAME.jsonl with .replay/in.pickle, carried). Seventh
 # session: timeline-8b (Z), warm-8b-3 (AA), warm2-8b-3 (AB); ready, not run: warm-1p5b-fast-3, precapture-8b,
-# precapture-all-8b, pad-8b.
+# precapture-all-8b, pad-8b. Ninth session: cp50k lpt-threads-3 lpt-threads-3b (call AC), warm2-8b-3 (AD), cp50k
+# warm-1p5b-fast-3 (AE); ready, not run: classes-1p5b, classes-8b-warm, precapture-8b, precapture-all-8b, pad-8b.
 # forge's own Python dependencies missing from the device image travel as wheels in .whl/ (see the README of
 # the device tool); transformers 5.24.0 travels too (the image has 5.17). Results go to $OUT/results.tgz,
 # the log to $OUT/log.txt. Every stage has its own time limit, so one stuck stage cannot eat the call.
