@@ -86,9 +86,10 @@ def forge_register_tunables(register):
 
 @hookimpl
 def forge_validation_rules(register):
-    from forge.engines.hf.eager_memory import eager_scores_fit
+    from forge.engines.hf.attention_memory import attention_masks_fit, eager_scores_fit
     from forge.engines.hf.tunables import gpu_only_switches, graph_padding_fits
 
     register(gpu_only_switches)
     register(graph_padding_fits)
     register(eager_scores_fit)
+    register(attention_masks_fit)
