@@ -373,3 +373,15 @@ def test_the_load_time_warm_up_runs_a_full_budget_step_and_a_full_slot_decode_an
     assert list(got) == ["after"] and len(got["after"].output_ids) == 8 and tokens == 8
     assert warm_up(engine._manager, budget=lim.max_num_tokens, max_input_len=lim.max_input_len, slots=lim.max_batch_size,
                    vocab_size=2048, request_kwargs={}, timeout_s=0.0) is not None      # bounded: says when cut short
+
+
+def test_the_attention_mask_rule_counts_the_mask_the_engine_allocates(engine):
+    """attention_masks_fit (forge/engines/hf/attention_memory.py) refuses tiers whose mask does not fit the card; its
+    arithmetic is the size of the mask tensors transformers actually allocates for the tier."""
+    from forge.engines.hf.attention_memory import mask_bytes
+    from forge.engines.hf.sizing import section_of
+
+    masks = engine._manager.batch_processor.inputs_and_outputs.attention_mask
+    allocated = sum(t.numel() * t.element_size() for t in masks.values())
+    plan = plan_for(contract(TINY))
+    assert allocated == mask_bytes(plan, section_of(plan)) == 512 * (16384 + 512) * 4

@@ -7,7 +7,7 @@ Two tensors a tier's geometry alone decides, both beside the weights and the KV 
   elements in the model's dtype, one per step buffer (two with async batching), allocated when the engine is built
   (transformers 5.24: PagedAttentionMemoryHandler.attention_mask_bytes, part of the footprint it checks at load).
   Readable KV tokens are at least the pool, so the mask computed on the pool is a lower bound of what transformers
-  allocates: a tier refused here is one transformers would refuse at load (or, where it sees more memory than the
+  allocates (on the embedded tier, exactly its size: tests/engines/test_transformers_backend.py): a tier refused here is one transformers would refuse at load (or, where it sees more memory than the
   card has, one that would not fit the card). Found on a CPU tier with the H200 1.5B tier's geometry (budget 8,192,
   a 294,912-token pool, fp32): a 9.3 GiB mask that the plan's "143.68 MiB of 3.00 GiB" never showed.
 - Eager attention's scores (`eager_scores_fit`). `attn_implementation: eager` runs transformers'
