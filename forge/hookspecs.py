@@ -37,3 +37,10 @@ def forge_register_tunables(register):
     """Call register(backend, tunables) where tunables(contract, card) -> list[forge.tunables.Tunable]: the fields
     of the backend's contract section that `forge bench sweep` may vary, with their candidate values, each marked
     unavailable (and why) where this machine cannot run it."""
+
+
+@hookspec
+def forge_register_working_memory(register):
+    """Call register(backend, working) where working(card_plan) -> list[(what, bytes)]: memory one engine of the plan
+    allocates beside its weights and KV pool that the contract alone decides (an attention mask, say). The plan
+    (`forge provision --dry-run`) shows it, and the card's memory counts it."""

@@ -16,24 +16,29 @@ def plan_table(loaded):
     from forge.config.units import fmt_bytes
 
     from forge.config.plan import engine_plans
+    from forge.config.working_memory import working_memory
 
     node = loaded.node
     engines = [p.engine_id for p in engine_plans(loaded.plans)]
-    caption = "weights, KV pool, blocks and slots are per engine"
+    caption = ("weights, KV pool, blocks, slots and working memory are per engine; card memory: what every engine "
+               "of the card holds")
     if len(engines) > len(loaded.plans):
         caption += f"; engines (one process each): {', '.join(engines)}"
     table = Table(title=f"node {node.node}: {len(node.cards)} card(s), {len(engines)} engine(s), host "
                         f"{node.host.memory_gib:g} GiB / {node.host.cpu_cores} cores", title_justify="left",
                   caption=caption, caption_justify="left")
     for col in ("card", "model", "engine", "backend", "replicas", "weights", "KV pool", "blocks",
-                "full-length slots", "token budget", "slots", "card memory"):
+                "full-length slots", "token budget", "slots", "working memory", "card memory"):
         table.add_column(col, justify="right" if col not in ("card", "model", "engine", "backend") else "left")
     for p in loaded.plans:
         kv = p.contract.kv_cache
+        working = working_memory(p)
+        held = p.card_bytes + p.replicas * sum(n for _, n in working)
         table.add_row(p.card_id, p.card.model, p.contract.contract, p.contract.backend, str(p.replicas),
                       fmt_bytes(p.weights_bytes), fmt_bytes(p.kv_pool_bytes), f"{p.num_blocks:,} x {kv.tokens_per_block}",
                       f"{p.full_length_slots:,}", f"{p.token_budget:,}", f"{p.slots:,}",
-                      f"{fmt_bytes(p.card_bytes)} of {fmt_bytes(p.card_memory_bytes)}")
+                      ", ".join(f"{fmt_bytes(n)} {what}" for what, n in working) or "-",
+                      f"{fmt_bytes(held)} of {fmt_bytes(p.card_memory_bytes)}")
     return table
 
 

@@ -85,6 +85,13 @@ def forge_register_tunables(register):
 
 
 @hookimpl
+def forge_register_working_memory(register):
+    from forge.engines.hf.attention_memory import working_memory
+
+    register(BACKEND, working_memory)
+
+
+@hookimpl
 def forge_validation_rules(register):
     from forge.engines.hf.attention_memory import attention_masks_fit, eager_scores_fit
     from forge.engines.hf.tunables import gpu_only_switches, graph_padding_fits

@@ -76,6 +76,17 @@ def test_provision_dry_run_shows_replicas_and_their_engines():
         assert text in out, text
 
 
+def test_provision_dry_run_shows_each_engines_working_memory_and_counts_it_on_the_card():
+    """transformers builds an attention mask of max_num_tokens x (pool + max_num_tokens) elements beside weights and
+    pool (here 8,192 x (294,912 + 8,192) x 4 bytes = 9.25 GiB): the plan shows it and the card's memory counts it."""
+    proc = forge("provision", "docs/bench/cpu-proxy/node-cpu-llama-micro-g1p5b.yaml", "--dry-run",
+                 env={"COLUMNS": "250"})
+    assert proc.returncode == 0, proc.stderr
+    out = " ".join(proc.stdout.split())
+    for text in ("working memory", "9.25 GiB attention mask", "9.39 GiB of 12.00 GiB"):
+        assert text in out, text
+
+
 def test_provision_refuses_an_invalid_node(tmp_path):
     import yaml
 

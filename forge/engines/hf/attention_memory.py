@@ -94,6 +94,15 @@ def mask_bytes(plan: CardPlan, section) -> int:
     return buffers * DTYPE_BYTES[dtype_of(plan, section)] * m * (plan.kv_pool_tokens + m)
 
 
+def working_memory(plan: CardPlan) -> list[tuple[str, int]]:
+    """What one engine of the plan allocates beside weights and pool that the contract decides: its attention masks
+    (the forge_register_working_memory hook; shown in the plan)."""
+    try:
+        return [("attention mask", mask_bytes(plan, section_of(plan)))]
+    except ForgeError:                     # a section or dtype the contract rules refuse (reported there)
+        return []
+
+
 def attention_masks_fit(loaded) -> list[Problem]:
     """Every card whose transformers tier builds attention masks, checked for room beside weights and pools (each of
     a card's replicas builds its own)."""
