@@ -20,7 +20,7 @@ Two tensors a tier's geometry alone decides, both beside the weights and the KV 
   read is left to the checkpoint checks."""
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Iterator, Optional
 
 from forge.config.checkpoint_dir import geometry
 from forge.config.files import FileRefused, read_json, shown
@@ -58,32 +58,6 @@ def eager_scores_bytes(plan: CardPlan, heads: int) -> int:
     return heads * plan.contract.limits.max_num_tokens * kv_read_tokens(plan) * SCORE_BYTES
 
 
-def eager_scores_fit(loaded) -> list[Problem]:
-    """Every GPU card whose transformers tier runs eager attention, checked for room beside weights and pools."""
-    out = []
-    for name, plans in loaded.plans.items():
-        node = loaded.nodes.get(name)
-        file = shown(node.source) if node is not None and node.source else f"<node {name}>"
-        index = {id(card): i for i, card in enumerate(node.cards)} if node is not None else {}
-        for p in plans:
-            section = p.contract.sections.get(BACKEND)
-            if (p.contract.backend != BACKEND or section is None or p.card.kind != "gpu"
-                    or getattr(section, "attn_implementation", None) != "eager" or not p.fits_memory):
-                continue
-            heads = query_heads(p.contract)
-            if heads is None:
-                continue
-            need, room = eager_scores_bytes(p, heads), p.card_memory_bytes - p.card_bytes
-            if need > room:
-                out.append(Problem(
-                    file, f"$.cards[{index.get(id(p.card), '?')}].engine",
-                    f"{p.contract.contract} runs eager attention, whose fp32 scores need up to {fmt_bytes(need)} in "
-                    f"one layer's step ({heads} heads x max_num_tokens {p.contract.limits.max_num_tokens} x "
-                    f"{kv_read_tokens(p)} KV tokens x 4 bytes); the card has {fmt_bytes(room)} beside weights and "
-                    f"KV pool: use sdpa, or a smaller max_num_tokens or pool"))
-    return out
-
-
 def mask_bytes(plan: CardPlan, section) -> int:
     """The attention masks one engine of this plan allocates at least (0 with flash attention): max_num_tokens x
     (pool + max_num_tokens) elements of the model's dtype, per step buffer (two with async batching)."""
@@ -103,10 +77,9 @@ def working_memory(plan: CardPlan) -> list[tuple[str, int]]:
         return []
 
 
-def attention_masks_fit(loaded) -> list[Problem]:
-    """Every card whose transformers tier builds attention masks, checked for room beside weights and pools (each of
-    a card's replicas builds its own)."""
-    out = []
+def _transformers_cards(loaded) -> Iterator[tuple[str, str, CardPlan, Any, int]]:
+    """(file, path, card plan, section, the card's attention masks) for every card a transformers tier fits (weights
+    and pools; the rule that refuses those is forge's own) whose section and dtype the contract rules accept."""
     for name, plans in loaded.plans.items():
         node = loaded.nodes.get(name)
         file = shown(node.source) if node is not None and node.source else f"<node {name}>"
@@ -116,18 +89,47 @@ def attention_masks_fit(loaded) -> list[Problem]:
                 continue
             try:
                 section = section_of(p)
-                one = mask_bytes(p, section)
-            except ForgeError:             # a section or dtype the contract rules refuse already
+                masks = p.replicas * mask_bytes(p, section)     # each replica builds its own
+            except ForgeError:             # reported by the contract rules
                 continue
-            need, room = p.replicas * one, p.card_memory_bytes - p.card_bytes
-            if need > room:
-                m, pool = p.contract.limits.max_num_tokens, p.kv_pool_tokens
-                each = f"{p.replicas} replicas x " if p.replicas > 1 else ""
-                buffers = " x 2 step buffers (async batching)" if section.async_batching else ""
-                out.append(Problem(
-                    file, f"$.cards[{index.get(id(p.card), '?')}].engine",
-                    f"{p.contract.contract} builds {section.attn_implementation} attention masks of {fmt_bytes(need)} "
-                    f"({each}max_num_tokens {m} x (KV pool {pool} + {m}) tokens x "
-                    f"{DTYPE_BYTES[dtype_of(p, section)]} bytes{buffers}); the card has {fmt_bytes(room)} beside "
-                    f"weights and KV pool: use a smaller max_num_tokens or pool, or flash attention on a GPU"))
+            yield file, f"$.cards[{index.get(id(p.card), '?')}].engine", p, section, masks
+
+
+def attention_masks_fit(loaded) -> list[Problem]:
+    """Every card whose transformers tier builds attention masks, checked for room beside weights and pools."""
+    out = []
+    for file, path, p, section, masks in _transformers_cards(loaded):
+        room = p.card_memory_bytes - p.card_bytes
+        if masks > room:
+            m, pool = p.contract.limits.max_num_tokens, p.kv_pool_tokens
+            each = f"{p.replicas} replicas x " if p.replicas > 1 else ""
+            buffers = " x 2 step buffers (async batching)" if section.async_batching else ""
+            out.append(Problem(
+                file, path,
+                f"{p.contract.contract} builds {section.attn_implementation} attention masks of {fmt_bytes(masks)} "
+                f"({each}max_num_tokens {m} x (KV pool {pool} + {m}) tokens x {DTYPE_BYTES[dtype_of(p, section)]} "
+                f"bytes{buffers}); the card has {fmt_bytes(room)} beside weights and KV pool: use a smaller "
+                f"max_num_tokens or pool, or flash attention on a GPU"))
+    return out
+
+
+def eager_scores_fit(loaded) -> list[Problem]:
+    """Every GPU card whose transformers tier runs eager attention, checked for room beside weights, pools and
+    attention masks (where the masks fit: attention_masks_fit reports those that do not)."""
+    out = []
+    for file, path, p, section, masks in _transformers_cards(loaded):
+        if p.card.kind != "gpu" or section.attn_implementation != "eager":
+            continue
+        room = p.card_memory_bytes - p.card_bytes - masks
+        heads = query_heads(p.contract)
+        if heads is None or room < 0:
+            continue
+        need = eager_scores_bytes(p, heads)
+        if need > room:
+            out.append(Problem(
+                file, path,
+                f"{p.contract.contract} runs eager attention, whose fp32 scores need up to {fmt_bytes(need)} in "
+                f"one layer's step ({heads} heads x max_num_tokens {p.contract.limits.max_num_tokens} x "
+                f"{kv_read_tokens(p)} KV tokens x 4 bytes); the card has {fmt_bytes(room)} beside weights, KV "
+                f"pool and attention masks: use sdpa, or a smaller max_num_tokens or pool"))
     return out
