@@ -12,7 +12,8 @@
 # timeline-1p5b (X), replays (Y; REPLAYS="NAME..." of .replay/NAME.jsonl with .replay/in.pickle, carried). Seventh
 # session: timeline-8b (Z), warm-8b-3 (AA), warm2-8b-3 (AB); ready, not run: warm-1p5b-fast-3, precapture-8b,
 # precapture-all-8b, pad-8b. Ninth session: cp50k lpt-threads-3 lpt-threads-3b (call AC), warm2-8b-3 (AD), cp50k
-# warm-1p5b-fast-3 (AE); ready, not run: classes-1p5b, classes-8b-warm, precapture-8b, precapture-all-8b, pad-8b.
+# warm-1p5b-fast-3 (AE); ready, not run: classes-1p5b, classes-8b-warm, precapture-8b, precapture-all-8b, pad-8b,
+# precapture-1p5b-fast, precapture-all-1p5b-fast.
 # forge's own Python dependencies missing from the device image travel as wheels in .whl/ (see the README of
 # the device tool); transformers 5.24.0 travels too (the image has 5.17). Results go to $OUT/results.tgz,
 # the log to $OUT/log.txt. Every stage has its own time limit, so one stuck stage cannot eat the call.
@@ -144,14 +145,15 @@ classes() {  # name limit_s_per_invocation node records warm_jobs
     pack
   done; done
 }
-# The 8B fast tier cold, 256 records, 3 interleaved repeats, with exp/precapture in the processes whose command line
-# holds $3 (the shapes: the capture logs committed under docs/bench/captures/2026-12-01-h200), captures per window.
-precap() {  # name limit_s where
-  local name=$1 limit=$2 where=$3 d="$R/$1"
+# A fast tier cold, 3 interleaved repeats, with exp/precapture in the processes whose command line holds $3 (the
+# shapes: the capture logs committed under $6), captures per window. The 8B fast tier (256 records) takes its shapes
+# from the calls of 2026-12-01, the 1.5B fast tier (512) from call AE (2026-12-02).
+precap() {  # name limit_s where node records shapes_dir
+  local name=$1 limit=$2 where=$3 node=$4 recs=$5 shapes=$6 d="$R/$1"
   mkdir -p "$d/steplog" "$d/timeline"
-  stage "$name" "$limit" env PRECAPTURE=docs/bench/captures/2026-12-01-h200 PRECAPTURE_IN="$where" PRECAPTURE_S=120 \
+  stage "$name" "$limit" env PRECAPTURE="$shapes" PRECAPTURE_IN="$where" PRECAPTURE_S=120 \
     STEPLOG="$d/steplog" TIMELINE="$d/timeline" PYTHONPATH="$PWD/$H/exp/precapture:$PYTHONPATH" \
-    $F bench run $W/gpu-mixed.yaml --node "$NEW_8B" --records 256 --out "$d" --modes direct,forge \
+    $F bench run $W/gpu-mixed.yaml --node "$node" --records "$recs" --out "$d" --modes direct,forge \
     --direct longest --card-transport process --repeat 3
   python3 docs/bench/steplog_summary.py "$d/steplog" "$d/bench.json" | tee "$d/steplog.md"
   python3 docs/bench/h200/graph_captures.py "$d/timeline" "$d/bench.json" | tee "$d/graphs.md"
@@ -427,8 +429,14 @@ for n in ('node-llama-1p5b', 'node-llama-8b', 'node-llama-1p5b-small-pool'):
   pad-8b)
     stage pad-8b 450 $F bench compare $W/gpu-mixed.yaml --node "$NEW_8B" --label q64 \
       --node $H/node-llama-8b-fast-q128.yaml --label q128 --modes forge,direct --repeat 2 --records 256 --out "$R/pad-8b" ;;
-  precapture-8b) precap precapture-8b 330 forge.host ;;
-  precapture-all-8b) precap precapture-all-8b 330 python ;;
+  precapture-8b) precap precapture-8b 330 forge.host "$NEW_8B" 256 docs/bench/captures/2026-12-01-h200 ;;
+  precapture-all-8b) precap precapture-all-8b 330 python "$NEW_8B" 256 docs/bench/captures/2026-12-01-h200 ;;
+  # the same on the 1.5B fast tier, where both modes spent a third of every window capturing graphs even after a warm
+  # job (call AE): its shapes from call AE's capture logs (forge's workers only, then every engine)
+  precapture-1p5b-fast) precap precapture-1p5b-fast 420 forge.host "$NEW_1P5B" 512 \
+    docs/bench/captures/2026-12-02-h200/call-ae ;;
+  precapture-all-1p5b-fast) precap precapture-all-1p5b-fast 420 python "$NEW_1P5B" 512 \
+    docs/bench/captures/2026-12-02-h200/call-ae ;;
   # recorded timelines replayed on the 1.5B without forge (replay_timeline.py), in the order REPLAYS names them:
   # $REPLAY_DIR/in.pickle (a direct run's input from a --direct-process child bench of this tier) and NAME.jsonl each
   # (carried: the device has no copy; docs/benchmarks.md, "The sixth session on the H200", says how they were made)
