@@ -7,8 +7,9 @@ Two tensors a tier's geometry alone decides, both beside the weights and the KV 
   elements in the model's dtype, one per step buffer (two with async batching), allocated when the engine is built
   (transformers 5.24: PagedAttentionMemoryHandler.attention_mask_bytes, part of the footprint it checks at load).
   Readable KV tokens are at least the pool, so the mask computed on the pool is a lower bound of what transformers
-  allocates (on the embedded tier, exactly its size: tests/engines/test_transformers_backend.py): a tier refused here is one transformers would refuse at load (or, where it sees more memory than the
-  card has, one that would not fit the card). Found on a CPU tier with the H200 1.5B tier's geometry (budget 8,192,
+  allocates (on the embedded tier, exactly its size: tests/engines/test_transformers_backend.py): a tier refused
+  here is one transformers would refuse at load (or, where it sees more memory than the card has, one that would
+  not fit the card). Found on a CPU tier with the H200 1.5B tier's geometry (budget 8,192,
   a 294,912-token pool, fp32): a 9.3 GiB mask that the plan's "143.68 MiB of 3.00 GiB" never showed.
 - Eager attention's scores (`eager_scores_fit`). `attn_implementation: eager` runs transformers'
   `eager_paged_attention_forward`, which materialises the softmax of every head's scores in fp32: heads x the step's
@@ -24,15 +25,16 @@ from typing import Any, Iterator, Optional
 
 from forge.config.checkpoint_dir import geometry
 from forge.config.files import FileRefused, read_json, shown
+from forge.config.kvmath import KV_DTYPE_BYTES
 from forge.config.models import Contract
 from forge.config.plan import CardPlan
 from forge.config.units import fmt_bytes
-from forge.engines.hf.sizing import FLASH, dtype_of, section_of
+from forge.engines.hf.sizing import FLASH, PRECISION_TO_DTYPE, dtype_of, section_of
+from forge.engines.transformers_backend import BACKEND
 from forge.errors import ForgeError, Problem
 
-BACKEND = "transformers"
 SCORE_BYTES = 4                          # the softmax runs in float32 whatever the model's dtype
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+DTYPE_BYTES = {dtype: KV_DTYPE_BYTES[prec] for prec, dtype in PRECISION_TO_DTYPE.items()}   # torch dtype -> bytes
 
 
 def query_heads(contract: Contract) -> Optional[int]:
