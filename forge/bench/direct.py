@@ -64,7 +64,7 @@ class DirectEngine:
         from forge.engines.hf.sizing import cb_config_kwargs, device_of, dtype_of, section_of
 
         self.plan = plan
-        section = section_of(plan)
+        self.section = section = section_of(plan)
         self.device = device_of(plan)
         tokenizer = load_tokenizer(plan)
         self.model, _ = load_model(plan, device=self.device, dtype=dtype_of(plan, section),
@@ -94,6 +94,10 @@ class DirectEngine:
         m = self.model.init_continuous_batching(generation_config=GenerationConfig(**self.gen_kwargs),
                                                 continuous_batching_config=ContinuousBatchingConfig(**self.cb_kwargs))
         m.warmup()
+        if self.section.graph_shape_cache is not None:     # the tier's cached graph shapes, as forge's engine does
+            from forge.engines.hf.graph_shapes import capture_at_load
+
+            capture_at_load(self.plan, self.section, m.batch_processor, self.model)
         return m
 
     def close(self) -> None:
@@ -135,7 +139,12 @@ class DirectEngine:
                                  f"({sum(len(j) for j in warm_jobs)} records; own prompts)")
             return res
         finally:
+            processor = m.batch_processor
             m.stop(block=True, timeout=30, hard_stop=True)
+            if self.section.graph_shape_cache is not None and processor is not None:   # as forge's engine does
+                from forge.engines.hf.graph_shapes import record
+
+                record(self.plan, self.section, processor)
             m.destroy()
             gc.collect()
 

@@ -56,6 +56,12 @@ class TransformersSection(BaseModel):
         "(at most limits.max_num_tokens), and a graph is captured the first time each padded size comes up (per KV "
         "size and longest key); larger means fewer captures and more padded tokens in every step. 64 is "
         "transformers 5.24's preset, stated here rather than inherited")
+    graph_shape_cache: Optional[str] = Field(
+        None, description="with use_cuda_graph: a file (relative to this contract) of the CUDA graph shapes this tier "
+        "meets, one JSON [query tokens, KV tokens read, longest key] per line. At load the engine captures every "
+        "shape in it before its card reports ready (at most 240 s); when it stops it adds the shapes it met, so the "
+        "next load captures them too. Without it each shape is captured the first time a job meets it "
+        "(forge/engines/hf/graph_shapes.py)")
     hidden_pooling: Literal["mean", "last"] = Field(
         "mean", description="how want_hidden requests pool the final (normed) hidden states of the prompt: mean over "
         "all prompt tokens, or the last token's")
@@ -94,9 +100,11 @@ def forge_register_working_memory(register):
 @hookimpl
 def forge_validation_rules(register):
     from forge.engines.hf.attention_memory import attention_masks_fit, eager_scores_fit
+    from forge.engines.hf.graph_shapes import cache_problems
     from forge.engines.hf.tunables import gpu_only_switches, graph_padding_fits
 
     register(gpu_only_switches)
     register(graph_padding_fits)
     register(eager_scores_fit)
     register(attention_masks_fit)
+    register(cache_problems)

@@ -160,6 +160,23 @@ precap() {  # name limit_s where node records shapes_dir
   rm -f "$d"/timeline/*[0-9].jsonl
   pack
 }
+# The product path of the same: the fast tiers name a graph_shape_cache (docs/bench/h200/graph-shapes/, the shapes
+# calls Z-AH met), so forge's engine and the direct mode (the same tier) both capture them at load; cold engines, the
+# capture log (exp/timeline) counts what is left in each window. The caches as they were before and after the stage
+# (every engine adds the shapes it met when it stops) go into the capture folder.
+cached() {  # name limit_s node records repeat
+  local name=$1 limit=$2 node=$3 recs=$4 rep=$5 d="$R/$1"
+  mkdir -p "$d/steplog" "$d/timeline" "$d/shapes-before" "$d/shapes-after"
+  cp $H/graph-shapes/*.jsonl "$d/shapes-before/"
+  stage "$name" "$limit" env STEPLOG="$d/steplog" TIMELINE="$d/timeline" PYTHONPATH="$PWD/$H/exp/timeline:$PYTHONPATH" \
+    $F bench run $W/gpu-mixed.yaml --node "$node" --records "$recs" --out "$d" --modes direct,forge \
+    --direct longest --card-transport process --repeat "$rep"
+  cp $H/graph-shapes/*.jsonl "$d/shapes-after/"
+  python3 docs/bench/steplog_summary.py "$d/steplog" "$d/bench.json" | tee "$d/steplog.md"
+  python3 docs/bench/h200/graph_captures.py "$d/timeline" "$d/bench.json" | tee "$d/graphs.md"
+  rm -f "$d"/timeline/*[0-9].jsonl
+  pack
+}
 # An experiment's patch on this copy of the tree, for one stage (-R takes it off again); git or patch(1).
 patch_tree() {  # [-R] file
   local rev=""; [ "$1" = "-R" ] && { rev="-R"; shift; }
@@ -437,6 +454,10 @@ for n in ('node-llama-1p5b', 'node-llama-8b', 'node-llama-1p5b-small-pool'):
     docs/bench/captures/2026-12-02-h200/call-ae ;;
   precapture-all-1p5b-fast) precap precapture-all-1p5b-fast 420 python "$NEW_1P5B" 512 \
     docs/bench/captures/2026-12-02-h200/call-ae ;;
+  # tenth session: the fast tiers' graph_shape_cache (the product path of exp/precapture), cold, both modes
+  cached-1p5b-fast) cached cached-1p5b-fast 345 "$NEW_1P5B" 512 3 ;;
+  cached-8b-2) cached cached-8b-2 300 "$NEW_8B" 256 2 ;;
+  cached-8b-3) cached cached-8b-3 345 "$NEW_8B" 256 3 ;;
   # recorded timelines replayed on the 1.5B without forge (replay_timeline.py), in the order REPLAYS names them:
   # $REPLAY_DIR/in.pickle (a direct run's input from a --direct-process child bench of this tier) and NAME.jsonl each
   # (carried: the device has no copy; docs/benchmarks.md, "The sixth session on the H200", says how they were made)
@@ -482,3 +503,4 @@ for f in "$R"/*/bench.md "$R"/*/sweep.md "$R"/*/compare.md; do
 for f in "$R"/cards-*/bench.md; do [ -f "$f" ] && { echo "--- $f"; grep -A1 "^together ÷ Σ alone" "$f"; }; done
 for f in "$R"/starts-*/starts.md; do [ -f "$f" ] && { echo "--- $f"; grep "start(s) healthy" "$f"; }; done
 for f in "$R"/scaling-*/scaling.md; do [ -f "$f" ] && { echo "--- $f"; sed -n '/^## Equal/,$p' "$f"; }; done
+true   # the call succeeded when it got here; each stage reports its own rc above

@@ -166,11 +166,13 @@ class TransformersEngine(Engine):
             return
         self._closed = True
         deadline = time.monotonic() + max(float(timeout_s), 0.0)
+        processor = self._manager.batch_processor        # stop() lets go of it; its graphs are recorded below
         try:
             self._manager.stop(block=True, timeout=max(deadline - time.monotonic(), 0.01), hard_stop=True)
         except Exception as exc:   # a failing stop must not keep the card: log it and carry on freeing
             log.warning("transformers manager stop failed: %s", exc)
         self._hidden.stop(max(deadline - time.monotonic(), 0.01))
+        self._record_shapes(processor)
         if self._manager.is_running():
             log.warning("transformers generation loop still running after %.1fs shutdown timeout", timeout_s)
         else:
@@ -189,6 +191,12 @@ class TransformersEngine(Engine):
 
     def describe(self) -> dict[str, Any]:
         return dict(self._info)
+
+    def _record_shapes(self, processor) -> None:
+        if self.section.graph_shape_cache is not None and processor is not None:
+            from forge.engines.hf.graph_shapes import record
+
+            record(self.plan, self.section, processor)
 
     # ------------------------------------------------------------------ internals
     def _accept(self, req: EngineRequest) -> None:

@@ -111,6 +111,11 @@ def build_engine(contract, plan: CardPlan):
     except (MemoryError, ValueError, RuntimeError, TypeError) as exc:
         raise ForgeError(f"{where(plan)}: transformers refused the engine settings ({type(exc).__name__}: "
                          f"{' '.join(str(exc).split())[:300]})") from None
+    shapes_report = None
+    if section.graph_shape_cache is not None:     # captured before the loop starts, in the thread that built it
+        from forge.engines.hf.graph_shapes import capture_at_load
+
+        shapes_report = capture_at_load(plan, section, manager.batch_processor, model)
 
     cache, resolved = manager.batch_processor.cache, manager.continuous_batching_config
     if cache.num_blocks < plan.num_blocks or cache.max_batch_tokens != plan.contract.limits.max_num_tokens:
@@ -132,6 +137,8 @@ def build_engine(contract, plan: CardPlan):
         },
         "generation_config": gen_kwargs,
     }
+    if shapes_report is not None:
+        info["graph_shapes"] = shapes_report
     engine = TransformersEngine(plan, section, model, tokenizer, manager, device=device, eos=eos, info=info,
                                 guides=guides, no_guides_why=no_guides_why, seeds=seeds)
     manager.start()

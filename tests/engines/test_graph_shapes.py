@@ -1,0 +1,138 @@
+"""transformers.graph_shape_cache (forge/engines/hf/graph_shapes.py): the file, its merge, and the capture at load.
+
+The capture itself needs CUDA graphs (a GPU; measured in docs/benchmarks.md, "The tenth session on the H200"). Here
+it runs on the real CPU engine's batch processor with the two flags a graph tier sets turned on and the forward
+replaced by a recorder of the key each prepared batch gets: what is checked is that a listed shape is prepared
+under exactly that key (the key the engine looks its graph up by), and the skips and the cache's state after."""
+from __future__ import annotations
+
+import json
+import multiprocessing
+import sys
+from pathlib import Path
+
+import pytest
+
+from forge.engines.hf import graph_shapes as gs
+
+HERE = Path(__file__).resolve().parent
+
+
+def test_a_cache_file_is_read_in_order_without_repeats_and_refused_at_its_first_bad_line():
+    text = "[64, 16384, 1024]\n\n[128, 16384, 1024]\n[64, 16384, 1024]\n"
+    assert gs.parse_lines(text) == [(1, (64, 16384, 1024)), (3, (128, 16384, 1024))]
+    for bad, line, words in (("[64, 16384, 1024]\n{\"q\": 1}\n", 2, "three positive integers"),
+                             ("[64, 0, 1024]\n", 1, "three positive integers"),
+                             ("[64, true, 1024]\n", 1, "three positive integers"),
+                             ("[1, 2, 3]\n[4, 5\n", 2, "not JSON")):
+        with pytest.raises(gs.ShapeFileError, match=words) as err:
+            gs.parse_lines(bad)
+        assert err.value.line == line
+    many = "".join(json.dumps([64 * (i + 1), 16384, 1024]) + "\n" for i in range(gs.MAX_SHAPES + 1))
+    with pytest.raises(gs.ShapeFileError, match=f"more than {gs.MAX_SHAPES}"):
+        gs.parse_lines(many)
+
+
+def test_a_shape_another_tier_wrote_is_named():
+    fits = dict(budget=2048, q_padding=64, pool_tokens=131072)
+    assert gs.shape_problem((2048, 131072, 131072), **fits) is None
+    assert gs.shape_problem((1984, 16384, 2048), **fits) is None
+    assert "more than limits.max_num_tokens" in gs.shape_problem((4096, 16384, 2048), **fits)
+    assert "multiple of graph_q_padding (64)" in gs.shape_problem((96, 16384, 2048), **fits)
+    assert "KV pool" in gs.shape_problem((64, 262144, 2048), **fits)
+
+
+def test_merge_keeps_the_files_order_adds_only_new_shapes_and_stops_at_the_cap(tmp_path, monkeypatch):
+    path = tmp_path / "shapes.jsonl"
+    assert gs.merge_into(path, []) == 0 and path.read_text() == ""        # written even empty: the tier has run
+    assert gs.merge_into(path, [(64, 16384, 1024), (128, 16384, 1024)]) == 2
+    assert gs.merge_into(path, [(128, 16384, 1024), (256, 16384, 2048), (64, 16384, 1024)]) == 1
+    assert gs.read_shapes(path) == [(64, 16384, 1024), (128, 16384, 1024), (256, 16384, 2048)]
+    monkeypatch.setattr(gs, "MAX_SHAPES", 4)
+    assert gs.merge_into(path, [(320, 16384, 2048), (384, 16384, 2048)]) == 1
+    assert len(gs.read_shapes(path)) == 4
+    path.write_text("not a shape\n")                                       # a damaged cache is rewritten
+    assert gs.merge_into(path, [(64, 16384, 1024)]) == 1 and gs.read_shapes(path) == [(64, 16384, 1024)]
+
+
+def _merge_many(path: str, start: int) -> None:
+    for i in range(start, start + 40):
+        gs.merge_into(Path(path), [(64 * (i + 1), 16384, 2048)])
+
+
+def test_engines_stopping_together_lose_none_of_each_others_shapes(tmp_path):
+    """Four real processes merging into one file at once (engines of one tier on several cards): every shape kept."""
+    path = tmp_path / "shapes.jsonl"
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_merge_many, args=(str(path), 40 * k)) for k in range(4)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    assert sorted(gs.read_shapes(path)) == sorted((64 * (i + 1), 16384, 2048) for i in range(160))
+
+
+@pytest.mark.engine
+def test_capture_prepares_each_listed_shape_under_its_own_key_and_gives_the_pool_back():
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    sys.path.insert(0, str(HERE))
+    from test_transformers_backend import TINY, contract, plan_for
+
+    from forge.bench.direct import DirectEngine
+
+    direct = DirectEngine(plan_for(contract(TINY)))       # tiny tier: 512-token budget, a 16,384-token pool
+    manager = direct.manager()
+    try:
+        processor = manager.batch_processor
+        runner, io, cache = processor.model_runner, processor.inputs_and_outputs, processor.cache
+        report = gs.capture(processor, direct.model, [(64, 16384, 1024)])
+        assert report["captured"] == 0 and "no varlen graphs" in report["why_not"]   # the CPU tier pads nothing
+
+        class Recorded:                                   # what a captured graph is to the buffer: reset() at the end
+            def reset(self):
+                pass
+
+        prepared = []
+
+        def record_key(model, batch):                     # compute_batch of a graph tier captures under this key
+            prepared.append(tuple(io._get_graph_key()))
+            io.graphs.set_graph(io._get_graph_key(), Recorded())
+
+        runner.pad_inputs = runner.use_cuda_graph_varlen = io.use_cuda_graph_varlen = True
+        runner.compute_batch = record_key
+        free = cache.compute_free_capacity()
+        shapes = [(64, 16384, 1024), (512, 16384, 2048), (64, 16384, 1024),   # a repeat: held after the first
+                  (64, 16384, 3000),                                          # no batch has this longest key
+                  (64, 16384, 32768)]                                         # longer than the pool
+        report = gs.capture(processor, direct.model, shapes)
+        assert prepared == [(64, 16384, 1024), (512, 16384, 2048)]
+        assert {k: report[k] for k in ("listed", "captured", "held", "other_key", "no_room", "cut")} == \
+            dict(listed=5, captured=2, held=1, other_key=1, no_room=1, cut=False)
+        assert gs.keys_of(processor) == [(64, 16384, 1024), (512, 16384, 2048)]
+        assert cache.compute_free_capacity() == free == 1.0       # every block the fake requests took is back
+        assert "captured 2 of 5 cached graph shapes" in gs.describe(report)
+    finally:
+        direct.close()
+
+
+@pytest.mark.engine
+def test_an_engine_with_a_cache_reports_its_captures_at_load_and_writes_the_file_when_it_stops(tmp_path):
+    """The real CPU engine through the backend's factory: it captures no graphs (CPU), says so in describe(), still
+    serves, and at stop writes the cache (empty: no graph held) for the next load."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    sys.path.insert(0, str(HERE))
+    from test_transformers_backend import TINY, contract, req, run_all, start
+
+    path = tmp_path / "shapes.jsonl"
+    engine = start(contract(TINY, sections={"transformers": {"graph_shape_cache": str(path)}}))
+    try:
+        shapes = engine.describe()["graph_shapes"]
+        assert shapes["file"] == str(path) and "no varlen graphs" in shapes["why_not"]
+        got, _ = run_all(engine, [req(engine, "a", "hello", 4)])
+        assert got["a"].error is None and got["a"].output_ids
+    finally:
+        engine.shutdown(10)
+    assert path.read_text() == ""
