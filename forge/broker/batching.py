@@ -3,7 +3,10 @@
 A take walks at most `max_visits` prefix groups, so its cost follows the batch it returns, never what
 is pending. Grouped: the output classes of one priority from the longest down (pending.py), one length bucket
 per batch; in every class the engine's own prefix groups first, then unpinned groups (pinned to it as it takes
-them); only then, room left, groups it may spill from. FIFO: strict arrival order."""
+them); only then, room left, groups it may spill from. With `strict_classes` (a broker of one engine) a take ends
+at a class that still has work for the engine once the batch holds something: no shorter request is admitted
+ahead of a longer one that did not fit this take (its length bucket, the step's budget or the free KV), so
+requests of one length start, and end, together. FIFO: strict arrival order."""
 from __future__ import annotations
 
 from typing import Iterator, Optional
@@ -16,9 +19,10 @@ from forge.broker.types import EngineGeometry
 
 class Batcher:
     def __init__(self, pending: Pending, balancer: Balancer, pins: BoundedLRU, bucket_lower: list[int],
-                 grouping: bool, max_visits: int):
+                 grouping: bool, max_visits: int, strict_classes: bool = False):
         self.p, self.bal, self.pins = pending, balancer, pins
         self.bucket_lower, self.grouping, self.max_visits = bucket_lower, grouping, max_visits
+        self.strict_classes = strict_classes
 
     def form(self, i: int, g: EngineGeometry, free_slots: int, free_kv: int) -> list[Entry]:
         """One batch for engine i from the highest priority it may serve (empty if nothing fits now)."""
@@ -45,6 +49,9 @@ class Batcher:
                 for level in mine:
                     self._form_grouped(i, geom, level, take, drain, spill)
                     if take.over(self):
+                        break
+                    if self.strict_classes and take.batch and self.p.serves(i, level):
+                        take.done = True           # this class still has work for us: nothing shorter jumps it
                         break
                 if take.over(self):
                     break

@@ -52,7 +52,8 @@ class BrokerCore:
         class_bits = ONE_ENGINE_CLASS_BITS if len(engines) == 1 else 0
         self._pending = Pending(len(engines), len(self._buckets), self._bal, pins, class_levels=grouping,
                                 class_bits=class_bits)
-        self._batcher = Batcher(self._pending, self._bal, pins, self._buckets.lower, grouping, max_group_visits)
+        self._batcher = Batcher(self._pending, self._bal, pins, self._buckets.lower, grouping, max_group_visits,
+                                strict_classes=len(engines) == 1)   # batching.py's docstring: one engine only
         self._mirrors = [BlockMirror(g.kv_blocks_total) for g in engines]
         self._entries: dict[str, Entry] = {}       # pending and in flight, by request id
         self._where: dict[str, int] = {}           # in flight: request id -> engine index

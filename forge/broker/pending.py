@@ -293,6 +293,14 @@ class Pending:
         self.bal.pinned_n = [0] * len(self.bal.pinned_n)
         return out
 
+    def serves(self, i: int, level: int) -> bool:
+        """Whether a level holds work engine i may take without spilling: its own groups or unowned ones."""
+        for part in self.by_engine[i]:
+            lvl = part.levels.get(level)
+            if lvl is not None and (lvl.owned.get(i) or lvl.unowned):
+                return True
+        return False
+
     def priorities(self, i: int) -> list[int]:
         """Levels (priorities, or with grouping on priority x output class) with work engine i fits, highest
         first."""
