@@ -13,7 +13,9 @@
 # session: timeline-8b (Z), warm-8b-3 (AA), warm2-8b-3 (AB); ready, not run: warm-1p5b-fast-3, precapture-8b,
 # precapture-all-8b, pad-8b. Ninth session: cp50k lpt-threads-3 lpt-threads-3b (call AC), warm2-8b-3 (AD), cp50k
 # warm-1p5b-fast-3 (AE); ready, not run: classes-1p5b, classes-8b-warm, precapture-8b, precapture-all-8b, pad-8b,
-# precapture-1p5b-fast, precapture-all-1p5b-fast.
+# precapture-1p5b-fast, precapture-all-1p5b-fast. Tenth session: precapture-1p5b-fast (AF), precapture-all-1p5b-fast
+# (AG), precapture-all-8b (AH), cached-1p5b-fast cached-8b-2 (AI, both cut before their last run); ready, not run:
+# cached-8b-3 (the 8B with the one-engine broker's strict classes, 7b17e06), classes-*, pad-8b.
 # forge's own Python dependencies missing from the device image travel as wheels in .whl/ (see the README of
 # the device tool); transformers 5.24.0 travels too (the image has 5.17). Results go to $OUT/results.tgz,
 # the log to $OUT/log.txt. Every stage has its own time limit, so one stuck stage cannot eat the call.
@@ -455,9 +457,10 @@ for n in ('node-llama-1p5b', 'node-llama-8b', 'node-llama-1p5b-small-pool'):
   precapture-all-1p5b-fast) precap precapture-all-1p5b-fast 420 python "$NEW_1P5B" 512 \
     docs/bench/captures/2026-12-02-h200/call-ae ;;
   # tenth session: the fast tiers' graph_shape_cache (the product path of exp/precapture), cold, both modes
-  cached-1p5b-fast) cached cached-1p5b-fast 345 "$NEW_1P5B" 512 3 ;;
+  # (call AI: each load captures 153 shapes in 25-38 s, so 3 repeats of the 1.5B did not fit 345 s)
+  cached-1p5b-fast) cached cached-1p5b-fast 420 "$NEW_1P5B" 512 3 ;;
   cached-8b-2) cached cached-8b-2 300 "$NEW_8B" 256 2 ;;
-  cached-8b-3) cached cached-8b-3 345 "$NEW_8B" 256 3 ;;
+  cached-8b-3) cached cached-8b-3 420 "$NEW_8B" 256 3 ;;
   # recorded timelines replayed on the 1.5B without forge (replay_timeline.py), in the order REPLAYS names them:
   # $REPLAY_DIR/in.pickle (a direct run's input from a --direct-process child bench of this tier) and NAME.jsonl each
   # (carried: the device has no copy; docs/benchmarks.md, "The sixth session on the H200", says how they were made)
