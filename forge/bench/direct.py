@@ -1,7 +1,8 @@
 """The "direct" mode: transformers' continuous batching driven through its own API, with none of forge's
 layers (no broker, admission, ledger or functions) but exactly the engine forge would build from the same
 contract: the same model build and seed, the same ContinuousBatchingConfig (forge's pure mapping), the same
-generation config and EOS. Only the manager's input queue is unbounded, so "everything at once" can be.
+generation config and EOS, and the tier's cached CUDA-graph shapes captured at load
+(transformers.graph_shape_cache). Only the manager's input queue is unbounded, so "everything at once" can be.
 
 The engine's own ways of being fed, each a variant; the bench reports the best of those it ran, because
 feeding the in-flight batcher at a controlled depth was measured to beat handing it everything
@@ -94,10 +95,10 @@ class DirectEngine:
         m = self.model.init_continuous_batching(generation_config=GenerationConfig(**self.gen_kwargs),
                                                 continuous_batching_config=ContinuousBatchingConfig(**self.cb_kwargs))
         m.warmup()
-        if self.section.graph_shape_cache is not None:     # the tier's cached graph shapes, as forge's engine does
-            from forge.engines.hf.graph_shapes import capture_at_load
+        from forge.engines.hf import graph_shapes
 
-            capture_at_load(self.plan, self.section, m.batch_processor, self.model)
+        if graph_shapes.in_use(self.section):     # the tier's cached graph shapes, as forge's engine does
+            graph_shapes.capture_at_load(self.plan, self.section, m.batch_processor, self.model)
         return m
 
     def close(self) -> None:
@@ -141,10 +142,10 @@ class DirectEngine:
         finally:
             processor = m.batch_processor
             m.stop(block=True, timeout=30, hard_stop=True)
-            if self.section.graph_shape_cache is not None and processor is not None:   # as forge's engine does
-                from forge.engines.hf.graph_shapes import record
+            from forge.engines.hf import graph_shapes
 
-                record(self.plan, self.section, processor)
+            if processor is not None and graph_shapes.in_use(self.section):   # as forge's engine does
+                graph_shapes.record(self.plan, self.section, processor)
             m.destroy()
             gc.collect()
 

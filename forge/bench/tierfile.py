@@ -3,7 +3,8 @@
 The sweep writes every candidate this way and loads it back through the one load pipeline, so a candidate that
 breaks a contract rule is refused by the same checks a user's file meets, and the winner it writes with
 --write-best is exactly a file that was validated. Paths inside a contract are relative to its file, so they are
-rebased onto the folder the copy is written to."""
+rebased onto the folder the copy is written to: the artifact's, and a backend section's fields marked
+`json_schema_extra={"forge_path": True}` (transformers.graph_shape_cache)."""
 from __future__ import annotations
 
 import os
@@ -32,6 +33,10 @@ def contract_data(contract: Contract, dest_dir: Path) -> dict:
     for key, section in contract.sections.items():
         data[key] = section.model_dump(mode="json", exclude_defaults=True) if isinstance(section, BaseModel) \
             else section
+        if isinstance(section, BaseModel):      # a backend's path fields (json_schema_extra forge_path) too
+            for name, info in type(section).model_fields.items():
+                if (info.json_schema_extra or {}).get("forge_path") and data[key].get(name) is not None:
+                    data[key][name] = os.path.relpath(contract.resolve(data[key][name]), dest_dir.resolve())
     return data
 
 

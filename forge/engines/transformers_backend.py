@@ -61,7 +61,7 @@ class TransformersSection(BaseModel):
         "meets, one JSON [query tokens, KV tokens read, longest key] per line. At load the engine captures every "
         "shape in it before its card reports ready (at most 240 s); when it stops it adds the shapes it met, so the "
         "next load captures them too. Without it each shape is captured the first time a job meets it "
-        "(forge/engines/hf/graph_shapes.py)")
+        "(forge/engines/hf/graph_shapes.py)", json_schema_extra={"forge_path": True})
     hidden_pooling: Literal["mean", "last"] = Field(
         "mean", description="how want_hidden requests pool the final (normed) hidden states of the prompt: mean over "
         "all prompt tokens, or the last token's")

@@ -118,21 +118,37 @@ def test_capture_prepares_each_listed_shape_under_its_own_key_and_gives_the_pool
 
 
 @pytest.mark.engine
-def test_an_engine_with_a_cache_reports_its_captures_at_load_and_writes_the_file_when_it_stops(tmp_path):
-    """The real CPU engine through the backend's factory: it captures no graphs (CPU), says so in describe(), still
-    serves, and at stop writes the cache (empty: no graph held) for the next load."""
+def test_an_engine_whose_tier_captures_no_graphs_neither_reads_nor_writes_its_cache(tmp_path):
+    """The real CPU engine through the backend's factory, with a cache named but no CUDA graphs (validate warns):
+    it loads and serves, reports no captures, and leaves the file alone at stop."""
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
     sys.path.insert(0, str(HERE))
     from test_transformers_backend import TINY, contract, req, run_all, start
 
     path = tmp_path / "shapes.jsonl"
+    path.write_text("[64, 16384, 1024]\n")
     engine = start(contract(TINY, sections={"transformers": {"graph_shape_cache": str(path)}}))
     try:
-        shapes = engine.describe()["graph_shapes"]
-        assert shapes["file"] == str(path) and "no varlen graphs" in shapes["why_not"]
+        assert "graph_shapes" not in engine.describe()
         got, _ = run_all(engine, [req(engine, "a", "hello", 4)])
         assert got["a"].error is None and got["a"].output_ids
     finally:
         engine.shutdown(10)
-    assert path.read_text() == ""
+    assert path.read_text() == "[64, 16384, 1024]\n" and sorted(p.name for p in tmp_path.iterdir()) == ["shapes.jsonl"]
+    assert not gs.in_use(engine.section)
+    graphs = engine.section.model_copy(update={"use_cuda_graph": True})
+    assert gs.in_use(graphs) and not gs.in_use(graphs.model_copy(update={"async_batching": True}))
+
+
+def test_a_sweep_candidate_written_elsewhere_keeps_its_cache_path(tmp_path):
+    """tierfile rebases the cache path like the artifact's, so a candidate or --write-best copy names the same file."""
+    from forge.bench.tierfile import contract_data
+    from forge.config.load import load_paths
+
+    case = HERE.parent / "cases" / "invalid" / "graph-shape-cache"
+    loaded = load_paths([case / "contract-ok.yaml"])
+    assert loaded.ok, [p.render() for p in loaded.errors]
+    data = contract_data(loaded.contracts["t-gsc-ok"], tmp_path / "somewhere" / "else")
+    assert (tmp_path / "somewhere" / "else" / data["transformers"]["graph_shape_cache"]).resolve() == \
+        (case / "shapes" / "ok.jsonl").resolve()

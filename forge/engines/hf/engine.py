@@ -193,10 +193,10 @@ class TransformersEngine(Engine):
         return dict(self._info)
 
     def _record_shapes(self, processor) -> None:
-        if self.section.graph_shape_cache is not None and processor is not None:
-            from forge.engines.hf.graph_shapes import record
+        from forge.engines.hf import graph_shapes
 
-            record(self.plan, self.section, processor)
+        if processor is not None and graph_shapes.in_use(self.section):
+            graph_shapes.record(self.plan, self.section, processor)
 
     # ------------------------------------------------------------------ internals
     def _accept(self, req: EngineRequest) -> None:

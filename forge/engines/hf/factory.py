@@ -111,11 +111,11 @@ def build_engine(contract, plan: CardPlan):
     except (MemoryError, ValueError, RuntimeError, TypeError) as exc:
         raise ForgeError(f"{where(plan)}: transformers refused the engine settings ({type(exc).__name__}: "
                          f"{' '.join(str(exc).split())[:300]})") from None
-    shapes_report = None
-    if section.graph_shape_cache is not None:     # captured before the loop starts, in the thread that built it
-        from forge.engines.hf.graph_shapes import capture_at_load
+    from forge.engines.hf import graph_shapes
 
-        shapes_report = capture_at_load(plan, section, manager.batch_processor, model)
+    shapes_report = None
+    if graph_shapes.in_use(section):     # captured before the loop starts, in the thread that built it
+        shapes_report = graph_shapes.capture_at_load(plan, section, manager.batch_processor, model)
 
     cache, resolved = manager.batch_processor.cache, manager.continuous_batching_config
     if cache.num_blocks < plan.num_blocks or cache.max_batch_tokens != plan.contract.limits.max_num_tokens:

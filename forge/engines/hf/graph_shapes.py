@@ -103,12 +103,15 @@ def cache_problems(loaded) -> list[Problem]:
         if c.backend != BACKEND or section is None or section.graph_shape_cache is None:
             continue
         file = shown(c.source) if c.source else f"<contract {c.contract}>"
+        # unused, not wrong: a warning, so that a sweep from a graph tier can still try it without graphs
         if not section.use_cuda_graph:
-            out.append(Problem(file, FIELD, "has no effect: graphs are captured only with use_cuda_graph"))
+            out.append(Problem(file, FIELD, "has no effect: graphs are captured only with use_cuda_graph; the "
+                               "engine neither reads nor writes the file", severity="warning"))
             continue
         if section.async_batching:
-            out.append(Problem(file, FIELD, "not with async_batching (each of its two IO buffers captures its own "
-                               "graphs; the cache fills one)"))
+            out.append(Problem(file, FIELD, "has no effect with async_batching (each of its two IO buffers "
+                               "captures its own graphs); the engine neither reads nor writes the file",
+                               severity="warning"))
             continue
         path = c.resolve(section.graph_shape_cache)
         if not path.parent.is_dir():
@@ -156,6 +159,11 @@ def merge_into(path: Path, shapes: list[Shape]) -> int:
         return len(new)
     finally:
         os.close(folder)               # closing the descriptor releases the lock
+
+
+def in_use(section) -> bool:
+    """Whether the engine reads and writes the tier's cache: a cache named, on the graph path of the sync loop."""
+    return section.graph_shape_cache is not None and section.use_cuda_graph and not section.async_batching
 
 
 # ------------------------------------------------------------------ the engine's side (transformers objects)
