@@ -40,6 +40,7 @@ def test_a_shape_another_tier_wrote_is_named():
     assert "more than limits.max_num_tokens" in gs.shape_problem((4096, 16384, 2048), **fits)
     assert "multiple of graph_q_padding (64)" in gs.shape_problem((96, 16384, 2048), **fits)
     assert "KV pool" in gs.shape_problem((64, 262144, 2048), **fits)
+    assert gs.shape_problem((64, 262144, 2048), **dict(fits, pool_tokens=None)) is None    # a pool sized by memory
 
 
 def test_merge_keeps_the_files_order_adds_only_new_shapes_and_stops_at_the_cap(tmp_path, monkeypatch):

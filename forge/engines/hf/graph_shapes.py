@@ -83,14 +83,15 @@ def read_shapes(path: Path) -> list[Shape]:
     return [shape for _, shape in read_lines(path)]
 
 
-def shape_problem(shape: Shape, *, budget: int, q_padding: int, pool_tokens: int) -> Optional[str]:
-    """Why this tier's engine never builds a batch of this shape (a cache written by another tier), or None."""
+def shape_problem(shape: Shape, *, budget: int, q_padding: int, pool_tokens: Optional[int]) -> Optional[str]:
+    """Why this tier's engine never builds a batch of this shape (a cache written by another tier), or None.
+    pool_tokens None: the pool is sized from the card's memory, so a KV read is not checked here."""
     q, kv, longest = shape
     if q > budget:
         return f"{q} query tokens is more than limits.max_num_tokens ({budget})"
     if q % q_padding and q != budget:
         return f"{q} query tokens is neither a multiple of graph_q_padding ({q_padding}) nor the whole budget"
-    if kv > pool_tokens or longest > pool_tokens:
+    if pool_tokens is not None and (kv > pool_tokens or longest > pool_tokens):
         return f"reads more than the KV pool's {pool_tokens} tokens"
     return None
 
