@@ -57,10 +57,11 @@ class TransformersSection(BaseModel):
         "size and longest key); larger means fewer captures and more padded tokens in every step. 64 is "
         "transformers 5.24's preset, stated here rather than inherited")
     graph_shape_cache: Optional[str] = Field(
-        None, description="with use_cuda_graph: a file (relative to this contract) of the CUDA graph shapes this tier "
-        "meets, one JSON [query tokens, KV tokens read, longest key] per line. At load the engine captures every "
-        "shape in it before its card reports ready (at most 240 s); when it stops it adds the shapes it met, so the "
-        "next load captures them too. Without it each shape is captured the first time a job meets it "
+        None, description="with use_cuda_graph: a folder (relative to this contract) where the engine keeps the CUDA "
+        "graph shapes its geometry meets, one file per geometry (CONTRACT-bBUDGET-qPADDING-pPOOL.jsonl: one JSON "
+        "[query tokens, KV tokens read, longest key] per line). At load the engine captures every shape in its file "
+        "before its card reports ready (at most 240 s); when it stops it adds the shapes it met, so the next load "
+        "captures them too. Without it each shape is captured the first time a job meets it "
         "(forge/engines/hf/graph_shapes.py)", json_schema_extra={"forge_path": True})
     hidden_pooling: Literal["mean", "last"] = Field(
         "mean", description="how want_hidden requests pool the final (normed) hidden states of the prompt: mean over "

@@ -40,7 +40,28 @@ def test_a_shape_another_tier_wrote_is_named():
     assert "more than limits.max_num_tokens" in gs.shape_problem((4096, 16384, 2048), **fits)
     assert "multiple of graph_q_padding (64)" in gs.shape_problem((96, 16384, 2048), **fits)
     assert "KV pool" in gs.shape_problem((64, 262144, 2048), **fits)
-    assert gs.shape_problem((64, 262144, 2048), **dict(fits, pool_tokens=None)) is None    # a pool sized by memory
+
+
+def test_each_geometry_has_its_own_file_in_the_folder():
+    from types import SimpleNamespace
+
+    from forge.config.models import Contract
+    from forge.engines.transformers_backend import TransformersSection
+
+    c = Contract.model_validate(dict(
+        contract="t", backend="transformers",
+        model=dict(architecture="LlamaForCausalLM", num_layers=4, num_kv_heads=4, head_dim=32, vocab_size=2048,
+                   weights_gib=0.011),
+        artifact=dict(checkpoint="ckpt"), precision=dict(weights="bf16", kv_cache="bf16"),
+        limits=dict(max_batch_size=64, max_num_tokens=2048, max_input_len=1536, max_output_len=512),
+        kv_cache=dict(tokens_per_block=128, max_tokens=131072, host_cache_size=0, block_reuse=True),
+        target=dict(kind="gpu", compute_capability="9.0")))
+    section = TransformersSection(use_cuda_graph=True, graph_shape_cache="/x")
+    plan = SimpleNamespace(contract=c, kv_pool_tokens=131072)
+    assert gs.cache_file(plan, section) == Path("/x/t-b2048-q64-p131072.jsonl")
+    other = SimpleNamespace(contract=c, kv_pool_tokens=65536)                  # a card with half the pool
+    assert gs.cache_file(other, section.model_copy(update={"graph_q_padding": 128})) == \
+        Path("/x/t-b2048-q128-p65536.jsonl")
 
 
 def test_merge_keeps_the_files_order_adds_only_new_shapes_and_stops_at_the_cap(tmp_path, monkeypatch):
@@ -127,23 +148,25 @@ def test_an_engine_whose_tier_captures_no_graphs_neither_reads_nor_writes_its_ca
     sys.path.insert(0, str(HERE))
     from test_transformers_backend import TINY, contract, req, run_all, start
 
-    path = tmp_path / "shapes.jsonl"
+    engine = start(contract(TINY, sections={"transformers": {"graph_shape_cache": str(tmp_path)}}))
+    path = gs.cache_file(engine.plan, engine.section)        # the tiny tier: 512-token budget, 16,384-token pool
+    assert path == tmp_path / "tiny-llama-cpu-b512-q64-p16384.jsonl"
     path.write_text("[64, 16384, 1024]\n")
-    engine = start(contract(TINY, sections={"transformers": {"graph_shape_cache": str(path)}}))
     try:
         assert "graph_shapes" not in engine.describe()
         got, _ = run_all(engine, [req(engine, "a", "hello", 4)])
         assert got["a"].error is None and got["a"].output_ids
     finally:
         engine.shutdown(10)
-    assert path.read_text() == "[64, 16384, 1024]\n" and sorted(p.name for p in tmp_path.iterdir()) == ["shapes.jsonl"]
+    assert path.read_text() == "[64, 16384, 1024]\n" and [p.name for p in tmp_path.iterdir()] == [path.name]
     assert not gs.in_use(engine.section)
     graphs = engine.section.model_copy(update={"use_cuda_graph": True})
     assert gs.in_use(graphs) and not gs.in_use(graphs.model_copy(update={"async_batching": True}))
 
 
-def test_a_sweep_candidate_written_elsewhere_keeps_its_cache_path(tmp_path):
-    """tierfile rebases the cache path like the artifact's, so a candidate or --write-best copy names the same file."""
+def test_a_sweep_candidate_written_elsewhere_keeps_its_cache_folder(tmp_path):
+    """tierfile rebases the cache folder like the artifact's, so a candidate or --write-best copy names the same
+    folder (a candidate of another budget or padding then keeps its own file there)."""
     from forge.bench.tierfile import contract_data
     from forge.config.load import load_paths
 
@@ -152,4 +175,4 @@ def test_a_sweep_candidate_written_elsewhere_keeps_its_cache_path(tmp_path):
     assert loaded.ok, [p.render() for p in loaded.errors]
     data = contract_data(loaded.contracts["t-gsc-ok"], tmp_path / "somewhere" / "else")
     assert (tmp_path / "somewhere" / "else" / data["transformers"]["graph_shape_cache"]).resolve() == \
-        (case / "shapes" / "ok.jsonl").resolve()
+        (case / "shapes").resolve()

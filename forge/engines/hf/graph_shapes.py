@@ -4,12 +4,16 @@ With use_cuda_graph, transformers captures a graph the first time a padded batch
 tokens, KV tokens read, longest key); its own warmup() captures only the largest. Each capture took 0.1-0.5 s on
 the H200 tiers, and a fresh engine's first job paid for every shape it met: a third of the 1.5B fast tier's window,
 in forge and in transformers' own API alike (docs/benchmarks.md, "The ninth session on the H200"). The shapes a tier
-meets repeat from job to job (same budget, pool and padding), so a tier can keep them in a file its contract names:
-at load every shape listed is captured before the card reports ready (bounded by CAPTURE_LIMIT_S), and at stop the
-shapes the engine holds are merged into the file, so the next load captures what this one met.
+meets repeat from job to job (same budget, padding and pool), so a tier can keep them in a folder its contract
+names: at load every shape in its file there is captured before the card reports ready (bounded by
+CAPTURE_LIMIT_S), and at stop the shapes the engine holds are merged into the file, so the next load captures what
+this one met.
 
-The file: one JSON list [query tokens, KV tokens read, longest key] per line, in the order first met. The pure
-half (reading, checking, merging) imports nothing heavy; capture and keys_of take transformers' objects."""
+One file per geometry, named after what decides the shapes (`CONTRACT-bBUDGET-qPADDING-pPOOL.jsonl`: the step's
+token budget, the query padding, one engine's KV pool in tokens): a sweep candidate or a card with another pool
+keeps its own file, and a file never holds shapes another geometry would capture for nothing. A file is one JSON
+list [query tokens, KV tokens read, longest key] per line, in the order first met. The pure half (naming, reading,
+checking, merging) imports nothing heavy; capture and keys_of take transformers' objects."""
 from __future__ import annotations
 
 import fcntl
@@ -83,21 +87,33 @@ def read_shapes(path: Path) -> list[Shape]:
     return [shape for _, shape in read_lines(path)]
 
 
-def shape_problem(shape: Shape, *, budget: int, q_padding: int, pool_tokens: Optional[int]) -> Optional[str]:
-    """Why this tier's engine never builds a batch of this shape (a cache written by another tier), or None.
-    pool_tokens None: the pool is sized from the card's memory, so a KV read is not checked here."""
+def shape_problem(shape: Shape, *, budget: int, q_padding: int, pool_tokens: int) -> Optional[str]:
+    """Why an engine of this geometry never builds a batch of this shape, or None."""
     q, kv, longest = shape
     if q > budget:
         return f"{q} query tokens is more than limits.max_num_tokens ({budget})"
     if q % q_padding and q != budget:
         return f"{q} query tokens is neither a multiple of graph_q_padding ({q_padding}) nor the whole budget"
-    if pool_tokens is not None and (kv > pool_tokens or longest > pool_tokens):
+    if kv > pool_tokens or longest > pool_tokens:
         return f"reads more than the KV pool's {pool_tokens} tokens"
     return None
 
 
+def in_use(section) -> bool:
+    """Whether the engine reads and writes the tier's cache: a cache named, on the graph path of the sync loop."""
+    return section.graph_shape_cache is not None and section.use_cuda_graph and not section.async_batching
+
+
+def cache_file(plan, section) -> Path:
+    """The file of this engine's geometry in the tier's cache folder."""
+    c = plan.contract
+    folder = c.resolve(section.graph_shape_cache)
+    return folder / f"{c.contract}-b{c.limits.max_num_tokens}-q{section.graph_q_padding}-p{plan.kv_pool_tokens}.jsonl"
+
+
 def cache_problems(loaded) -> list[Problem]:
-    """A validation rule: graph_shape_cache where graphs are not captured, or a cache this tier cannot use."""
+    """A validation rule: graph_shape_cache where graphs are not captured, a folder that is not there, or a file
+    in it that is not a list of this geometry's shapes."""
     out = []
     for c in loaded.contracts.values():
         section = c.sections.get(BACKEND)
@@ -107,33 +123,42 @@ def cache_problems(loaded) -> list[Problem]:
         # unused, not wrong: a warning, so that a sweep from a graph tier can still try it without graphs
         if not section.use_cuda_graph:
             out.append(Problem(file, FIELD, "has no effect: graphs are captured only with use_cuda_graph; the "
-                               "engine neither reads nor writes the file", severity="warning"))
-            continue
-        if section.async_batching:
+                               "engine neither reads nor writes the cache", severity="warning"))
+        elif section.async_batching:
             out.append(Problem(file, FIELD, "has no effect with async_batching (each of its two IO buffers "
-                               "captures its own graphs); the engine neither reads nor writes the file",
+                               "captures its own graphs); the engine neither reads nor writes the cache",
                                severity="warning"))
-            continue
-        path = c.resolve(section.graph_shape_cache)
-        if not path.parent.is_dir():
-            out.append(Problem(file, FIELD, f"{shown(path)}: its folder does not exist (the engine writes the file "
-                               "when it stops)"))
-            continue
-        try:
-            lines = read_lines(path)
-        except ShapeFileError as exc:
-            out.append(Problem(shown(path), f"line {exc.line}" if exc.line else "$", f"{exc} (graph_shape_cache of "
-                               f"{file})"))
-            continue
-        pool = c.kv_cache.max_tokens
-        for n, shape in lines:
-            why = shape_problem(shape, budget=c.limits.max_num_tokens, q_padding=section.graph_q_padding,
-                                pool_tokens=pool)
-            if why:
-                out.append(Problem(shown(path), f"line {n}", f"{list(shape)}: {why}; this file was written for "
-                                   f"another tier (graph_shape_cache of {file})"))
-                break
+        elif not c.resolve(section.graph_shape_cache).is_dir():
+            out.append(Problem(file, FIELD, f"{shown(c.resolve(section.graph_shape_cache))}: no such folder (the "
+                               "engine keeps one file per geometry in it)"))
+    seen: set[Path] = set()
+    for plans in loaded.plans.values():
+        for p in plans:
+            section = p.contract.sections.get(BACKEND)
+            if p.contract.backend != BACKEND or section is None or not in_use(section):
+                continue
+            path = cache_file(p, section)
+            if path in seen or not path.parent.is_dir():
+                continue
+            seen.add(path)
+            out.extend(_file_problems(path, p, section))
     return out
+
+
+def _file_problems(path: Path, plan, section) -> list[Problem]:
+    c = plan.contract
+    whose = f"{c.contract}'s graph shapes"
+    try:
+        lines = read_lines(path)
+    except ShapeFileError as exc:
+        return [Problem(shown(path), f"line {exc.line}" if exc.line else "$", f"{exc} ({whose})")]
+    for n, shape in lines:
+        why = shape_problem(shape, budget=c.limits.max_num_tokens, q_padding=section.graph_q_padding,
+                            pool_tokens=plan.kv_pool_tokens)
+        if why:
+            return [Problem(shown(path), f"line {n}", f"{list(shape)}: {why}: not a shape of the geometry this "
+                            f"file is named after ({whose}; edited or copied by hand?)")]
+    return []
 
 
 def merge_into(path: Path, shapes: list[Shape]) -> int:
@@ -160,11 +185,6 @@ def merge_into(path: Path, shapes: list[Shape]) -> int:
         return len(new)
     finally:
         os.close(folder)               # closing the descriptor releases the lock
-
-
-def in_use(section) -> bool:
-    """Whether the engine reads and writes the tier's cache: a cache named, on the graph path of the sync loop."""
-    return section.graph_shape_cache is not None and section.use_cuda_graph and not section.async_batching
 
 
 # ------------------------------------------------------------------ the engine's side (transformers objects)
@@ -229,7 +249,7 @@ def capture_at_load(plan, section, processor, model) -> dict:
     """The tier's cached shapes captured on a built processor whose loop has not started (forge's engine and the
     bench's direct mode alike); the report, with the file. Never fatal: after a failure the engine is as
     transformers built it, and captures the rest of its shapes when a job meets them."""
-    path = plan.contract.resolve(section.graph_shape_cache)
+    path = cache_file(plan, section)
     try:
         report = capture(processor, model, read_shapes(path))
     except Exception as exc:  # noqa: BLE001 - the engine works without its cached shapes
@@ -244,7 +264,7 @@ def capture_at_load(plan, section, processor, model) -> dict:
 def record(plan, section, processor) -> int:
     """The shapes a stopped engine's processor holds, added to its tier's cache; how many were new. Never fails a
     stop: a cache not written costs the next load its captures, nothing else."""
-    path = plan.contract.resolve(section.graph_shape_cache)
+    path = cache_file(plan, section)
     try:
         added = merge_into(path, keys_of(processor))
     except Exception as exc:  # noqa: BLE001
