@@ -6,7 +6,8 @@
 # request per shape (one query token, past = longest key - 1) is prepared with the shape's padded sizes and run
 # through compute_batch, which captures the graph under the shape's key, as transformers' warmup does for its one
 # shape. Oracle input: the shapes come from capture logs of earlier runs (exp/timeline's <pid>.graphs.jsonl), so this
-# measures what a forge that remembers a tier's shapes would gain; it is not that feature.
+# measures what a forge that remembers a tier's shapes would gain; it is not that feature. (Since the tenth session
+# that feature exists: transformers.graph_shape_cache, forge/engines/hf/graph_shapes.py; run.sh's cached-* stages.)
 #   PRECAPTURE=FILE_OR_DIR   capture logs (*.graphs.jsonl), shapes taken in order of first appearance, deduplicated
 #   PRECAPTURE_IN=TEXT       only in processes whose command line contains TEXT (e.g. forge.host: forge's card workers)
 #   PRECAPTURE_S=SECONDS     stop capturing after this long (default 120)
