@@ -176,3 +176,28 @@ def test_a_sweep_candidate_written_elsewhere_keeps_its_cache_folder(tmp_path):
     data = contract_data(loaded.contracts["t-gsc-ok"], tmp_path / "somewhere" / "else")
     assert (tmp_path / "somewhere" / "else" / data["transformers"]["graph_shape_cache"]).resolve() == \
         (case / "shapes").resolve()
+
+
+@pytest.mark.engine
+def test_the_engine_reads_its_geometrys_file_at_load_and_writes_it_at_stop(tmp_path, monkeypatch):
+    """The wiring on the real CPU engine, with the cache taken as in use (on a GPU tier: use_cuda_graph): the factory
+    captures from the geometry's file before the loop starts (here nothing: the CPU loop captures no graphs, and the
+    report says so), and shutdown merges what the engine holds into that file (none here: the file the tier had not
+    written yet now exists, empty)."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    sys.path.insert(0, str(HERE))
+    from test_transformers_backend import TINY, contract, req, run_all, start
+
+    monkeypatch.setattr(gs, "in_use", lambda section: section.graph_shape_cache is not None)
+    path = tmp_path / "tiny-llama-cpu-b512-q64-p16384.jsonl"
+    engine = start(contract(TINY, sections={"transformers": {"graph_shape_cache": str(tmp_path)}}))
+    try:
+        report = engine.describe()["graph_shapes"]
+        assert report["file"] == str(path) and "no varlen graphs" in report["why_not"]
+        got, _ = run_all(engine, [req(engine, "a", "hello", 4)])
+        assert got["a"].error is None
+    finally:
+        assert not path.exists()
+        engine.shutdown(10)
+    assert path.read_text() == ""
