@@ -33,6 +33,15 @@ def test_a_cache_file_is_read_in_order_without_repeats_and_refused_at_its_first_
         gs.parse_lines(many)
 
 
+def test_a_file_too_large_to_be_a_cache_is_not_read(tmp_path):
+    path = tmp_path / "big.jsonl"
+    path.write_text("[64, 16384, 1024]\n" + " " * gs.MAX_FILE_BYTES)
+    with pytest.raises(gs.ShapeFileError, match="bytes: more than 4096 shapes take") as err:
+        gs.read_shapes(path)
+    assert err.value.line == 0
+    assert gs.read_shapes(tmp_path / "not-written-yet.jsonl") == []
+
+
 def test_a_shape_another_tier_wrote_is_named():
     fits = dict(budget=2048, q_padding=64, pool_tokens=131072)
     assert gs.shape_problem((2048, 131072, 131072), **fits) is None

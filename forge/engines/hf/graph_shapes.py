@@ -32,6 +32,7 @@ log = logging.getLogger("forge.engines.transformers")
 BACKEND = "transformers"
 FIELD = f"$.{BACKEND}.graph_shape_cache"
 MAX_SHAPES = 4096          # lines a cache may hold: at ~0.2 s a capture, more than CAPTURE_LIMIT_S could take
+MAX_FILE_BYTES = MAX_SHAPES * 64   # a shape's line is under 40 bytes; a larger file is not a cache, and is not read
 CAPTURE_LIMIT_S = 240.0    # captures at load stop after this long (ENGINE_START_TIMEOUT_S is 600; warm-up's is 60)
 Shape = tuple[int, int, int]
 
@@ -69,13 +70,12 @@ def parse_lines(text: str) -> list[tuple[int, Shape]]:
     return out
 
 
-def parse_shapes(text: str) -> list[Shape]:
-    return [shape for _, shape in parse_lines(text)]
-
-
 def read_lines(path: Path) -> list[tuple[int, Shape]]:
     """(line number, shape) in a cache file; none when it does not exist yet (a tier that has not stopped once)."""
     try:
+        size = path.stat().st_size
+        if size > MAX_FILE_BYTES:
+            raise ShapeFileError(0, f"{size} bytes: more than {MAX_SHAPES} shapes take ({MAX_FILE_BYTES} bytes)")
         return parse_lines(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         return []
