@@ -25,11 +25,11 @@ from pathlib import Path
 from typing import Any, Optional
 
 from forge.config.files import shown
+from forge.engines.transformers_backend import BACKEND
 from forge.errors import Problem
 
 log = logging.getLogger("forge.engines.transformers")
 
-BACKEND = "transformers"
 FIELD = f"$.{BACKEND}.graph_shape_cache"
 MAX_SHAPES = 4096          # lines a cache may hold: at ~0.2 s a capture, more than CAPTURE_LIMIT_S could take
 MAX_FILE_BYTES = MAX_SHAPES * 64   # a shape's line is under 40 bytes; a larger file is not a cache, and is not read
@@ -128,9 +128,9 @@ def cache_problems(loaded) -> list[Problem]:
             out.append(Problem(file, FIELD, "has no effect with async_batching (each of its two IO buffers "
                                "captures its own graphs); the engine neither reads nor writes the cache",
                                severity="warning"))
-        elif not c.resolve(section.graph_shape_cache).is_dir():
-            out.append(Problem(file, FIELD, f"{shown(c.resolve(section.graph_shape_cache))}: no such folder (the "
-                               "engine keeps one file per geometry in it)"))
+        elif not (folder := c.resolve(section.graph_shape_cache)).is_dir():
+            out.append(Problem(file, FIELD, f"{shown(folder)}: no such folder (the engine keeps one file per "
+                               "geometry in it)"))
     seen: set[Path] = set()
     for plans in loaded.plans.values():
         for p in plans:
