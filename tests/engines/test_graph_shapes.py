@@ -82,8 +82,10 @@ def test_merge_keeps_the_files_order_adds_only_new_shapes_and_stops_at_the_cap(t
     monkeypatch.setattr(gs, "MAX_SHAPES", 4)
     assert gs.merge_into(path, [(320, 16384, 2048), (384, 16384, 2048)]) == 1
     assert len(gs.read_shapes(path)) == 4
-    path.write_text("not a shape\n")                                       # a damaged cache is rewritten
-    assert gs.merge_into(path, [(64, 16384, 1024)]) == 1 and gs.read_shapes(path) == [(64, 16384, 1024)]
+    path.write_text("[64, 16384, 1024]\nnot a shape\n")                   # a damaged file is never overwritten
+    with pytest.raises(gs.ShapeFileError, match="not JSON"):
+        gs.merge_into(path, [(128, 16384, 1024)])
+    assert path.read_text() == "[64, 16384, 1024]\nnot a shape\n"
 
 
 def _merge_many(path: str, start: int) -> None:

@@ -164,14 +164,12 @@ def _file_problems(path: Path, plan, section) -> list[Problem]:
 def merge_into(path: Path, shapes: list[Shape]) -> int:
     """Add the shapes not yet in the file (in their order, after the file's own; at most MAX_SHAPES in all), under
     an exclusive lock on its folder so engines of one tier stopping together do not lose each other's. Returns how
-    many were added. The file is replaced whole (write, then rename), so a reader never sees half of it."""
+    many were added. The file is replaced whole (write, then rename), so a reader never sees half of it. A file
+    that is not a cache (ShapeFileError: `forge validate` names its line) is left as it is, never overwritten."""
     folder = os.open(path.parent, os.O_RDONLY)     # the lock is the folder's: the file itself is replaced
     try:
         fcntl.flock(folder, fcntl.LOCK_EX)
-        try:
-            known = read_shapes(path)
-        except ShapeFileError:
-            known = []               # unreadable: rewritten from what this engine met (validate had refused it)
+        known = read_shapes(path)
         have, new = set(known), []
         for s in shapes:
             if s not in have and len(known) + len(new) < MAX_SHAPES:
