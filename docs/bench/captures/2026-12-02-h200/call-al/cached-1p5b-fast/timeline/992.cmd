@@ -1,0 +1,1 @@
+/opt/torch/.venv/bin/python3 -B -m forge.host 51 
