@@ -14,8 +14,8 @@
 # precapture-all-8b, pad-8b. Ninth session: cp50k lpt-threads-3 lpt-threads-3b (call AC), warm2-8b-3 (AD), cp50k
 # warm-1p5b-fast-3 (AE); ready, not run: classes-1p5b, classes-8b-warm, precapture-8b, precapture-all-8b, pad-8b,
 # precapture-1p5b-fast, precapture-all-1p5b-fast. Tenth session: precapture-1p5b-fast (AF), precapture-all-1p5b-fast
-# (AG), precapture-all-8b (AH), cached-1p5b-fast cached-8b-2 (AI, both cut before their last run); ready, not run:
-# cached-8b-3 (the 8B with the one-engine broker's strict classes, 7b17e06), classes-*, pad-8b.
+# (AG), precapture-all-8b (AH), cached-1p5b-fast cached-8b-2 (AI, both cut before their last run). Eleventh session:
+# cached-8b-3 (AJ, AM), cached-1p5b-fast (AK, AL); ready, not run: classes-*, pad-8b.
 # forge's own Python dependencies missing from the device image travel as wheels in .whl/ (see the README of
 # the device tool); transformers 5.24.0 travels too (the image has 5.17). Results go to $OUT/results.tgz,
 # the log to $OUT/log.txt. Every stage has its own time limit, so one stuck stage cannot eat the call.
