@@ -22,6 +22,8 @@
 set -u
 OUT=${OUT:-/tmp/forge-bench-out}
 R=/tmp/forge-bench-results
+# a machine held across calls keeps /tmp: start from an empty results folder, so no call packs an earlier one's logs
+rm -rf "$R"
 mkdir -p "$OUT" "$R"
 exec > >(tee -a "$OUT/log.txt") 2>&1
 if [ -d .whl ]; then
