@@ -13,7 +13,8 @@ def test_all_examples_validate_without_warnings():
     loaded = load_paths([REPO / "node_descriptions", REPO / "engine_contracts"])
     assert loaded.problems == [], "\n".join(p.render() for p in loaded.problems)
     assert sorted(loaded.nodes) == ["fabric-a", "fabric-long", "local"]
-    assert sorted(loaded.contracts) == ["llama7b-fp8-1k", "llama7b-fp8-1k-half", "llama7b-fp8-long", "tiny-llama-cpu"]
+    assert sorted(loaded.contracts) == ["llama7b-fp8-1k", "llama7b-fp8-1k-engine", "llama7b-fp8-1k-half",
+                                        "llama7b-fp8-long", "tiny-llama-cpu"]
 
 
 @pytest.mark.parametrize("name, rows", [
