@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from forge.config.models import Contract
-from forge.engines.trtllm_release import Release
+from forge.engines.trtllm_release import Release, ships_executor
 from forge.engines.trtllm_section import SECTION, TrtllmSection
 from forge.errors import EngineUnavailable
 
@@ -71,7 +71,8 @@ class _Builder:
 
     def optional(self, out: dict, model: str, field: str, value: Any, reason_absent: str, name: str = "") -> None:
         if self.lacks(model, field):
-            self.not_passed[name or field] = f"TensorRT-LLM {self.release.version} has no {model}.{field}: {reason_absent}"
+            self.not_passed[name or field] = (f"TensorRT-LLM {self.release.version} has no {model}.{field}: "
+                                              f"{reason_absent}")
         else:
             out[field] = value
 
@@ -99,12 +100,16 @@ def llm_api_arguments(contract: Contract, release: Release, checkpoint: Path, to
                "the release has only the V1 KV-cache manager", "kv_cache_config.use_kv_cache_manager_v2")
     scheduler: dict[str, Any] = {"capacity_scheduler_policy": capacity_scheduler_policy}
     if b.lacks("SchedulerConfig", "enable_prefix_aware_scheduling"):
-        if section.prefix_aware_scheduling:
+        # Prefix-aware scheduling came to main with NVIDIA/TensorRT-LLM#11637 (2026-02), after the 1.2 branch; its
+        # switch with #15526 (2026-06). A 1.2.x release schedules without it; a later one without the switch may
+        # or may not have it, so there forge cannot state either value.
+        if not ships_executor(release.version) or section.prefix_aware_scheduling:
             raise b.refuse(f"$.{SECTION}.prefix_aware_scheduling", "SchedulerConfig", "enable_prefix_aware_scheduling",
-                           "it cannot schedule prefix-aware; state prefix_aware_scheduling: false")
+                           "forge cannot state prefix-aware scheduling (1.2.x releases have none: "
+                           "prefix_aware_scheduling: false; later ones need the switch)")
         b.not_passed["scheduler_config.enable_prefix_aware_scheduling"] = (
-            f"TensorRT-LLM {release.version} has no SchedulerConfig.enable_prefix_aware_scheduling: it never "
-            "schedules prefix-aware, as the contract states")
+            f"TensorRT-LLM {release.version} has no SchedulerConfig.enable_prefix_aware_scheduling: a 1.2.x release "
+            "never schedules prefix-aware, as the contract states")
     else:
         scheduler["enable_prefix_aware_scheduling"] = section.prefix_aware_scheduling
     args: dict[str, Any] = {

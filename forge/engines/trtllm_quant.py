@@ -82,6 +82,6 @@ def kv_quant_problems(contract: Contract, where: str) -> list[Problem]:
     if have is None or have == want:
         return []
     return [Problem(where, "$.precision.kv_cache",
-                    f"the checkpoint declares its KV cache as {have} ({declared.where} in {ckpt}); the contract says {want}: "
-                    f"TensorRT-LLM would build the checkpoint's {have} cache. State kv_cache: {have} or use a checkpoint "
-                    "without KV-cache quantization")]
+                    f"the checkpoint declares its KV cache as {have} ({declared.where} in {ckpt}); the contract says "
+                    f"{want}: TensorRT-LLM would build the checkpoint's {have} cache. State kv_cache: {have} or use a "
+                    "checkpoint without KV-cache quantization")]

@@ -1,7 +1,7 @@
 """What one TensorRT-LLM release offers forge, as plain data: its version, the fields of the LLM API's
 argument models, whether it still ships the Executor, whether it honours a per-request seed.
 
-The backend builds a Release from the installed package at load (`describe_installed`); tests build them
+The backend builds a Release from the installed package at load (`installed_release`); tests build them
 from the field lists recorded from TensorRT-LLM's sources (tests/engines/trtllm_fields/); planning without
 TensorRT-LLM uses `Release.unchecked()`. Pure: never imports tensorrt_llm."""
 from __future__ import annotations
@@ -70,12 +70,4 @@ def release_from_models(version: str, models: Mapping[str, Any], *, has_executor
     """A Release from the installed argument model classes (name -> class; a missing class has no fields)."""
     return Release(version, {name: model_field_names(models[name]) if name in models else frozenset()
                              for name in ARGUMENT_MODELS},
-                   has_executor=has_executor, per_request_seed=per_request_seed)
-
-
-def release_from_recorded(version: str, recorded: Mapping[str, Any], *, has_executor: bool,
-                          per_request_seed: bool) -> Release:
-    """A Release from a recorded field list ({"classes": {name: {"fields": [...]}}}; see tests/engines/trtllm_fields)."""
-    classes = recorded.get("classes", {})
-    return Release(version, {name: frozenset(classes.get(name, {}).get("fields", ())) for name in ARGUMENT_MODELS},
                    has_executor=has_executor, per_request_seed=per_request_seed)

@@ -180,7 +180,8 @@ def test_stats_are_bounded_by_max_stats_len_and_enabled():
 
 
 @pytest.mark.parametrize("slots, sizes", [(1, [1]), (3, [1, 2, 3]), (8, [1, 2, 4, 8]),
-                                          (256, [1, 2, 4, 8, 16, 32, 64, 128, 256]), (96, [1, 2, 4, 8, 16, 32, 64, 96])])
+                                          (256, [1, 2, 4, 8, 16, 32, 64, 128, 256]),
+                                          (96, [1, 2, 4, 8, 16, 32, 64, 96])])
 def test_cuda_graph_batch_sizes_reach_the_contracts_slots(slots, sizes):
     assert cuda_graph_batch_sizes(slots) == sizes
     graphs = args_for(contract(slots=slots))["kwargs"]["cuda_graph_config"]
@@ -197,12 +198,15 @@ def test_scheduling_switches_come_from_the_contract(prefix, overlap, interval):
 
 
 def test_switches_a_release_cannot_honour_are_refused_naming_the_field():
-    no_prefix = main_release(drop={"SchedulerConfig": {"enable_prefix_aware_scheduling"}})
-    with pytest.raises(EngineUnavailable, match=r"::\$\.trtllm\.prefix_aware_scheduling: TensorRT-LLM .* has no "
-                                                r"SchedulerConfig\.enable_prefix_aware_scheduling"):
-        args_for(contract(), no_prefix)
     off = TrtllmSection(prefix_aware_scheduling=False, overlap_scheduler=True, stream_interval=1)
-    args = args_for(contract(section=off), no_prefix)
+    lacking = {"SchedulerConfig": {"enable_prefix_aware_scheduling"}}
+    for version, section in (("1.3.0rc14", SWITCHES), ("1.3.0rc14", off), ("1.2.1", SWITCHES)):
+        release = Release(version, main_release(drop=lacking).fields, has_executor=False, per_request_seed=False)
+        with pytest.raises(EngineUnavailable, match=r"::\$\.trtllm\.prefix_aware_scheduling: TensorRT-LLM .* has no "
+                                                    r"SchedulerConfig\.enable_prefix_aware_scheduling"):
+            args_for(contract(section=section), release)
+    v121 = Release("1.2.1", main_release(drop=lacking).fields, has_executor=True, per_request_seed=False)
+    args = args_for(contract(section=off), v121)         # 1.2.x has no prefix-aware scheduling: false is exact
     assert "enable_prefix_aware_scheduling" not in args["kwargs"]["scheduler_config"]
     assert "never schedules prefix-aware" in args["not_passed"]["scheduler_config.enable_prefix_aware_scheduling"]
     for model, field, path in (("TorchLlmArgs", "stream_interval", "$.trtllm.stream_interval"),
@@ -238,3 +242,29 @@ def test_unchecked_release_passes_everything_and_states_no_omission():
     assert args["release"] == "not installed" and args["not_passed"] == {}
     assert args["kwargs"]["kv_cache_config"]["use_kv_cache_manager_v2"] is False
     assert json.loads(json.dumps(args)) == args               # plain data: printable by provision --dry-run
+
+
+def test_release_fields_are_read_from_pydantic_models_and_dataclasses():
+    import dataclasses
+
+    import pydantic
+
+    from forge.engines.trtllm_release import model_field_names, release_from_models
+
+    class Kv(pydantic.BaseModel):
+        dtype: str = "auto"
+        tokens_per_block: int = 32
+
+    @dataclasses.dataclass
+    class Sp:
+        max_tokens: int = 32
+        seed: int | None = None
+        _hidden: int = dataclasses.field(default=0, init=False)
+
+    assert model_field_names(Kv) == {"dtype", "tokens_per_block"}
+    assert model_field_names(Sp) == {"max_tokens", "seed"}
+    r = release_from_models("1.2.1", {"KvCacheConfig": Kv, "SamplingParams": Sp}, has_executor=True,
+                            per_request_seed=False)
+    assert r.has("KvCacheConfig", "dtype") and not r.has("KvCacheConfig", "use_kv_cache_manager_v2")
+    assert not r.has("TorchLlmArgs", "max_stats_len")         # a class the release lacks has no fields
+    assert Release.unchecked().has("TorchLlmArgs", "anything")
