@@ -16,8 +16,8 @@ from typing import Any, Mapping, Optional, Sequence, Union
 from forge.config.models import Contract
 from forge.config.plan import CardPlan
 from forge.engines.interface import EngineRequest, Guide, IterationStats, Sampling, sampling_problem
-from forge.engines.trtllm_arguments import (GUIDED_DECODING_BACKEND, ITER_STATS_MAX_ITERATIONS,  # noqa: F401
-                                            MAX_TOKENS_MEMORY_CAP, kv_sizing, llm_api_arguments, torch_kv_dtype)
+from forge.engines.trtllm_arguments import (ITER_STATS_MAX_ITERATIONS, MAX_TOKENS_MEMORY_CAP,  # noqa: F401
+                                            kv_sizing, llm_api_arguments, torch_kv_dtype)
 from forge.engines.trtllm_quant import kv_quant_problems
 from forge.engines.trtllm_release import Release
 from forge.engines.trtllm_section import SECTION, TrtllmSection
