@@ -3,10 +3,11 @@
 NOT RUN ON A REAL ENGINE. TensorRT-LLM cannot be installed on the machines forge is built on, so this
 module is written against the API as read in TensorRT-LLM's sources (docs/trtllm.md names the files and
 versions) and has never driven a real Executor or LLM. Every setting it passes comes from
-forge.engines.trtllm_mapping, which is unit-tested; this module only turns those specs into objects.
+forge.engines.trtllm_mapping.engine_arguments, which is unit-tested; this module only asks the installed
+release what it has (`installed_release`), turns those arguments into objects and logs what was set.
 
+  artifact.checkpoint  -> tensorrt_llm.LLM on the PyTorch backend (the primary path)
   artifact.engine_dir  -> tensorrt_llm.bindings.executor.Executor (releases up to 1.2.x ship it)
-  artifact.checkpoint  -> tensorrt_llm.LLM on the PyTorch backend (1.x)
 
 Importing this module imports nothing from TensorRT-LLM (nor torch/transformers); the factory does.
 """
@@ -15,6 +16,8 @@ from __future__ import annotations
 import asyncio
 import datetime
 import importlib
+import json
+import logging
 import os
 import queue
 import threading
@@ -24,6 +27,8 @@ from typing import Any, Optional, Sequence
 from forge.config.models import Contract
 from forge.config.plan import CardPlan
 from forge.engines import trtllm_mapping as tm
+from forge.engines.trtllm_release import Release, release_from_models
+from forge.engines.trtllm_section import SECTION, TrtllmSection
 from forge.engines.interface import (REFUSED, Engine, EngineBusy, EngineFailed, EngineRequest, EngineResult,
                                      IterationStats, Progress)
 from forge.errors import ConfigError, EngineUnavailable, Problem
@@ -32,6 +37,7 @@ from forge.hookspecs import hookimpl
 INSTALL_HINT = ("backend 'trtllm' needs TensorRT-LLM on Linux with an NVIDIA GPU and driver: pip install "
                 "tensorrt-llm (an engine_dir needs a release <= 1.2.x, the last with the Executor API)")
 STATS_WAIT_S = 0.01          # LLM.get_stats waits at most this long for queued stats
+log = logging.getLogger("forge.engines.trtllm")
 
 
 @hookimpl
@@ -49,6 +55,11 @@ def trtllm_contract_rule(loaded) -> list[Problem]:
     return [p for c in loaded.contracts.values() if c.backend == "trtllm" for p in tm.trtllm_refusals(c)]
 
 
+@hookimpl
+def forge_register_contract_sections(register):
+    register(SECTION, TrtllmSection)
+
+
 def create_engine(contract: Contract, plan: CardPlan, *,
                   capacity_scheduler_policy: str = tm.DEFAULT_CAPACITY_POLICY) -> Engine:
     """Build the engine for one card with exactly the contract's settings (blocks while it loads)."""
@@ -61,13 +72,42 @@ def create_engine(contract: Contract, plan: CardPlan, *,
     except ValueError as e:
         raise EngineUnavailable(f"backend 'trtllm': {e}") from None
     _import("tensorrt_llm")      # fails here, in one line, where TensorRT-LLM is missing or broken
-    tokenizer = _load_tokenizer(contract)
-    if contract.artifact.engine_dir is not None:
-        return ExecutorEngine(contract, ordinal, tokenizer, capacity_scheduler_policy)
-    if ordinal != 0:
+    release = installed_release()
+    args = tm.engine_arguments(contract, plan, release, capacity_scheduler_policy=capacity_scheduler_policy,
+                               device_ordinal=ordinal)
+    if contract.artifact.checkpoint is not None and ordinal != 0:
         raise EngineUnavailable(f"backend 'trtllm' runs a checkpoint on the first visible GPU: start card "
                                 f"{plan.card.index}'s engine with CUDA_VISIBLE_DEVICES={plan.card.index}")
-    return LlmApiEngine(contract, tokenizer, capacity_scheduler_policy)
+    log.info("trtllm card %d: TensorRT-LLM %s, %s with %s; not passed: %s", plan.card.index, release.version,
+             args["api"], json.dumps(args["kwargs"], sort_keys=True), json.dumps(args["not_passed"], sort_keys=True))
+    tokenizer = _load_tokenizer(contract)
+    if contract.artifact.engine_dir is not None:
+        return ExecutorEngine(contract, tokenizer, args)
+    return LlmApiEngine(contract, tokenizer, args, release)
+
+
+def _optional(module: str) -> Any:
+    try:
+        return importlib.import_module(module)
+    except Exception:   # absent in this release (or broken): the caller treats it as "not offered"
+        return None
+
+
+def installed_release() -> Release:
+    """What the installed TensorRT-LLM offers: its version, the fields of the LLM API's argument models
+    (`model_fields`), whether it ships the Executor, whether its TorchSampler honours a per-request seed."""
+    version = str(getattr(_import("tensorrt_llm"), "__version__", "unknown"))
+    llmapi, llm_args = _optional("tensorrt_llm.llmapi"), _optional("tensorrt_llm.llmapi.llm_args")
+    models = {}
+    for name in ("TorchLlmArgs", "KvCacheConfig", "SchedulerConfig", "CudaGraphConfig", "SamplingParams"):
+        cls = getattr(llmapi, name, None) or getattr(llm_args, name, None)
+        if cls is not None:
+            models[name] = cls
+    executor = _optional("tensorrt_llm.bindings.executor")
+    # per-request seeds came with NVIDIA/TensorRT-LLM#17172, whose TorchSampler keeps them in _SeedManager
+    sampler = _optional("tensorrt_llm._torch.pyexecutor.sampler")
+    return release_from_models(version, models, has_executor=hasattr(executor, "Executor"),
+                               per_request_seed=hasattr(sampler, "_SeedManager"))
 
 
 def _import(module: str) -> Any:
@@ -103,10 +143,11 @@ class _TrtllmEngine(Engine):
     name = "trtllm"
     supports_hidden = False
 
-    def __init__(self, contract: Contract, tokenizer: Any, settings: dict[str, Any]):
+    def __init__(self, contract: Contract, tokenizer: Any, settings: dict[str, Any], seed_honoured: bool):
         self.tokenizer = tokenizer
         self._contract = contract
         self._settings = settings
+        self._seed_honoured = seed_honoured
         self._eos = int(tokenizer.eos_token_id)
         self._pad = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id)
         self._lock = threading.Lock()
@@ -125,7 +166,7 @@ class _TrtllmEngine(Engine):
             raise EngineBusy(f"{self._inflight()} in flight of {self._contract.limits.max_batch_size} slots")
         accepted = []
         for r in requests:
-            why = tm.request_refusal(self._contract, r, self.supports_guides)
+            why = tm.request_refusal(self._contract, r, self.supports_guides, seed_honoured=self._seed_honoured)
             if why:
                 with self._lock:
                     self._refused.append(EngineResult(r.request_id, [], REFUSED, error=why))
@@ -161,14 +202,11 @@ def _join(target, timeout_s: float, what: str) -> None:
 class ExecutorEngine(_TrtllmEngine):
     """An engine directory driven through the Executor API (streaming responses, bounded awaits)."""
 
-    def __init__(self, contract: Contract, ordinal: int, tokenizer: Any, policy: str):
+    def __init__(self, contract: Contract, tokenizer: Any, args: dict[str, Any]):
         tle = _import("tensorrt_llm.bindings.executor")
-        if not hasattr(tle, "Executor"):
-            version = getattr(_import("tensorrt_llm"), "__version__", "?")
-            raise EngineUnavailable(f"TensorRT-LLM {version} has no Executor API (removed after 1.2.x); "
-                                    "an engine_dir needs a release <= 1.2.x, or use a checkpoint")
-        spec = tm.executor_config_spec(contract, ordinal, capacity_scheduler_policy=policy)
-        super().__init__(contract, tokenizer, spec)
+        spec = args["kwargs"]
+        # the C++ runtime takes SamplingConfig.seed per request: a request's seed is honoured on this path
+        super().__init__(contract, tokenizer, args, seed_honoured=True)
         self._tle = tle
         guided = None
         if hasattr(tokenizer, "backend_tokenizer"):   # XGrammar needs a fast tokenizer's JSON
@@ -278,25 +316,23 @@ class ExecutorEngine(_TrtllmEngine):
 class LlmApiEngine(_TrtllmEngine):
     """A checkpoint on the LLM API's PyTorch backend; requests stream on a private asyncio loop."""
 
-    def __init__(self, contract: Contract, tokenizer: Any, policy: str):
+    def __init__(self, contract: Contract, tokenizer: Any, args: dict[str, Any], release: Release):
         llmapi = _import("tensorrt_llm.llmapi")
-        missing = {"dtype", "tokens_per_block"} - set(getattr(llmapi.KvCacheConfig, "model_fields", {}))
-        if missing:   # older releases kept the KV dtype elsewhere; never drop a contract field silently
-            raise EngineUnavailable(f"this TensorRT-LLM's KvCacheConfig lacks {sorted(missing)}; the checkpoint "
-                                    "path needs a 1.x release whose KvCacheConfig has dtype and tokens_per_block")
-        checkpoint = contract.resolve(contract.artifact.checkpoint)
-        tok_dir = contract.resolve(contract.artifact.tokenizer or contract.artifact.checkpoint)
-        spec = tm.torch_llm_args_spec(contract, checkpoint, tok_dir, capacity_scheduler_policy=policy)
-        super().__init__(contract, tokenizer, spec)
+        super().__init__(contract, tokenizer, args, seed_honoured=release.per_request_seed)
         self.supports_guides = frozenset({"choice", "json_schema", "regex"})
         self._SamplingParams, self._Guided = llmapi.SamplingParams, llmapi.GuidedDecodingParams
-        args = {k: v for k, v in spec.items() if not k.endswith("_config")}
-        policy_enum = getattr(llmapi.CapacitySchedulerPolicy, spec["scheduler_config"]["capacity_scheduler_policy"])
+        spec = dict(args["kwargs"])
+        scheduler = dict(spec.pop("scheduler_config"))
+        scheduler["capacity_scheduler_policy"] = getattr(llmapi.CapacitySchedulerPolicy,
+                                                         scheduler["capacity_scheduler_policy"])
+        graphs_cls = getattr(llmapi, "CudaGraphConfig", None) or _import("tensorrt_llm.llmapi.llm_args").CudaGraphConfig
         try:
-            self._llm = llmapi.LLM(**args, kv_cache_config=llmapi.KvCacheConfig(**spec["kv_cache_config"]),
-                                   scheduler_config=llmapi.SchedulerConfig(capacity_scheduler_policy=policy_enum))
+            self._llm = llmapi.LLM(**{k: v for k, v in spec.items() if not k.endswith("_config")},
+                                   kv_cache_config=llmapi.KvCacheConfig(**spec["kv_cache_config"]),
+                                   scheduler_config=llmapi.SchedulerConfig(**scheduler),
+                                   cuda_graph_config=graphs_cls(**spec["cuda_graph_config"]))
         except Exception as e:
-            raise EngineUnavailable(f"TensorRT-LLM could not load {checkpoint}: {_first_line(e)}") from None
+            raise EngineUnavailable(f"TensorRT-LLM could not load {spec['model']}: {_first_line(e)}") from None
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="trtllm-llmapi", daemon=True)
         self._thread.start()

@@ -1,31 +1,34 @@
 """Contract -> the exact TensorRT-LLM objects to build, as plain data. Pure: never imports tensorrt_llm.
 
-Two paths (field names verified against TensorRT-LLM sources; see docs/trtllm.md for files and versions):
+Two paths (field names checked against TensorRT-LLM's sources; see docs/trtllm.md for files and versions):
+  checkpoint  -> tensorrt_llm.LLM on the PyTorch backend (TorchLlmArgs) + SamplingParams: the primary path
   engine_dir  -> tensorrt_llm.bindings.executor: ExecutorConfig / KvCacheConfig / SchedulerConfig, Request
-  checkpoint  -> tensorrt_llm.LLM (PyTorch backend, TorchLlmArgs) + SamplingParams
+                 (releases up to 1.2.x; the Executor is removed on TensorRT-LLM main)
+`engine_arguments(contract, plan, release)` gives what forge passes for a card, for either path.
 Enum members travel as their names ("GUARANTEED_NO_EVICT"); the backend looks them up on the real enums.
 """
 from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence, Union
 
 from forge.config.models import Contract
+from forge.config.plan import CardPlan
 from forge.engines.interface import EngineRequest, Guide, IterationStats, Sampling, sampling_problem
-from forge.errors import Problem, display_path
+from forge.engines.trtllm_arguments import (ITER_STATS_MAX_ITERATIONS, MAX_TOKENS_MEMORY_CAP,  # noqa: F401
+                                            kv_sizing, llm_api_arguments, torch_kv_dtype)
+from forge.engines.trtllm_quant import kv_quant_problems
+from forge.engines.trtllm_release import Release
+from forge.engines.trtllm_section import SECTION, TrtllmSection
+from forge.errors import EngineUnavailable, Problem, display_path
 
 CAPACITY_POLICIES = ("GUARANTEED_NO_EVICT", "MAX_UTILIZATION", "STATIC_BATCH")
 DEFAULT_CAPACITY_POLICY = "GUARANTEED_NO_EVICT"  # a started request always runs to completion
-# With `max_tokens` TensorRT-LLM still caps the pool by a share of free memory (the smaller wins; unset
-# means 0.9 in kvCacheManager.cpp). We state that cap instead of inheriting it, and the same value.
-MAX_TOKENS_MEMORY_CAP = 0.9
-ITER_STATS_MAX_ITERATIONS = 128          # stats kept between two stats() calls (bounded memory)
 MAX_SEQ_IDLE_MICROSECONDS = 180_000_000  # engine drops a scheduled request idle this long (its default)
-GUIDED_DECODING_BACKEND = "xgrammar"     # the only one the C++ runtime supports
+SEED_IGNORED = ("this TensorRT-LLM release ignores a per-request seed on the PyTorch path (per-request seeds in "
+                "TorchSampler arrived with NVIDIA/TensorRT-LLM#17172): send the request without a seed")
 
-_WEIGHT_DTYPE = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "fp8": "auto", "int4": "auto"}
 _REGEX_META = set("\\.^$|?*+()[]{}")
 _REGEX_CONTROL = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
@@ -49,10 +52,20 @@ def trtllm_refusals(contract: Contract) -> list[Problem]:
     if kv.free_gpu_memory_fraction is not None and kv.free_gpu_memory_fraction >= 1.0:
         out.append(Problem(where, "$.kv_cache.free_gpu_memory_fraction",
                            "TensorRT-LLM requires a fraction below 1.0 (it refuses 1.0 at start); use e.g. 0.95"))
-    if contract.artifact.checkpoint is not None and torch_kv_dtype(contract) is None:
-        out.append(Problem(where, "$.precision.kv_cache",
-                           f"TensorRT-LLM's PyTorch backend stores the KV cache as fp8 or in the model dtype; "
-                           f"kv_cache {prec.kv_cache} with weights {prec.weights} cannot be honoured"))
+    section = contract.sections.get(SECTION)
+    if contract.artifact.checkpoint is not None:
+        if torch_kv_dtype(contract) is None:
+            out.append(Problem(where, "$.precision.kv_cache",
+                               f"TensorRT-LLM's PyTorch backend stores the KV cache as fp8 or in the model dtype; "
+                               f"kv_cache {prec.kv_cache} with weights {prec.weights} cannot be honoured"))
+        if not isinstance(section, TrtllmSection):
+            out.append(Problem(where, f"$.{SECTION}", "a trtllm checkpoint contract must state its trtllm: section "
+                               "(prefix_aware_scheduling, overlap_scheduler, stream_interval): TensorRT-LLM's "
+                               "defaults for them change admission, the token budget and the response rate"))
+        out += kv_quant_problems(contract, where)
+    elif section is not None:
+        out.append(Problem(where, f"$.{SECTION}", "an engine directory runs on the Executor, which has none of these "
+                           "switches (they are TorchLlmArgs fields of the checkpoint path); remove the section"))
     return out
 
 
@@ -61,28 +74,10 @@ def contract_where(contract: Contract) -> str:
     return display_path(contract.source) if contract.source else f"<contract {contract.contract}>"
 
 
-def torch_kv_dtype(contract: Contract) -> Optional[str]:
-    """KvCacheConfig.dtype for the PyTorch backend: 'fp8', or 'auto' (= the model dtype) when that is what the
-    contract states; None when the contract asks for something the backend cannot store."""
-    kv, weights = contract.precision.kv_cache, contract.precision.weights
-    if kv == "fp8":
-        return "fp8"
-    if kv == weights or (weights in ("fp8", "int4") and kv in ("bf16", "fp16")):
-        return "auto"   # quantized checkpoints keep 16-bit activations; the checkpoint config decides which
-    return None
-
-
 def _check_policy(policy: str) -> str:
     if policy not in CAPACITY_POLICIES:
         raise ValueError(f"capacity scheduler policy must be one of {', '.join(CAPACITY_POLICIES)}, got {policy!r}")
     return policy
-
-
-def _kv_sizing(contract: Contract) -> dict[str, Any]:
-    kv = contract.kv_cache
-    if kv.max_tokens is not None:
-        return {"max_tokens": kv.max_tokens, "free_gpu_memory_fraction": MAX_TOKENS_MEMORY_CAP}
-    return {"max_tokens": None, "free_gpu_memory_fraction": kv.free_gpu_memory_fraction}
 
 
 def queue_bound(contract: Contract) -> int:
@@ -111,7 +106,7 @@ def executor_config_spec(contract: Contract, device_ordinal: int, *,
         "max_queue_size": queue_bound(contract),
         "max_seq_idle_microseconds": MAX_SEQ_IDLE_MICROSECONDS,
         "scheduler_config": {"capacity_scheduler_policy": _check_policy(capacity_scheduler_policy)},
-        "kv_cache_config": {"enable_block_reuse": kv.block_reuse, **_kv_sizing(contract),
+        "kv_cache_config": {"enable_block_reuse": kv.block_reuse, **kv_sizing(contract),
                             "host_cache_size": kv.host_cache_bytes, "onboard_blocks": True},
         "parallel_config": {"communication_type": "MPI", "communication_mode": "LEADER",
                             "device_ids": [device_ordinal]},
@@ -148,31 +143,33 @@ def executor_guide_spec(guide: Optional[Guide]) -> Optional[dict[str, str]]:
     return {"guide_type": "REGEX", "guide": guide_regex(guide)}
 
 
-# ----------------------------------------------------------------------------- checkpoint: LLM API (PyTorch)
-def torch_llm_args_spec(contract: Contract, checkpoint: Path, tokenizer: Path, *,
-                        capacity_scheduler_policy: str = DEFAULT_CAPACITY_POLICY) -> dict[str, Any]:
-    """kwargs for tensorrt_llm.LLM(...) on the PyTorch backend (TorchLlmArgs field names)."""
-    lim, kv = contract.limits, contract.kv_cache
-    return {
-        "model": str(checkpoint),
-        "tokenizer": str(tokenizer),
-        "dtype": _WEIGHT_DTYPE[contract.precision.weights],
-        "load_format": "dummy" if contract.artifact.random_weights else "auto",
-        "tensor_parallel_size": 1,                  # one engine per card
-        "max_batch_size": lim.max_batch_size,
-        "max_num_tokens": lim.max_num_tokens,
-        "max_input_len": lim.max_input_len,
-        "max_seq_len": lim.max_input_len + lim.max_output_len,
-        "max_beam_width": 1,
-        "enable_chunked_prefill": False,
-        "enable_iter_perf_stats": True,             # off by default: get_stats() would return nothing
-        "iter_stats_max_iterations": ITER_STATS_MAX_ITERATIONS,
-        "guided_decoding_backend": GUIDED_DECODING_BACKEND,
-        "scheduler_config": {"capacity_scheduler_policy": _check_policy(capacity_scheduler_policy)},
-        "kv_cache_config": {"tokens_per_block": kv.tokens_per_block, "dtype": torch_kv_dtype(contract) or "auto",
-                            "enable_block_reuse": kv.block_reuse, **_kv_sizing(contract),
-                            "host_cache_size": kv.host_cache_bytes},
-    }
+# ----------------------------------------------------------------------------- what forge passes for a card
+def engine_arguments(contract: Contract, plan: CardPlan, release: Release, *,
+                     capacity_scheduler_policy: str = DEFAULT_CAPACITY_POLICY,
+                     device_ordinal: Optional[int] = None) -> dict[str, Any]:
+    """Exactly what forge passes to TensorRT-LLM for this card, as plain data: {"api": what is constructed,
+    "release": the release it was checked against, "kwargs": its keyword arguments (nested configs as dicts),
+    "not_passed": {argument: why it was left out}}. Pure. Raises EngineUnavailable, in one line naming the
+    contract field, where the release cannot honour the contract (e.g. an engine_dir without the Executor)."""
+    _check_policy(capacity_scheduler_policy)
+    where = contract_where(contract)
+    if contract.artifact.engine_dir is not None:
+        if not release.has_executor:
+            raise EngineUnavailable(
+                f"{where}::$.artifact.engine_dir: TensorRT-LLM {release.version} has no Executor API (the TensorRT "
+                "backend ships up to 1.2.x and is removed after): an engine_dir needs a release <= 1.2.x; or name a "
+                "checkpoint for the LLM API's PyTorch path")
+        ordinal = plan.card.index if device_ordinal is None else device_ordinal
+        return {"api": "tensorrt_llm.bindings.executor.Executor(engine_dir, DECODER_ONLY, ExecutorConfig(**kwargs))",
+                "release": release.version,
+                "kwargs": executor_config_spec(contract, ordinal, capacity_scheduler_policy=capacity_scheduler_policy),
+                "not_passed": {}}
+    checkpoint = contract.resolve(contract.artifact.checkpoint)
+    tokenizer = contract.resolve(contract.artifact.tokenizer or contract.artifact.checkpoint)
+    kwargs, not_passed = llm_api_arguments(contract, release, checkpoint, tokenizer,
+                                           capacity_scheduler_policy=capacity_scheduler_policy, where=where)
+    return {"api": "tensorrt_llm.LLM(**kwargs) on the PyTorch backend (TorchLlmArgs)", "release": release.version,
+            "kwargs": kwargs, "not_passed": not_passed}
 
 
 def sampling_params_spec(max_new_tokens: int, sampling: Sampling, guide: Optional[Guide],
@@ -214,14 +211,18 @@ def escape_regex(text: str) -> str:
     return "".join("\\" + ch if ch in _REGEX_META else _REGEX_CONTROL.get(ch, ch) for ch in text)
 
 
-def request_refusal(contract: Contract, r: EngineRequest, supports_guides: frozenset[str]) -> Optional[str]:
-    """Why a trtllm engine must fail this request itself (None: send it)."""
+def request_refusal(contract: Contract, r: EngineRequest, supports_guides: frozenset[str], *,
+                    seed_honoured: bool = True) -> Optional[str]:
+    """Why a trtllm engine must fail this request itself (None: send it). seed_honoured: whether the engine
+    honours a per-request seed (False on PyTorch-path releases without per-request seeds)."""
     lim = contract.limits
     if r.want_hidden:
         return "backend trtllm does not return hidden states"
     why = sampling_problem(r.sampling)
     if why is not None:
         return why
+    if r.sampling.seed is not None and r.sampling.temperature > 0.0 and not seed_honoured:
+        return SEED_IGNORED
     if len(r.prompt_ids) > lim.max_input_len or r.max_new_tokens > lim.max_output_len:
         # TensorRT-LLM rejects a long prompt but silently shortens a long output: refuse both up front
         return (f"request of {len(r.prompt_ids)}+{r.max_new_tokens} tokens exceeds the contract's "

@@ -13,7 +13,8 @@ def test_all_examples_validate_without_warnings():
     loaded = load_paths([REPO / "node_descriptions", REPO / "engine_contracts"])
     assert loaded.problems == [], "\n".join(p.render() for p in loaded.problems)
     assert sorted(loaded.nodes) == ["fabric-a", "fabric-long", "local"]
-    assert sorted(loaded.contracts) == ["llama7b-fp8-1k", "llama7b-fp8-1k-half", "llama7b-fp8-long", "tiny-llama-cpu"]
+    assert sorted(loaded.contracts) == ["llama7b-fp8-1k", "llama7b-fp8-1k-engine", "llama7b-fp8-1k-half",
+                                        "llama7b-fp8-long", "tiny-llama-cpu"]
 
 
 @pytest.mark.parametrize("name, rows", [
@@ -56,6 +57,21 @@ def test_fixture_engine_dirs_have_the_real_layout(engine):
     assert "plugin_config" in cfg["build_config"]
     assert sorted(p.name for p in d.iterdir()) == ["config.json", "rank0.engine"]
     assert (d / "rank0.engine").read_text().startswith("PLACEHOLDER")     # stated, not pretended
+
+
+def test_fixture_checkpoint_states_its_placeholder_and_its_kv_quantization():
+    d = REPO / "engines" / "llama7b-fp8-checkpoint"
+    assert sorted(p.name for p in d.iterdir()) == ["config.json", "hf_quant_config.json", "model.safetensors"]
+    assert (d / "model.safetensors").read_text().startswith("PLACEHOLDER")     # stated, not pretended
+    quant = json.loads((d / "hf_quant_config.json").read_text())["quantization"]
+    assert (quant["quant_algo"], quant["kv_cache_quant_algo"]) == ("FP8", "FP8")
+    loaded = load_paths([REPO / "node_descriptions", REPO / "engine_contracts"])
+    for name in ("llama7b-fp8-1k", "llama7b-fp8-1k-half", "llama7b-fp8-long"):     # the shipped tiers: checkpoints
+        c = loaded.contracts[name]
+        assert c.resolve(c.artifact.checkpoint) == d.resolve() and "trtllm" in c.sections
+    legacy = loaded.contracts["llama7b-fp8-1k-engine"]                              # the legacy example
+    assert legacy.artifact.engine_dir is not None and not any(
+        card.engine == legacy.contract for node in loaded.nodes.values() for card in node.cards)
 
 
 def test_validation_needs_no_engine_library():

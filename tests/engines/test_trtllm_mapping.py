@@ -17,16 +17,22 @@ from forge.config.models import Artifact, Card, Contract, KvCache, Limits, Model
 from forge.config.plan import plan_card
 from forge.engines import trtllm_mapping as tm
 from forge.engines.interface import REFUSED, EngineBusy, EngineRequest, Guide, Sampling
+from forge.engines.trtllm_section import SECTION, TrtllmSection
 from forge.errors import ConfigError, EngineUnavailable
+from tests.engines.trtllm_recorded import recorded_fields
 
 LLAMA7B = ModelGeometry(architecture="LlamaForCausalLM", num_layers=32, num_kv_heads=8, head_dim=128,
                         vocab_size=32000, weights_gib=7.2)
 
 
+SWITCHES = TrtllmSection(prefix_aware_scheduling=True, overlap_scheduler=False, stream_interval=2)
+
+
 def contract(*, artifact=None, kv=None, precision=("fp8", "fp8"), limits=(256, 8192, 1024, 128), target="12.0"):
+    artifact = artifact or Artifact(engine_dir="../engines/llama7b-fp8-1k", tokenizer="../engines/tok")
     return Contract(
         contract="llama7b-fp8-1k", backend="trtllm", model=LLAMA7B,
-        artifact=artifact or Artifact(engine_dir="../engines/llama7b-fp8-1k", tokenizer="../engines/tok"),
+        artifact=artifact, sections={SECTION: SWITCHES} if artifact.checkpoint is not None else {},
         precision=Precision(weights=precision[0], kv_cache=precision[1]),
         limits=Limits(max_batch_size=limits[0], max_num_tokens=limits[1], max_input_len=limits[2],
                       max_output_len=limits[3]),
@@ -69,28 +75,7 @@ def test_capacity_policy_is_a_parameter_and_checked():
         tm.executor_config_spec(contract(), 0, capacity_scheduler_policy="FIFO")
 
 
-# ----------------------------------------------------------------------------- checkpoint: TorchLlmArgs
-def test_torch_llm_args_for_an_fp8_checkpoint(tmp_path):
-    c = contract(artifact=CKPT, kv=KvCache(tokens_per_block=64, max_tokens=65536, host_cache_size="1GiB",
-                                           block_reuse=True))
-    spec = tm.torch_llm_args_spec(c, tmp_path / "ckpt", tmp_path / "tok")
-    assert spec["model"] == str(tmp_path / "ckpt") and spec["tokenizer"] == str(tmp_path / "tok")
-    assert (spec["max_batch_size"], spec["max_num_tokens"], spec["max_input_len"]) == (256, 8192, 1024)
-    assert spec["max_seq_len"] == 1024 + 128
-    assert spec["enable_iter_perf_stats"] is True and spec["load_format"] == "auto"
-    assert spec["dtype"] == "auto"                     # quantized checkpoint: its config says how
-    assert spec["kv_cache_config"] == {"tokens_per_block": 64, "dtype": "fp8", "enable_block_reuse": True,
-                                       "max_tokens": 65536, "free_gpu_memory_fraction": tm.MAX_TOKENS_MEMORY_CAP,
-                                       "host_cache_size": 2**30}
-    assert spec["scheduler_config"] == {"capacity_scheduler_policy": "GUARANTEED_NO_EVICT"}
-
-
-def test_torch_kv_dtype_auto_only_when_it_is_what_the_contract_says(tmp_path):
-    bf16 = contract(artifact=CKPT, precision=("bf16", "bf16"))
-    assert tm.torch_llm_args_spec(bf16, tmp_path, tmp_path)["kv_cache_config"]["dtype"] == "auto"
-    assert tm.torch_llm_args_spec(bf16, tmp_path, tmp_path)["dtype"] == "bfloat16"
-    random = contract(artifact=Artifact(checkpoint="../c", random_weights=True), precision=("bf16", "bf16"))
-    assert tm.torch_llm_args_spec(random, tmp_path, tmp_path)["load_format"] == "dummy"
+def test_kv_dtype_the_pytorch_path_cannot_store_is_refused():
     mixed = contract(artifact=CKPT, precision=("bf16", "fp16"))
     [p] = tm.contract_problems(mixed)
     assert p.path == "$.precision.kv_cache" and "fp16" in p.message
@@ -443,18 +428,17 @@ def test_a_request_the_executor_rejects_is_a_typed_refusal(fake_trtllm):
     assert res.finish_reason == REFUSED and res.error == "TensorRT-LLM: invalid sampling config"
     engine.shutdown(5.0)
 
-# Field names from tensorrt_llm/llmapi/llm_args.py (BaseLlmArgs/TorchLlmArgs, KvCacheConfig, SchedulerConfig)
-# and tensorrt_llm/sampling_params.py (SamplingParams, GuidedDecodingParams).
+# The LLM API stand-ins accept exactly the fields recorded from TensorRT-LLM's sources (tests/engines/
+# trtllm_fields/); GuidedDecodingParams' fields are from tensorrt_llm/sampling_params.py (1.0.0rc4).
+_RECORDED = recorded_fields()
 _LLMAPI_NAMES = {
-    "LLM": "model tokenizer dtype load_format tensor_parallel_size max_batch_size max_num_tokens max_input_len "
-           "max_seq_len max_beam_width enable_chunked_prefill enable_iter_perf_stats iter_stats_max_iterations "
-           "guided_decoding_backend kv_cache_config scheduler_config",
-    "KvCacheConfig": _NAMES["KvCacheConfig"] + " max_gpu_total_bytes dtype mamba_ssm_cache_dtype tokens_per_block",
-    "SchedulerConfig": _NAMES["SchedulerConfig"],
-    "SamplingParams": "end_id pad_id max_tokens bad bad_token_ids stop stop_token_ids include_stop_str_in_output "
-                      "n best_of use_beam_search top_k top_p seed temperature min_tokens logprobs guided_decoding "
-                      "ignore_eos detokenize exclude_input_from_output",
-    "GuidedDecodingParams": "json regex grammar json_object structural_tag",
+    "LLM": _RECORDED["TorchLlmArgs"],
+    "TorchLlmArgs": _RECORDED["TorchLlmArgs"],
+    "KvCacheConfig": _RECORDED["KvCacheConfig"],
+    "SchedulerConfig": _RECORDED["SchedulerConfig"],
+    "CudaGraphConfig": _RECORDED["CudaGraphConfig"],
+    "SamplingParams": _RECORDED["SamplingParams"],
+    "GuidedDecodingParams": frozenset("json regex grammar json_object structural_tag".split()),
 }
 
 
@@ -486,7 +470,7 @@ class _FakeGeneration:
 @pytest.fixture
 def fake_llmapi(monkeypatch):
     def standin(name):
-        allowed = set(_LLMAPI_NAMES[name].split())
+        allowed = set(_LLMAPI_NAMES[name])
 
         def __init__(self, **kwargs):
             unknown = set(kwargs) - allowed
@@ -509,9 +493,11 @@ def fake_llmapi(monkeypatch):
             self.closed = True
 
     root, llmapi = types.ModuleType("tensorrt_llm"), types.ModuleType("tensorrt_llm.llmapi")
+    root.__version__ = "1.4.0rc4"
     llmapi.LLM, llmapi.SamplingParams, llmapi.GuidedDecodingParams = LLM, standin("SamplingParams"), standin(
         "GuidedDecodingParams")
     llmapi.KvCacheConfig, llmapi.SchedulerConfig = standin("KvCacheConfig"), standin("SchedulerConfig")
+    llmapi.CudaGraphConfig, llmapi.TorchLlmArgs = standin("CudaGraphConfig"), standin("TorchLlmArgs")
     llmapi.CapacitySchedulerPolicy = enum.Enum("CapacitySchedulerPolicy",
                                                "MAX_UTILIZATION GUARANTEED_NO_EVICT STATIC_BATCH")
     for mod in (root, llmapi):
@@ -534,14 +520,28 @@ def _poll_until(engine, n, timeout_s=5.0):
     return results, tokens
 
 
-def test_llmapi_engine_wiring(fake_llmapi):
+def test_llmapi_engine_wiring(fake_llmapi, caplog):
     from forge.engines import trtllm_backend
     c = contract(artifact=CKPT, kv=KvCache(tokens_per_block=64, max_tokens=4096, host_cache_size=0,
                                            block_reuse=True))
-    engine = trtllm_backend.create_engine(c, plan_card(_card(), c))
+    with caplog.at_level("INFO", logger="forge.engines.trtllm"):
+        engine = trtllm_backend.create_engine(c, plan_card(_card(), c))
     llm = engine._llm
     assert llm.kwargs["max_seq_len"] == 1152 and llm.kwargs["enable_iter_perf_stats"] is True
     assert llm.kwargs["kv_cache_config"].kwargs["dtype"] == "fp8"
+    assert llm.kwargs["kv_cache_config"].kwargs["use_kv_cache_manager_v2"] is False
+    assert llm.kwargs["scheduler_config"].kwargs["capacity_scheduler_policy"].name == "GUARANTEED_NO_EVICT"
+    assert llm.kwargs["scheduler_config"].kwargs["enable_prefix_aware_scheduling"] is True
+    assert llm.kwargs["cuda_graph_config"].kwargs["batch_sizes"][-1] == 256
+    assert (llm.kwargs["disable_overlap_scheduler"], llm.kwargs["stream_interval"], llm.kwargs["max_stats_len"]) == (
+        True, 2, 128)
+    [record] = [r for r in caplog.records if r.name == "forge.engines.trtllm"]
+    assert "TensorRT-LLM 1.4.0rc4" in record.getMessage() and '"stream_interval": 2' in record.getMessage()
+    assert engine.describe()["settings"]["kwargs"]["stream_interval"] == 2
+    # no per-request seeds in this (stand-in) release: a seeded sampling request is refused, not run unseeded
+    engine.submit([EngineRequest("s", (1, 7), 8, sampling=Sampling(temperature=0.9, seed=3))])
+    (refused,) = engine.poll(0.0).results
+    assert refused.finish_reason == REFUSED and "#17172" in refused.error
     fake_llmapi.plans = {(1, 5): _FakeGeneration([[7], [7, 8], [7, 8, 2]], "stop"),
                          (1, 6): _FakeGeneration([[9]], None)}
     engine.submit([EngineRequest("a", (1, 5), 8, guide=Guide(regex="[0-9]")), EngineRequest("b", (1, 6), 8)])
@@ -560,5 +560,6 @@ def test_llmapi_without_kv_dtype_field_is_refused(fake_llmapi, monkeypatch):
     from forge.engines import trtllm_backend
     monkeypatch.setattr(sys.modules["tensorrt_llm.llmapi"].KvCacheConfig, "model_fields", {"max_tokens": None})
     c = contract(artifact=CKPT)
-    with pytest.raises(EngineUnavailable, match=r"KvCacheConfig lacks \['dtype', 'tokens_per_block'\]"):
+    with pytest.raises(EngineUnavailable, match=r"::\$\.precision\.kv_cache: TensorRT-LLM 1\.4\.0rc4 has no "
+                                                r"KvCacheConfig\.dtype"):
         trtllm_backend.create_engine(c, plan_card(_card(), c))
