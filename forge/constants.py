@@ -5,6 +5,9 @@ MAX_CONFIG_FILE_BYTES = 1 * 1024 * 1024     # node/contract YAML larger than thi
 MAX_CONFIG_DEPTH = 32                        # nesting deeper than this is refused
 MAX_YAML_ALIASES = 64                        # alias expansions allowed per file (alias bombs)
 MAX_INPUT_LINE_BYTES = 16 * 1024 * 1024      # one JSONL record larger than this is an error row
+# One output row larger than this is a ResultTooLarge error row: a row is held whole in the ledger until it is
+# written (SQLite refuses a value over 1e9 bytes, which failed the whole commit) and in the committer's queue.
+MAX_OUTPUT_ROW_BYTES = 64 * 1024 * 1024
 
 # --- runtime -------------------------------------------------------------------------
 ENGINE_POLL_TIMEOUT_S = 0.05                 # every wait on an engine is bounded

@@ -54,6 +54,9 @@ def _exit_now(code: int) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     debug = os.environ.get("FORGE_DEBUG") == "1"
+    from forge.cli.streams import guard_std_streams
+
+    guard_std_streams()         # a reader that goes away (`| head -1`) never changes what the run does
     try:
         _register_all()
         rv = cli.main(args=argv, prog_name="forge", standalone_mode=False)

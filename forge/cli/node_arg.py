@@ -8,13 +8,15 @@ a URL), told apart by their shape.
   the name of a node provisioned on this machine for the commands that use one (deploy, top, serve
   --remote).
 
-Each command takes what it can use and, given the other kind, says which command uses it."""
+Each command takes what it can use and, given the other kind, says which command uses it (a usage error, exit 2).
+A value of the right kind that names nothing there (no such file or node, a node that does not answer) is a
+refusal, exit 1, as for any other file a command names."""
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Optional
 
-from forge.errors import UsageError
+from forge.errors import ForgeError, UsageError
 
 HELP_DESCRIPTION = ("the node to provision in this process: a node description (NODE.yaml) or the name of one "
                     "shipped with forge; default: local, the embedded CPU node")
@@ -49,9 +51,9 @@ def description_path(value: Optional[str], command: str) -> Path:
     path = Path(value)
     if is_path(value) or path.is_file():
         if path.is_dir():
-            raise UsageError(f"{shown}: is a folder; give the node description file (NODE.yaml)")
+            raise ForgeError(f"{shown}: is a folder; give the node description file (NODE.yaml)")
         if not path.is_file():
-            raise UsageError(f"{shown}: no such node description file")
+            raise ForgeError(f"{shown}: no such node description file")
         return path
     if value in PACKAGED_NODES:
         return PACKAGED_NODES[value]
@@ -59,7 +61,7 @@ def description_path(value: Optional[str], command: str) -> Path:
     if command != "provision" and _provisioned(value):
         hint = (f"; a node named {value!r} is provisioned on this machine: `forge deploy --node {value}` runs a job "
                 "against it" + (", `forge serve --remote` serves it" if command == "serve" else ""))
-    raise UsageError(f"{shown}: not a file, nor a node shipped with forge ({', '.join(sorted(PACKAGED_NODES))}); "
+    raise ForgeError(f"{shown}: not a file, nor a node shipped with forge ({', '.join(sorted(PACKAGED_NODES))}); "
                      f"give a node description (NODE.yaml){hint}")
 
 
@@ -72,7 +74,7 @@ def provisioned(value: Optional[str]) -> dict:
         name = _node_name(Path(value))
         live = _provisioned(name)
         if live is None:
-            raise UsageError(f"--node {value}: its node {name!r} is not provisioned on this machine; "
+            raise ForgeError(f"--node {value}: its node {name!r} is not provisioned on this machine; "
                              f"`forge provision {value}` starts it") from None
         return live
     return registry.resolve(value)
@@ -83,14 +85,14 @@ def _node_name(path: Path) -> str:
     import yaml
 
     if not path.is_file():
-        raise UsageError(f"--node {path}: no such node description file")
+        raise ForgeError(f"--node {path}: no such node description file")
     try:
         doc = yaml.safe_load(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
-        raise UsageError(f"--node {path}: cannot read it as a node description: {type(e).__name__}") from None
+        raise ForgeError(f"--node {path}: cannot read it as a node description: {type(e).__name__}") from None
     name = doc.get("node") if isinstance(doc, dict) else None
     if not isinstance(name, str):
-        raise UsageError(f"{path}::$.node: missing; --node takes a node description, a node's name or its URL")
+        raise ForgeError(f"{path}::$.node: missing; --node takes a node description, a node's name or its URL")
     return name
 
 
@@ -105,8 +107,8 @@ def require_answer(info: dict, timeout_s: float = 5.0) -> None:
     except httpx.HTTPError as e:
         why = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
         if "pid" in info:
-            raise UsageError(f"node {info['node']!r} (pid {info['pid']}) does not answer at {url} ({why}): it is "
+            raise ForgeError(f"node {info['node']!r} (pid {info['pid']}) does not answer at {url} ({why}): it is "
                              f"stopped or stuck; `forge status` shows it, `kill {info['pid']}` ends it, then "
                              f"`forge provision {info.get('source') or 'NODE.yaml'}` starts it again") from None
-        raise UsageError(f"the node at {url} does not answer ({why}): is `forge provision` running there, "
+        raise ForgeError(f"the node at {url} does not answer ({why}): is `forge provision` running there, "
                          "on that port?") from None

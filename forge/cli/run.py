@@ -22,11 +22,12 @@ def card_transport_option(f):
 
 def _common(f):
     opts = [
-        click.option("--input", "input_path", required=True, type=click.Path(dir_okay=False, path_type=Path),
+        # Paths only: what they name (a folder, a missing file) is forge's to refuse, exit 1, as for every file.
+        click.option("--input", "input_path", required=True, type=click.Path(path_type=Path),
                      help="records: JSONL (one object per line) or Parquet"),
-        click.option("--output", "output_path", required=True, type=click.Path(dir_okay=False, path_type=Path),
+        click.option("--output", "output_path", required=True, type=click.Path(path_type=Path),
                      help="results: JSONL, or Parquet when the name ends in .parquet"),
-        click.option("--ledger", "ledger_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+        click.option("--ledger", "ledger_path", type=click.Path(path_type=Path), default=None,
                      help="task ledger (SQLite); default: beside the output, OUTPUT.ledger.sqlite"),
         click.option("--restart", is_flag=True, help="discard an existing output and ledger and start over"),
         click.option("--accept-changed-function", is_flag=True,
@@ -65,8 +66,10 @@ Exit codes:
   {constants.EXIT_INCOMPLETE}    incomplete: rows are missing (the node went down or froze, --max-errors,
        the output could not be written, the input changed during the run); rerun to resume
   130  incomplete: stopped by SIGINT (143: by SIGTERM); rerun to resume
-  {constants.EXIT_FAILED}    refused before the run could start (one line says why)
-  {constants.EXIT_USAGE}    usage error
+  {constants.EXIT_FAILED}    refused before the run could start (one line says why): a file or node it names is
+       missing, unreadable or not what forge needs (input, output, ledger, function, node)
+  {constants.EXIT_USAGE}    usage error: the command line itself (a flag missing or unknown, a value of the
+       wrong shape: FILE.py[:NAME], --max-errors, a URL where a description is needed)
 """
 
 

@@ -12,6 +12,9 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator,
 from forge.config.units import parse_bytes
 
 PositiveInt = Annotated[int, Field(gt=0)]
+# What every engine represents for a count of sequences or tokens (int32): past it a limit validated and failed
+# only when the engine loaded.
+EngineCount = Annotated[int, Field(gt=0, le=2**31 - 1)]
 MAX_REPLICAS = 16          # engine processes of one tier on one card (cards[].replicas)
 Name = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
 ComputeCapability = Annotated[str, Field(pattern=r"^[0-9]{1,2}\.[0-9]$")]
@@ -61,10 +64,10 @@ class Precision(Strict):
 class Limits(Strict):
     """The engine's token geometry. None of these has a default."""
 
-    max_batch_size: PositiveInt = Field(description="sequences in flight (slots)")
-    max_num_tokens: PositiveInt = Field(description="THE TOKEN BUDGET: tokens the engine may process per step")
-    max_input_len: PositiveInt
-    max_output_len: PositiveInt
+    max_batch_size: EngineCount = Field(description="sequences in flight (slots)")
+    max_num_tokens: EngineCount = Field(description="THE TOKEN BUDGET: tokens the engine may process per step")
+    max_input_len: EngineCount
+    max_output_len: EngineCount
 
 
 ByteSize = Union[Annotated[int, Field(ge=0)], Annotated[str, Field(pattern=r"^\s*[0-9]+(\.[0-9]+)?\s*([KMGT]i?B|B)?\s*$")]]

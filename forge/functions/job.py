@@ -3,7 +3,6 @@ the node, run the records, write the summary and the report."""
 from __future__ import annotations
 
 import asyncio
-import os
 import sys
 import time
 from dataclasses import dataclass
@@ -82,6 +81,10 @@ def _already_complete(store, opts: JobOptions) -> int:
     from forge.errors import display_path
 
     c = store.counts()
+    if store.run.total == 0 and not store.run.report.resumed:    # a first run over an empty input
+        print(f"forge: {display_path(opts.input_path)} holds no records: nothing to run; "
+              f"{display_path(opts.output_path)} holds no rows", file=sys.stderr)
+        return constants.EXIT_OK
     print(f"forge: {display_path(opts.output_path)} is already complete: all {store.run.total:,} records are in it "
           f"({c.written_errors:,} of them error rows); nothing to do (--restart runs it again)", file=sys.stderr)
     return constants.EXIT_ERROR_ROWS if c.written_errors else constants.EXIT_OK     # what the output holds
@@ -215,8 +218,6 @@ def _write_report(output: Path, summary: dict, sampler, **continued) -> None:
     from forge.report import report_paths, write_report
 
     json_path, md_path = report_paths(output)
-    temps = [p.with_name(p.name + ".tmp") for p in (json_path, md_path)]
-    ours = [p for p in temps if not _exists(p)]     # temp names forge may clean up after a failure
     try:
         problem = report_overwrite_problem(json_path, kind="json") or report_overwrite_problem(md_path, kind="md")
         if problem is None:
@@ -233,17 +234,4 @@ def _write_report(output: Path, summary: dict, sampler, **continued) -> None:
         why = "the output's file name is not UTF-8, and the report quotes it"
     except Exception as e:  # noqa: BLE001 - whatever it is, the rows are written; say so and carry on
         why = f"{type(e).__name__}: {e}"
-    for p in ours:
-        try:
-            p.unlink(missing_ok=True)
-        except OSError:
-            pass
     print(f"forge: warning: no report written: {why}", file=sys.stderr)
-
-
-def _exists(path: Path) -> bool:
-    try:
-        os.lstat(path)
-        return True
-    except OSError:         # absent, or a name the system cannot even look up (too long)
-        return False

@@ -21,12 +21,12 @@ def load_function(target: str) -> tuple[FunctionSpec, str]:
     """The function's spec and a hash of its file (the ledger refuses to resume with another function)."""
     path, name = parse_target(target)
     if not path.is_file():
-        raise UsageError(f"{path}: no such function file")
+        raise ForgeError(f"{path}: no such function file")
     source = path.read_bytes()
     mod_name = f"forge_user_{hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:12]}"
     spec = importlib.util.spec_from_file_location(mod_name, path)
     if spec is None or spec.loader is None:
-        raise UsageError(f"{path}: cannot be imported as a Python module")
+        raise ForgeError(f"{path}: cannot be imported as a Python module")
     module = importlib.util.module_from_spec(spec)
     sys.modules[mod_name] = module
     try:
@@ -47,14 +47,14 @@ def load_function(target: str) -> tuple[FunctionSpec, str]:
     if name is not None:
         if name not in found:
             known = ", ".join(sorted(found)) or "none"
-            raise UsageError(f"{path}: no @forge.function named {name!r} (found: {known})")
+            raise ForgeError(f"{path}: no @forge.function named {name!r} (found: {known})")
         chosen = found[name]
     elif len(found) == 1:
         chosen = next(iter(found.values()))
     elif not found:
-        raise UsageError(f"{path}: no @forge.function in this file")
+        raise ForgeError(f"{path}: no @forge.function in this file")
     else:
-        raise UsageError(f"{path}: several functions ({', '.join(sorted(found))}); name one as {path}:NAME")
+        raise ForgeError(f"{path}: several functions ({', '.join(sorted(found))}); name one as {path}:NAME")
     digest = hashlib.sha256(source + chosen.name.encode()).hexdigest()
     return chosen, digest
 

@@ -4,17 +4,27 @@ from __future__ import annotations
 import sys
 from typing import Any, Iterator, Optional
 
-from forge.errors import display_path
+from forge.errors import ForgeError, display_path
 from forge.ledger import make_run_key, open_run
 from forge.records import open_records
+from forge.records.guard import refuse_overlaps
 from forge.stats import LedgerStats, RunStats
 
 
 class JobStore:
     def __init__(self, opts, *, function_name: str, function_file: str, node: str, stats: RunStats):
         self.source = open_records(opts.input_path)
-        opts.output_path.parent.mkdir(parents=True, exist_ok=True)
-        opts.ledger_path.parent.mkdir(parents=True, exist_ok=True)
+        if getattr(opts, "report", False):     # the report is written beside the output: never onto the input
+            from forge.report import report_paths
+
+            json_path, md_path = report_paths(opts.output_path)
+            refuse_overlaps({"--input": opts.input_path, "the report": json_path, "the Markdown report": md_path})
+        for what, path in (("output", opts.output_path), ("ledger", opts.ledger_path)):
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as e:    # a file where a folder is needed (existing_file/x.jsonl), no permission
+                raise ForgeError(f"{display_path(path.parent)}: cannot make the {what}'s folder: "
+                                 f"{e.strerror or e}") from None
         total = self.source.count()
         key = make_run_key(function_file=function_file, function_name=function_name, source=self.source)
         accept = ("function_sha256",) if getattr(opts, "accept_changed_function", False) else ()
@@ -41,6 +51,10 @@ class JobStore:
         if rep.resumed and not rep.complete:
             print(f"forge: resuming {display_path(opts.output_path)}: {stats.skipped} of {total} records already "
                   f"settled ({rep.recovered} written now from the ledger, {rep.truncated_bytes} torn bytes cut)",
+                  file=sys.stderr)
+        if rep.regenerated:
+            print(f"forge: {display_path(opts.output_path)} was cut short: {rep.regenerated:,} row(s) the ledger had "
+                  "written were lost with its end; they are made again (every row before the cut is kept)",
                   file=sys.stderr)
 
     def records(self) -> Iterator:

@@ -67,7 +67,7 @@ def rebuild_or_refuse(ledger: Ledger, written_path: Path, rec: Reconciliation, o
 def _complete(rec: Reconciliation, output: Path, total: int) -> bool:
     if rec.rows:
         return (rec.rows == total and not rec.duplicates and not rec.tail_bytes and rec.foreign_at is None
-                and rec.present.max() < total)
+                and not rec.beyond and rec.present.max() < total)
     if _is_parquet(output) and output.exists() and not rec.size:
         return _parquet_indices_complete(output, total)
     return False

@@ -58,6 +58,7 @@ class ResumeReport:
     adopted: int = 0               # of those, rows the ledger had not yet marked written
     recovered: int = 0             # rows from the ledger written now, without regenerating them
     truncated_bytes: int = 0       # torn tail cut off the output
+    regenerated: int = 0           # rows the ledger marked written that a cut end of the output lost: made again
     duplicates: int = 0            # rows present twice in the output (never expected)
     first_duplicates: tuple[int, ...] = ()
     complete: bool = False         # nothing left to do
@@ -174,9 +175,10 @@ def open_run(output: str | os.PathLike, *, run_key: dict[str, object], total: in
     if parquet:
         parquet_out.require_parquet()
         _check_parquet_target(output)
-    writer = OutputWriter(staging_path(output))     # locks the output: nothing else writes it from here
+    # locks the output: nothing else writes it from here. A Parquet run's staging file is forge's alone: never a link.
+    writer = OutputWriter(staging_path(output), follow_links=not parquet)
     try:
-        rec = writer.scan()
+        rec = writer.scan(total)
         if rec.foreign_at is not None:
             raise refuse_foreign(writer.path, f"byte {rec.foreign_at} is not a forge output row")
         args = dict(output=output, ledger_path=ledger_path, run_key=run_key, total=total, restart=restart,
@@ -186,11 +188,12 @@ def open_run(output: str | os.PathLike, *, run_key: dict[str, object], total: in
         except LedgerDamaged as damaged:
             # Set aside (never deleted) when --restart discards it anyway or the output can replace it; else refused
             # with what to do. Then a new ledger, rebuilt from the output by the lost-ledger path.
-            rec = writer.scan()
+            rec = writer.scan(total)
             why = recovery.set_aside_damaged(damaged, ledger_path, output, rec, total, restart=restart)
             return _open(writer, rec, **args, rebuild_why=why)
     except BaseException:
         writer.close()
+        writer.remove_if_created_empty()        # a refused run leaves no output behind
         raise
 
 
@@ -198,7 +201,8 @@ def _open(writer: OutputWriter, rec: Reconciliation, *, output: Path, ledger_pat
           total: int, restart: bool, info: dict[str, object] | None, accept_changes: tuple[str, ...] = (),
           rebuild_why: str = "") -> Run:
     ledger_was_there = _nonempty(ledger_path)
-    ledger = Ledger(ledger_path, run_key=run_key, restart=restart, info=info, accept_changes=accept_changes)
+    ledger = Ledger(ledger_path, run_key=run_key, restart=restart, info=info, accept_changes=accept_changes,
+                    owner=_owner(output))
     try:
         if ledger.get_meta("finalized"):
             writer.close()
@@ -257,21 +261,15 @@ def _check_parquet_target(output: Path) -> None:
         raise refuse_foreign(output, "not a Parquet file with forge's columns")
 
 
+def _owner(output: Path) -> str:
+    return json.dumps(output.name)      # JSON: any file name, even not UTF-8
+
+
 def _check_ledger_output(ledger: Ledger, output: Path) -> None:
-    """A ledger records which output it writes: another output's ledger (--ledger) is refused."""
-    stored, name = ledger.get_meta("output"), json.dumps(output.name)    # JSON: any file name, even not UTF-8
-    if stored is None:
-        ledger.set_meta("output", name)
-    elif stored != name:
-        raise ForgeError(f"{display_path(ledger.path)}: this ledger records the run writing {_unjson(stored)}, "
-                         f"not {output.name}; name this output's own ledger with --ledger PATH")
-
-
-def _unjson(text: str) -> object:
-    try:
-        return json.loads(text)
-    except ValueError:
-        return text
+    """A ledger records which output it writes: another output's ledger (--ledger) is refused (the Ledger refuses
+    it before a --restart could reset it; here it is recorded on a new ledger)."""
+    if ledger.get_meta("output") is None:
+        ledger.set_meta("output", _owner(output))
 
 
 def _reconcile(ledger: Ledger, writer: OutputWriter, rec: Reconciliation,
@@ -281,11 +279,20 @@ def _reconcile(ledger: Ledger, writer: OutputWriter, rec: Reconciliation,
     shown = display_path(writer.path)
     report = ResumeReport(resumed=not ledger.fresh, already_written=rec.rows,
                           duplicates=rec.duplicates, first_duplicates=tuple(rec.first_duplicates))
-    if rec.present.max() >= total:
-        raise ForgeError(f"{shown}: has a row for index {rec.present.max()} but the input has only "
+    if rec.beyond or rec.present.max() >= total:
+        first = rec.first_beyond if rec.first_beyond is not None else rec.present.max()
+        raise ForgeError(f"{shown}: has a row for index {first} but the input has only "
                          f"{total} records; pass --restart to start over")
     ledger_written = ledger.indices("written")
     lost = ledger_written.difference(rec.present)
+    if lost and _cut_short(rec, lost):
+        # The output ends in a torn row and lost rows the ledger marked written: it was cut short (a copy or a
+        # disk that lost its end). Those rows are no longer in the ledger either (it keeps a row only until it is
+        # written), so they are made again; everything before the cut is kept.
+        ledger.forget(lost)
+        report.regenerated = len(lost)
+        ledger_written = ledger_written.difference(lost)
+        lost = IndexBitmap()
     if lost:
         raise ForgeError(f"{shown}: {len(lost)} rows the ledger recorded as written are missing (first: index "
                          f"{next(iter(lost))}); the output was changed outside forge; pass --restart to start over")
@@ -312,6 +319,11 @@ def _reconcile(ledger: Ledger, writer: OutputWriter, rec: Reconciliation,
             settled.add(i)
         report.recovered += len(rows)
     return settled, report
+
+
+def _cut_short(rec: Reconciliation, lost: IndexBitmap) -> bool:
+    """Rows gone from the end only: a torn tail (the row cut mid-way), and that row one of those lost."""
+    return bool(rec.tail_bytes) and rec.foreign_at is None and (rec.torn_index is None or rec.torn_index in lost)
 
 
 def _finished_run(ledger: Ledger, output: Path, total: int) -> Run:

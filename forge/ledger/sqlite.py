@@ -13,6 +13,7 @@ import fcntl
 import json
 import os
 import sqlite3
+import stat
 import threading
 import time
 from collections.abc import Iterable, Iterator
@@ -112,11 +113,14 @@ class Ledger:
     """One run's ledger. Exclusively locked (flock) while open; safe to call from two threads."""
 
     def __init__(self, path: str | os.PathLike, *, run_key: dict[str, object], restart: bool = False,
-                 info: dict[str, object] | None = None, accept_changes: Iterable[str] = ()) -> None:
+                 info: dict[str, object] | None = None, accept_changes: Iterable[str] = (),
+                 owner: str | None = None) -> None:
         """`run_key` must match on resume (else LedgerMismatch), except the keys in `accept_changes`, which the
         user declared compatible: the ledger then takes them on and `accepted` lists them. `info` (node,
-        paths...) is only recorded, and `starts` counts how often the run was started."""
+        paths...) is only recorded, and `starts` counts how often the run was started. `owner`: the output this
+        ledger is opened for (its name as JSON); a ledger recording another output is refused, even on restart."""
         self.accepted: list[str] = []
+        self._owner = owner
         self.path = Path(path)
         self.stats = LedgerStats()
         self._shown = display_path(self.path)
@@ -141,6 +145,17 @@ class Ledger:
     def _take_file_lock(self) -> int:
         if not self.path.parent.is_dir():
             raise ForgeError(f"{self._shown}: the ledger's folder does not exist")
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            raise ForgeError(f"{self._shown}: cannot open the ledger: {e.strerror}") from None
+        else:
+            # /dev/null, a FIFO, a folder: SQLite would write its -journal or -wal beside it (/dev/null-journal)
+            if not stat.S_ISREG(st.st_mode):
+                raise ForgeError(f"{self._shown}: is not a regular file; a ledger is an SQLite file forge creates: "
+                                 "point --ledger elsewhere")
         try:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as e:
@@ -181,6 +196,12 @@ class Ledger:
     def _check_identity(self, run_key: dict[str, object], restart: bool, accept: frozenset[str]) -> bool:
         stored = dict(self._db.execute("SELECT key, value FROM meta").fetchall())
         fresh = not stored
+        recorded = stored.get("output")
+        if self._owner is not None and recorded is not None and recorded != self._owner:
+            # checked before a --restart resets it: --restart discards this output's run, never another's
+            raise ForgeError(f"{self._shown}: this ledger records the run writing {_unjson(recorded)}, not "
+                             f"{_unjson(self._owner)}; name this output's own ledger with --ledger PATH (not even "
+                             "--restart takes another output's ledger over)")
         if stored and not restart:
             # A resumed ledger is read whole anyway (indices, counts): check its structure first, so damage is
             # named here, with the file, rather than by whichever query meets it.
@@ -267,6 +288,12 @@ class Ledger:
         """UPDATE the rows that exist; if any did not change, the idempotent upsert for all (same end state)."""
         if self._db.executemany(update, [update_args(r) for r in rows]).rowcount != len(rows):
             self._db.executemany(upsert, rows)
+
+    def forget(self, indices: Iterable[int]) -> None:
+        """Make these records pending again, as never settled (their output rows were lost outside forge)."""
+        rows = [(i,) for i in indices]
+        with self._mutex, self._txn():
+            self._db.executemany("UPDATE records SET state = 'pending', is_error = 0, row = NULL WHERE idx = ?", rows)
 
     def set_meta(self, key: str, value: str) -> None:
         with self._mutex, self._txn():
@@ -368,6 +395,13 @@ class _Transaction:
             self._db.execute("ROLLBACK")
         if isinstance(exc, sqlite3.Error):
             raise ForgeError(f"{self._shown}: ledger write failed: {exc}") from None
+
+
+def _unjson(text: str) -> object:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
 
 
 def _short(value: object) -> str:

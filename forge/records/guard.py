@@ -41,7 +41,9 @@ def refuse_overlaps(named: dict[str, Optional[Path]]) -> None:
 
 
 def _flag(role: str) -> str:
-    return {"--output": "--output", "the ledger": "--ledger", "the Parquet staging file": "--output"}.get(role, "path")
+    return {"--output": "--output", "the ledger": "--ledger", "the Parquet staging file": "--output",
+            "the report": "--output (or pass --no-report)",
+            "the Markdown report": "--output (or pass --no-report)"}.get(role, "path")
 
 
 def require_regular_or_absent(path: Path, what: str) -> None:

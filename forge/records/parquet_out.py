@@ -4,7 +4,9 @@ Parquet cannot be appended to safely (its footer is written last), so a run alwa
 as it goes and converts at the end. Columns: `index` (int64), `result` (typed: Arrow infers one
 type for all results, e.g. a struct of the function's dict), `error_type`, `error_message`.
 Results whose types do not unify (a dict here, a string there) go to a `result_json` column of
-JSON text instead. Rows keep completion order; sort by `index` for input order."""
+JSON text instead, and so do results a typed column cannot hold (nested deeper than MAX_TYPED_DEPTH, an int
+outside int64, more than MAX_TYPED_FIELDS distinct keys). The file is read back before it replaces the output.
+Rows keep completion order; sort by `index` for input order."""
 from __future__ import annotations
 
 import json
@@ -16,6 +18,9 @@ from pathlib import Path
 from forge.errors import ForgeError, display_path
 
 _BATCH_ROWS = 4096
+MAX_TYPED_DEPTH = 16        # deeper results go to the JSON column (Parquet readers refuse deep schemas)
+MAX_TYPED_FIELDS = 1024     # more distinct keys over all results: the JSON column (see _typed_fits)
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 
 def _arrow():
@@ -45,16 +50,43 @@ def _batches(staging: Path) -> Iterator[list[dict]]:
         yield rows
 
 
+def _typed_fits(value: object, paths: set, depth: int = 0, path: str = "") -> bool:
+    """Can a typed Arrow column hold `value` (and a Parquet reader read it back)? Not when it nests deeper than
+    MAX_TYPED_DEPTH, holds an int outside int64, or the results together name more than MAX_TYPED_FIELDS keys
+    (`paths`, shared across results: keys that differ per record made one struct field per record, and each batch
+    cost grew with every key seen before it). Linear in the size of the value; stops at the first misfit."""
+    if depth > MAX_TYPED_DEPTH:
+        return False
+    if isinstance(value, dict):
+        for k, v in value.items():
+            p = f"{path}.{k}"
+            if p not in paths:
+                paths.add(p)
+                if len(paths) > MAX_TYPED_FIELDS:
+                    return False
+            if not _typed_fits(v, paths, depth + 1, p):
+                return False
+        return True
+    if isinstance(value, list):
+        return all(_typed_fits(v, paths, depth + 1, path + "[]") for v in value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return _INT64_MIN <= value <= _INT64_MAX
+    return True
+
+
 def _infer_result_type(pa, staging: Path):
-    """One Arrow type for every result, or None when they do not unify."""
-    unified = None
+    """One Arrow type for every result, or None when they do not unify or do not fit a typed column."""
+    unified, paths = None, set()
     try:
         for rows in _batches(staging):
-            typ = pa.array([r.get("result") for r in rows]).type
+            results = [r.get("result") for r in rows]
+            if not all(_typed_fits(v, paths) for v in results):
+                return None
+            typ = pa.array(results).type
             schema = pa.schema([("result", typ)])
             unified = schema if unified is None else pa.unify_schemas([unified, schema],
                                                                       promote_options="permissive")
-    except (pa.ArrowException, ValueError, TypeError):
+    except (pa.ArrowException, ValueError, TypeError, OverflowError):
         return None
     return pa.null() if unified is None else unified.field("result").type
 
@@ -81,29 +113,56 @@ def _write(pa, pq, staging: Path, tmp: Path, result_type) -> int:
     return total
 
 
+def _read_back(path: Path, rows: int) -> str | None:
+    """Read every column of the written file back, as a user's reader would; None when it reads whole, else why
+    not (a file pyarrow wrote but cannot open, e.g. a schema too deeply nested)."""
+    try:
+        import pyarrow.parquet as pq
+
+        f = pq.ParquetFile(path)
+        seen = sum(batch.num_rows for batch in f.iter_batches(batch_size=_BATCH_ROWS))
+    except Exception as e:  # noqa: BLE001 - whatever the reader raises, the file is not fit to be the output
+        return " ".join(f"{type(e).__name__}: {e}".split())
+    return None if seen == rows else f"it reads back {seen:,} rows, not {rows:,}"
+
+
+def _convert(pa, pq, staging: Path, tmp: Path) -> int:
+    """Typed when every result fits and the file reads back; else (or then) the JSON column, read back too."""
+    result_type = _infer_result_type(pa, staging)
+    if result_type is not None:
+        try:
+            rows = _write(pa, pq, staging, tmp, result_type)
+            if _read_back(tmp, rows) is None:
+                return rows
+        except (pa.ArrowException, ValueError, TypeError, OverflowError):
+            pass                                  # a type Arrow inferred but cannot write: the JSON column
+    rows = _write(pa, pq, staging, tmp, None)
+    problem = _read_back(tmp, rows)
+    if problem is not None:
+        raise ForgeError(f"{display_path(tmp)}: cannot read back the Parquet file just written ({problem})")
+    return rows
+
+
 def jsonl_to_parquet(staging: str | os.PathLike, target: str | os.PathLike) -> int:
-    """Convert the staging JSONL to `target` atomically (temp file, fsync, rename). Returns rows."""
+    """Convert the staging JSONL to `target` atomically (temp file, fsync, read back, rename). Returns rows.
+    On any failure the temp file is removed and the staging file left as it is (the rows are not lost)."""
     pa, pq = _arrow()
     staging, target = Path(staging), Path(target)
     # A fresh name (O_EXCL): the conversion never writes over a file that happens to sit beside the output.
     fd, tmp_name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    os.fchmod(fd, 0o644)        # what the output would have had, not mkstemp's owner-only mode
-    os.close(fd)
     tmp = Path(tmp_name)
     try:
-        result_type = _infer_result_type(pa, staging)
-        try:
-            rows = _write(pa, pq, staging, tmp, result_type)
-        except (pa.ArrowException, ValueError, TypeError):
-            if result_type is None:
-                raise
-            rows = _write(pa, pq, staging, tmp, None)  # a type Arrow inferred but cannot write
+        os.fchmod(fd, 0o644)    # what the output would have had, not mkstemp's owner-only mode
+        os.close(fd)
+        rows = _convert(pa, pq, staging, tmp)
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
         os.replace(tmp, target)
-    except (OSError, pa.ArrowException) as e:
+    except BaseException as e:
         tmp.unlink(missing_ok=True)
-        raise ForgeError(f"{display_path(target)}: cannot write Parquet: {e}") from None
+        if isinstance(e, (OSError, pa.ArrowException, ForgeError, ValueError, TypeError, OverflowError)):
+            raise ForgeError(f"{display_path(target)}: cannot write Parquet: {e}") from None
+        raise
     dir_fd = os.open(target.parent, os.O_RDONLY)
     try:
         os.fsync(dir_fd)  # the rename itself survives a power loss

@@ -127,16 +127,30 @@ class RecordSource:
                 index += 1
 
     def _parquet_records(self, skip: Callable[[int], bool] | None) -> Iterator[tuple[int, dict | InputError]]:
+        """Row group by row group: a group that cannot be decoded (a damaged page, its footer intact) fails the
+        records it holds, each an InputUnreadable row, and the next group is read."""
+        f = _parquet_file(self.path)
         index = 0
-        for batch in _parquet_file(self.path).iter_batches(batch_size=_PARQUET_BATCH_ROWS):
-            n = batch.num_rows
-            if skip is not None and all(skip(i) for i in range(index, index + n)):
-                index += n  # a wholly settled batch is not converted to Python objects
-                continue
-            for row in batch.to_pylist():
-                if skip is None or not skip(index):
-                    yield index, row
-                index += 1
+        for group in range(f.metadata.num_row_groups):
+            end = index + f.metadata.row_group(group).num_rows
+            try:
+                for batch in f.iter_batches(batch_size=_PARQUET_BATCH_ROWS, row_groups=[group]):
+                    n = batch.num_rows
+                    if skip is not None and all(skip(i) for i in range(index, index + n)):
+                        index += n  # a wholly settled batch is not converted to Python objects
+                        continue
+                    for row in batch.to_pylist():
+                        if skip is None or not skip(index):
+                            yield index, row
+                        index += 1
+            except Exception as e:  # noqa: BLE001 - pyarrow's OSError/ArrowInvalid for bytes it cannot decode
+                why = " ".join(f"{type(e).__name__}: {e}".split())[:500]
+                error = InputError("InputUnreadable", f"{self._shown}: row group {group} (records {index + 1} to "
+                                   f"{end}) cannot be read: {why}")
+                for i in range(index, end):
+                    if skip is None or not skip(i):
+                        yield i, error
+            index = end
 
 
 def _discard_rest_of_line(f) -> None:

@@ -13,13 +13,16 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from forge import constants
 from forge.errors import ForgeError, display_path
 from forge.records.bitmap import IndexBitmap
 from forge.records.guard import is_torn_tail, require_regular_or_absent
 
 MAX_ERROR_MESSAGE_CHARS = 8192      # an exception that quotes a whole prompt is cut here
 _CHUNK_BYTES = 1 << 20
-_ROW_HEAD = re.compile(rb'\{"index": (\d+), "(result|error)": ')
+_TORN_HEAD = re.compile(rb'\{"index": (0|[1-9]\d{0,18})\D')
+# At most 19 digits: an index is an int64, and a longer run of digits is never turned into an int here.
+_ROW_HEAD = re.compile(rb'\{"index": (0|[1-9]\d{0,18}), "(result|error)": ')
 
 
 def encode_error(index: int, type_: str, message: str) -> str:
@@ -35,15 +38,30 @@ def encode_error(index: int, type_: str, message: str) -> str:
 _RESULT_ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False)
 
 
-def encode_result(index: int, result: object) -> tuple[str, bool]:
-    """(row line without newline, is_error). A result that is not strict JSON (objects, NaN,
-    lone surrogates, cycles) becomes a SerializationError row instead of crashing the run."""
+def encode_result(index: int, result: object, *,
+                  max_bytes: int = constants.MAX_OUTPUT_ROW_BYTES) -> tuple[str, bool]:
+    """(row line without newline, is_error). A result that is not strict JSON (objects, NaN, lone surrogates,
+    cycles, a container whose own methods raise) becomes a SerializationError row, and one whose row would be over
+    `max_bytes` a ResultTooLarge row: that record's error, never a run that cannot finish."""
     try:
         body = _RESULT_ENCODER.encode(result)
-        body.encode("utf-8")  # lone surrogates pass dumps but cannot be written as UTF-8
-    except (TypeError, ValueError, RecursionError, UnicodeEncodeError) as e:
-        return encode_error(index, "SerializationError", f"result is not JSON-serializable: {e}"), True
+        size = len(body.encode("utf-8"))  # lone surrogates pass dumps but cannot be written as UTF-8
+    except MemoryError:
+        return encode_error(index, "ResultTooLarge", "result is too large to encode in memory"), True
+    except Exception as e:  # noqa: BLE001 - whatever the result's own code raises while it is encoded
+        return encode_error(index, "SerializationError",
+                            f"result is not JSON-serializable: {type(e).__name__}: {_describe(e)}"), True
+    if size + 64 > max_bytes:
+        return encode_error(index, "ResultTooLarge", f"the result is {size:,} bytes as JSON, over the limit of "
+                            f"{max_bytes:,} bytes for one output row (constants.MAX_OUTPUT_ROW_BYTES)"), True
     return f'{{"index": {int(index)}, "result": {body}}}', False
+
+
+def _describe(e: BaseException) -> str:
+    try:
+        return str(e)
+    except Exception:  # noqa: BLE001 - a message that cannot be printed is described instead
+        return "(its message cannot be printed)"
 
 
 @dataclass
@@ -60,6 +78,9 @@ class Reconciliation:
     size: int = 0                   # bytes in the file when scanned
     good_end: int = 0               # end of the last complete forge row
     foreign_at: int | None = None   # byte where content begins that no forge run writes (None: all ours)
+    beyond: int = 0                 # rows whose index is past the input (`total`): counted, never held in `present`
+    first_beyond: int | None = None
+    torn_index: int | None = None   # the index the torn tail's row began with, when it got that far
 
     @property
     def tail_bytes(self) -> int:
@@ -70,12 +91,23 @@ class Reconciliation:
 class OutputWriter:
     """Append-only JSONL output, exclusively locked (flock) so two runs never share one file."""
 
-    def __init__(self, path: str | os.PathLike) -> None:
+    def __init__(self, path: str | os.PathLike, *, follow_links: bool = True) -> None:
+        """`follow_links`: an existing symlink to a regular file may be opened (an --output the user named); never
+        a dangling one (forge would create its target), and never any link where it is False (a staging file)."""
         self.path = Path(path)
         self._shown = display_path(self.path)
+        self.created = False            # this writer made the file (a refused run removes it again)
+        if os.path.islink(self.path) and (not follow_links or not os.path.exists(self.path)):
+            raise ForgeError(f"{self._shown}: is a symbolic link; forge writes the rows of a run only into a file "
+                             "it creates there, never through a link: remove the link or choose another --output")
         require_regular_or_absent(self.path, "the output")
+        flags = os.O_WRONLY | os.O_APPEND | (0 if follow_links else os.O_NOFOLLOW)
         try:
-            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                self._fd = os.open(self.path, flags | os.O_CREAT | os.O_EXCL, 0o644)
+                self.created = True
+            except FileExistsError:
+                self._fd = os.open(self.path, flags)
         except OSError as e:
             raise ForgeError(f"{self._shown}: cannot open the output for writing: {e.strerror}") from None
         try:
@@ -104,9 +136,19 @@ class OutputWriter:
             os.close(self._fd)  # closing releases the flock
             self._fd = -1
 
-    def scan(self) -> Reconciliation:
+    def remove_if_created_empty(self) -> None:
+        """After a refusal: the empty file this writer created goes again (nothing else's is touched)."""
+        try:
+            if self.created and os.lstat(self.path).st_size == 0:
+                os.unlink(self.path)
+        except OSError:
+            pass
+
+    def scan(self, total: int | None = None) -> Reconciliation:
         """Read what the output holds (indices, error rows, duplicates, a torn tail) without changing it.
-        Content no forge run can leave (another file's lines, garbage before good rows) sets `foreign_at`."""
+        Content no forge run can leave (another file's lines, garbage before good rows) sets `foreign_at`.
+        `total`: the input's record count; a row with an index at or past it is counted in `beyond` and never
+        set in the bitmap (an index of 10**15 would size it at 125 TB)."""
         rec = Reconciliation()
         bad_start = None
         with open(self.path, "rb") as f:
@@ -126,6 +168,10 @@ class OutputWriter:
                     return rec
                 index, is_error = parsed
                 rec.good_end = offset
+                if total is not None and index >= total:
+                    rec.beyond += 1
+                    rec.first_beyond = index if rec.first_beyond is None else rec.first_beyond
+                    continue
                 if not rec.present.add(index):
                     rec.duplicates += 1
                     if len(rec.first_duplicates) < 10:
@@ -135,8 +181,13 @@ class OutputWriter:
                 if is_error:
                     rec.errors.add(index)
             rec.size = offset
-            if rec.tail_bytes and not is_torn_tail(f, rec.good_end):
-                rec.foreign_at = rec.good_end
+            if rec.tail_bytes:
+                if not is_torn_tail(f, rec.good_end):
+                    rec.foreign_at = rec.good_end
+                else:
+                    f.seek(rec.good_end)
+                    m = _TORN_HEAD.match(f.read(64).lstrip(b"\x00"))
+                    rec.torn_index = int(m.group(1)) if m else None
         return rec
 
     def cut_tail(self, rec: Reconciliation) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -122,9 +123,20 @@ def build_report(summary: dict[str, Any], sampler: Sampler) -> dict[str, Any]:
 
 
 def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    """Write a fresh temp file (mkstemp: O_EXCL, a name no other file has, in the target folder) and rename it
+    over `path`: never into a file that sits at a guessable temp name (the input, a link to anything)."""
+    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        os.fchmod(fd, 0o644)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp_name, path)
+    except BaseException:
+        try:
+            os.unlink(tmp_name)
+        except OSError:
+            pass
+        raise
 
 
 def _previous(json_path: Path, run_id: str | None) -> dict[str, Any] | None:

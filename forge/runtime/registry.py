@@ -140,16 +140,16 @@ def resolve(target: Optional[str]) -> dict:
                 return n
         for n in found:
             if n["node"] == target:
-                raise UsageError(f"node {target!r} is not running: its process (pid {n.get('pid')}) ended without "
+                raise ForgeError(f"node {target!r} is not running: its process (pid {n.get('pid')}) ended without "
                                  f"stopping it (its entry is now removed); start it again with "
                                  f"`forge provision {n.get('source') or 'NODE.yaml'}`")
-        raise UsageError(f"no node named {target!r} is provisioned on this machine (running: {running}); "
+        raise ForgeError(f"no node named {target!r} is provisioned on this machine (running: {running}); "
                          "`forge provision NODE.yaml` starts one, or pass its URL")
     if len(live) == 1:
         return live[0]
     if not live:
         dead = [n["node"] for n in found]
         gone = f" ({', '.join(dead)} ended without stopping; entry removed)" if dead else ""
-        raise UsageError(f"no node is provisioned on this machine{gone}: run `forge provision NODE.yaml` first, "
+        raise ForgeError(f"no node is provisioned on this machine{gone}: run `forge provision NODE.yaml` first, "
                          "or pass --node URL")
     raise UsageError(f"several nodes are provisioned ({running}): pick one with --node")

@@ -139,3 +139,59 @@ def test_help_lists_the_exit_codes():
                      "3 complete, with error rows", "4 incomplete: rows are missing",
                      "130 incomplete: stopped by SIGINT"):
             assert line in text, (cmd, r.stdout)
+
+
+# The README's table, for every refusal: 1 when something the command line names was checked and refused (a file
+# or node that is missing, unreadable, unreachable or not what forge needs), 2 when the command line itself is
+# wrong (a flag missing or unknown, a value of the wrong shape). Issue 29: a missing function file, an unknown
+# function name and an unreachable --node URL exited 2; a folder as --input exited 2 too.
+REFUSALS = [
+    ("input file missing", 1, ["run", "{echo}", "--input", "{tmp}/nope.jsonl"]),
+    ("input is a folder", 1, ["run", "{echo}", "--input", "{tmp}"]),
+    ("function file missing", 1, ["run", "{tmp}/nope.py"]),
+    ("function name unknown", 1, ["run", "{echo}:nosuch"]),
+    ("no function in the file", 1, ["run", "{tmp}/empty.py"]),
+    ("function file fails at import", 1, ["run", "{tmp}/raises.py"]),
+    ("node description missing", 1, ["run", "{echo}", "--node", "{tmp}/nope.yaml"]),
+    ("node description is a folder", 1, ["run", "{echo}", "--node", "{tmp}/"]),
+    ("node name unknown", 1, ["run", "{echo}", "--node", "nosuch"]),
+    ("deploy: node URL unreachable", 1, ["deploy", "{echo}", "--node", "http://127.0.0.1:{port}"]),
+    ("deploy: node name not provisioned", 1, ["deploy", "{echo}", "--node", "nosuch"]),
+    ("deploy: no node provisioned", 1, ["deploy", "{echo}"]),
+    ("output is a folder", 1, ["run", "{echo}", "--output", "{tmp}"]),
+    ("output below a file", 1, ["run", "{echo}", "--output", "{tmp}/empty.py/out.jsonl"]),
+    ("ledger is a folder", 1, ["run", "{echo}", "--ledger", "{tmp}"]),
+    ("--input not given", 2, ["run", "{echo}", "--no-input"]),
+    ("unknown flag", 2, ["run", "{echo}", "--bogus"]),
+    ("target not FILE.py", 2, ["run", "{tmp}/echo.txt"]),
+    ("--max-errors malformed", 2, ["run", "{echo}", "--max-errors", "five"]),
+    ("--concurrency 0", 2, ["run", "{echo}", "--concurrency", "0"]),
+    ("run given a node URL", 2, ["run", "{echo}", "--node", "http://127.0.0.1:1"]),
+    ("deploy: --node and --cluster", 2, ["deploy", "{echo}", "--node", "x", "--cluster", "auto"]),
+]
+
+
+@pytest.mark.parametrize("what, code, argv", REFUSALS, ids=[r[0] for r in REFUSALS])
+def test_every_refusal_exits_as_the_table_says(tmp_path, what, code, argv):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]                    # nothing listens here once closed
+    (tmp_path / "empty.py").write_text("import forge\n")
+    (tmp_path / "raises.py").write_text("raise RuntimeError('at import')\n")
+    inp = write_echo_input(tmp_path / "in.jsonl", 3)
+    args = [a.format(echo=ECHO, tmp=tmp_path, port=port) for a in argv]
+    if "--input" not in args and "--no-input" not in args:
+        args += ["--input", str(inp)]
+    args = [a for a in args if a != "--no-input"]
+    if "--output" not in args:
+        args += ["--output", str(tmp_path / "out.jsonl")]
+    if args[0] == "run" and "--node" not in args:
+        args += ["--node", str(NODES / "instant.yaml")]
+    r = forge(*args, timeout=120, env_extra={"FORGE_HOME": str(tmp_path / "home")})
+    assert_no_traceback(r.stderr)
+    assert r.returncode == code, (what, r.returncode, r.stderr)
+    lines = [x for x in r.stderr.splitlines() if x.strip()]
+    assert lines and (code == 2 or len(lines) == 1), r.stderr
+    assert not (tmp_path / "out.jsonl").exists(), "a refused run left its output behind"

@@ -76,7 +76,7 @@ def test_resolve_says_what_happened_to_a_dead_node(home):
     proc = _holder("gone", home)
     proc.kill()
     proc.wait()
-    with pytest.raises(UsageError, match=r"node 'gone' is not running: its process \(pid \d+\) ended without "
+    with pytest.raises(ForgeError, match=r"node 'gone' is not running: its process \(pid \d+\) ended without "
                                          r"stopping it .* `forge provision x.yaml`"):
         registry.resolve("gone")
 
