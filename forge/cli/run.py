@@ -22,8 +22,10 @@ def card_transport_option(f):
 
 def _common(f):
     opts = [
-        click.option("--input", "input_path", required=True, type=click.Path(dir_okay=False, path_type=Path),
-                     help="records: JSONL (one object per line) or Parquet"),
+        click.option("--input", "input_path", required=True, type=click.Path(path_type=Path, allow_dash=True),
+                     help="records: a file, a folder of shards or a quoted glob ('data/*.jsonl.gz'); JSONL (one "
+                          "object per line; .gz, .zst), Parquet; '-' or <(cmd) reads a pipe (such a run cannot "
+                          "resume)"),
         click.option("--output", "output_path", required=True, type=click.Path(dir_okay=False, path_type=Path),
                      help="results: JSONL, or Parquet when the name ends in .parquet"),
         click.option("--ledger", "ledger_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
