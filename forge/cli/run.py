@@ -143,4 +143,9 @@ def register(cli: click.Group) -> None:
 
         info = provisioned(node)
         require_answer(info)
+        from forge.runtime.registry import whose
+
+        if "pid" in info and whose(info):        # named by the user, yet not theirs: say so before the job runs
+            click.echo(f"forge: note: node {info['node']!r} is {whose(info)} (not started from this checkout)",
+                       err=True)
         return run_remote(info["control_url"], os.environ.get(token_env), opts, node_label=info["node"])

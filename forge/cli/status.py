@@ -38,7 +38,7 @@ def register(cli: click.Group) -> None:
                 except httpx.HTTPError as e:
                     desc = {"error": "no answer", "why": f"it does not answer ({type(e).__name__}): stopped or "
                             f"stuck; `kill {info.get('pid')}` ends it"}
-            rows.append({**info, "live": desc})
+            rows.append({**info, "whose": registry.whose(info), "live": desc})
         if as_json:
             click.echo(json.dumps(rows, indent=2))
             return 0
@@ -51,17 +51,21 @@ def register(cli: click.Group) -> None:
             table.add_column(col, justify="right" if col in ("in flight", "tok/s") else "left")
         for n in rows:
             live = n["live"]
+            # Another user's or another checkout's node is marked where its name is: it is not this checkout's to
+            # deploy to without naming it (the line below the table says whose).
+            name = n["node"] + ("" if n["whose"] is None else " *")
             if "error" in live:
-                table.add_row(n["node"], "-", "-", "-", live["error"], "-", "-")
+                table.add_row(name, "-", "-", "-", live["error"], "-", "-")
                 continue
             for c in live["cards"]:
-                table.add_row(n["node"], c["card"], c["tier"], c["backend"], "ok" if c["healthy"] else "DOWN",
+                table.add_row(name, c["card"], c["tier"], c["backend"], "ok" if c["healthy"] else "DOWN",
                               str(c["in_flight"]), f"{c['tokens_per_s']:,.0f}")
         Console().print(table)
         for n in rows:
             where = "" if n["live"].get("error") == "dead" else f" {n['control_url']}"
             why = f" — {n['live']['why']}" if "why" in n["live"] else ""
-            click.echo(f"{n['node']}: pid {n.get('pid')}{where}{why}")
+            theirs = f" — * not this checkout's: {n['whose']}" if n["whose"] else ""
+            click.echo(f"{n['node']}: pid {n.get('pid')}{where}{why}{theirs}")
         return 0
 
 
