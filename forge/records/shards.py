@@ -203,14 +203,10 @@ def open_input(given: str | os.PathLike, *, max_line_bytes: int = constants.MAX_
         st = os.stat(p)
     except OSError:
         st = None
-    if st is not None and (stat.S_ISFIFO(st.st_mode) or stat.S_ISCHR(st.st_mode) or stat.S_ISSOCK(st.st_mode)):
+    if st is not None and (stat.S_ISFIFO(st.st_mode) or stat.S_ISSOCK(st.st_mode)):
         if p.name.lower().endswith(PARQUET_SUFFIXES):
             raise ForgeError(f"{text}: Parquet cannot be read from a pipe (it is read from its end): give a file")
-        try:
-            stream = open(p, "rb")
-        except OSError as e:
-            raise ForgeError(f"{text}: cannot read the pipe: {e.strerror}") from None
-        return PipeSource(text, stream, max_line_bytes=max_line_bytes)
+        return PipeSource(text, _open_pipe(p, text), max_line_bytes=max_line_bytes)
     if st is not None and stat.S_ISDIR(st.st_mode):
         files = _folder_shards(p)
         if not files:
@@ -225,6 +221,17 @@ def open_input(given: str | os.PathLike, *, max_line_bytes: int = constants.MAX_
     if st is not None and p.name.lower().endswith(GZIP_SUFFIXES + ZSTD_SUFFIXES):
         return ShardedSource(text, [open_shard(p, max_line_bytes=max_line_bytes)], root=p.parent)
     return open_records(p, max_line_bytes=max_line_bytes)   # one file: refused there when missing or unreadable
+
+
+def _open_pipe(p: Path, text: str):
+    """The pipe's read end, opened without waiting for a writer (a named FIFO nobody writes would block the open
+    forever); reads then wait for data as usual. `<(cmd)` always has its writer; a FIFO without one reads as empty."""
+    try:
+        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as e:
+        raise ForgeError(f"{text}: cannot read the pipe: {e.strerror}") from None
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb")
 
 
 def _folder_shards(root: Path) -> list[Path]:
