@@ -60,6 +60,9 @@ def apply_template(tokenizers: Sequence[Any], messages: Any) -> str:
     """The prompt text for `messages`, with the generation prompt added; RequestRejected in one line when the model
     has no chat template or its template refuses the messages (roles that must alternate, ...)."""
     msgs = normalize(messages)
+    if not tokenizers:
+        raise RequestRejected("llm.chat: this node keeps no copy of its models' tokenizers here (a cluster node), so "
+                              "it cannot apply a chat template; build the prompt yourself and call llm.generate")
     tok = template_tokenizer(tokenizers)
     if tok is None:
         source = next((getattr(t, "source", "") for t in tokenizers if getattr(t, "source", "")), "")
