@@ -64,9 +64,6 @@ class JobStore:
                 self.total = self.stats.total = index + 1
                 yield index, record
             self.run.total = self.total
-            if not self.total:
-                print(f"forge: --input {self.source.given}: the pipe gave no records (a named FIFO needs its writer "
-                      "running before forge starts)", file=sys.stderr)
             return
         for index, record in self.source.records(skip=skip):
             if index >= self.total:

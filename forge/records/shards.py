@@ -223,15 +223,42 @@ def open_input(given: str | os.PathLike, *, max_line_bytes: int = constants.MAX_
     return open_records(p, max_line_bytes=max_line_bytes)   # one file: refused there when missing or unreadable
 
 
+FIFO_WRITER_WAIT_S = 10.0      # how long a named FIFO may go without a process writing to it
+
+
 def _open_pipe(p: Path, text: str):
-    """The pipe's read end, opened without waiting for a writer (a named FIFO nobody writes would block the open
-    forever); reads then wait for data as usual. `<(cmd)` always has its writer; a FIFO without one reads as empty."""
-    try:
-        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK)
-    except OSError as e:
-        raise ForgeError(f"{text}: cannot read the pipe: {e.strerror}") from None
-    os.set_blocking(fd, True)
-    return os.fdopen(fd, "rb")
+    """The pipe's read end. Opening a FIFO waits for a writer (`<(cmd)` always has one at once); a named FIFO that
+    no process opens for writing within FIFO_WRITER_WAIT_S is refused rather than waited on forever."""
+    import threading
+
+    got: dict = {}
+
+    def opener() -> None:
+        try:
+            got["fd"] = os.open(p, os.O_RDONLY)
+        except OSError as e:
+            got["error"] = e
+
+    t = threading.Thread(target=opener, name="forge-pipe-open", daemon=True)
+    t.start()
+    t.join(1.0)
+    if t.is_alive():
+        print(f"forge: --input {text}: waiting up to {FIFO_WRITER_WAIT_S:g} s for a process to write to it",
+              file=sys.stderr, flush=True)
+        t.join(FIFO_WRITER_WAIT_S - 1.0)
+    if t.is_alive():
+        try:                    # release the waiting open: a writer of our own that writes nothing
+            os.close(os.open(p, os.O_WRONLY | os.O_NONBLOCK))
+        except OSError:
+            pass
+        t.join(5.0)
+        if "fd" in got:
+            os.close(got["fd"])
+        raise ForgeError(f"{text}: no process writes to this pipe (none opened it within {FIFO_WRITER_WAIT_S:g} s): "
+                         "start its writer first, or give a file")
+    if "error" in got:
+        raise ForgeError(f"{text}: cannot read the pipe: {got['error'].strerror}")
+    return os.fdopen(got["fd"], "rb")
 
 
 def _folder_shards(root: Path) -> list[Path]:
