@@ -26,6 +26,9 @@ MAX_SAMPLING_TEMPERATURE = 1e4
 MAX_DEADLINE_S = 7 * 24 * 3600.0
 MAX_GUIDE_CHOICES = 4096                     # choice lists: options, and bytes of them all (or of a JSON schema)
 MAX_GUIDE_BYTES = 256 * 1024
+MAX_STOP_STRINGS = 16                        # stop strings of one generate (as vLLM's OpenAI server takes)
+MAX_STOP_CHARS = 1024                        # characters of one stop string
+MAX_CHAT_MESSAGES = 1024                     # messages of one llm.chat
 
 # --- broker / functions --------------------------------------------------------------
 BROKER_QUEUE_MAX_REQUESTS = 65536            # pending requests before producers wait

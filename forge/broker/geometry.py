@@ -56,10 +56,17 @@ class FitTable:
         return m
 
     def refusal(self, req: BrokerRequest, node: str) -> NoEngineFits:
+        """What is wrong first (`prompt 444 tokens > max_input_len 384`), then where, the engines' limits, and the
+        internal ids last (the request id, each tokenizer's key)."""
+        problems = [(g, fit_problem(req, g)) for g in self.engines]
+        distinct = list(dict.fromkeys(p for _, p in problems))
+        if len(distinct) == 1:
+            head = f"{distinct[0]}: it fits no engine on node {node}"
+        else:
+            head = f"it fits no engine on node {node}: " + "; ".join(f"{g.engine_id}: {p}" for g, p in problems)
         lengths = ", ".join(f"{k}: {len(v)}" for k, v in req.prompts.items()) or "none"
-        why = "; ".join(f"{g.limits_text()}: {fit_problem(req, g)}" for g in self.engines)
-        return NoEngineFits(f"request {req.request_id}: prompt tokens ({lengths}) with max_new_tokens "
-                            f"{req.max_new_tokens} fit no engine on node {node}: {why}")
+        return NoEngineFits(f"{head} (limits: {'; '.join(g.limits_text() for g in self.engines)}; max_new_tokens "
+                            f"{req.max_new_tokens}; request {req.request_id}, prompt tokens per tokenizer {lengths})")
 
 
 class LengthBuckets:

@@ -15,6 +15,7 @@ from forge.errors import ForgeError
 # One module per command (group); each exposes `register(cli)`.
 COMMAND_MODULES = (
     "forge.cli.validate",
+    "forge.cli.contract",
     "forge.cli.schema",
     "forge.cli.provision",
     "forge.cli.run",

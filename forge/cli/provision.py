@@ -42,6 +42,38 @@ def plan_table(loaded):
     return table
 
 
+def compact_plan_table(loaded):
+    """The plan for a terminal narrower than plan_table: the same figures, a few lines per card (forge/cli/screen.py)."""
+    from rich.console import Group
+    from rich.text import Text
+
+    from forge.config.plan import engine_plans
+    from forge.config.units import fmt_bytes
+    from forge.config.working_memory import working_memory
+
+    node = loaded.node
+    engines = [p.engine_id for p in engine_plans(loaded.plans)]
+    lines = [Text(f"node {node.node}: {len(node.cards)} card(s), {len(engines)} engine(s), host "
+                  f"{node.host.memory_gib:g} GiB / {node.host.cpu_cores} cores", style="italic")]
+    for p in loaded.plans:
+        kv = p.contract.kv_cache
+        working = working_memory(p)
+        held = p.card_bytes + p.replicas * sum(n for _, n in working)
+        each = "" if p.replicas == 1 else f", {p.replicas} replicas (figures per engine)"
+        lines += [Text.assemble((p.card_id, "bold"), f" ({p.card.model}): ", (p.contract.contract, "bold"),
+                                f", {p.contract.backend}{each}"),
+                  Text(f"  token budget {p.token_budget:,}, slots {p.slots:,}, full-length slots "
+                       f"{p.full_length_slots:,}"),
+                  Text(f"  KV pool {fmt_bytes(p.kv_pool_bytes)}: {p.num_blocks:,} x {kv.tokens_per_block} blocks"),
+                  Text("  weights " + " + ".join([fmt_bytes(p.weights_bytes), f"KV pool {fmt_bytes(p.kv_pool_bytes)}",
+                                                  *(f"{what} {fmt_bytes(n)}" for what, n in working)])),
+                  Text(f"  card memory {fmt_bytes(held)} of {fmt_bytes(p.card_memory_bytes)}")]
+    if len(engines) > len(loaded.plans):
+        lines.append(Text(f"engines (one process each): {', '.join(engines)}"))
+    lines.append(Text("(--wide: one row per card)", style="dim"))
+    return Group(*lines)
+
+
 def _check_before_loading(loaded, host: Optional[str], port: Optional[int], metrics_port: Optional[int]) -> None:
     """What can be refused before an engine loads: the node's name is taken on this machine (held for this
     process's life from here on), or a port it must listen on is busy."""
@@ -77,10 +109,12 @@ def register(cli: click.Group) -> None:
                   "already started with the node's resources (printed by --dry-run --cluster)")
     @click.option("--ready-file", type=click.Path(dir_okay=False), default=None,
                   help="write the control URL (with --cluster: a JSON line) to this file once the node serves")
+    @click.option("--wide", is_flag=True, help="with --dry-run: one row per card, every column, whatever the "
+                  "terminal's width (the default fits the terminal, 80 columns at least)")
     @card_transport_option
     def provision_cmd(node_arg: str, dry_run: bool, strict: bool, host: Optional[str], port: Optional[int],
                       metrics_port: Optional[int], token_env: Optional[str], cluster: Optional[str],
-                      ray_node: str, ready_file: Optional[str], card_transport: Optional[str]) -> int:
+                      ray_node: str, ready_file: Optional[str], card_transport: Optional[str], wide: bool) -> int:
         """Validate NODE (a node description, NODE.yaml, or `local`: the embedded CPU node shipped with forge),
         probe the machine, load one engine per card (each in its own worker process) and serve the node."""
         from forge.cli.node_arg import description_path
@@ -90,12 +124,10 @@ def register(cli: click.Group) -> None:
         for w in loaded.warnings:
             click.echo(w.render(), err=True)
         if dry_run:
-            from rich.console import Console
+            from forge.cli import screen
 
-            console = Console()
-            if not console.is_terminal:
-                console = Console(width=200)      # a pipe gets whole rows, not an 80-column squeeze
-            console.print(plan_table(loaded))
+            console = screen.console(wide)
+            console.print(screen.fitting(console, plan_table(loaded), lambda: compact_plan_table(loaded)))
             if cluster is not None:
                 import json
 

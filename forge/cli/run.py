@@ -23,8 +23,10 @@ def card_transport_option(f):
 def _common(f):
     opts = [
         # Paths only: what they name (a folder, a missing file) is forge's to refuse, exit 1, as for every file.
-        click.option("--input", "input_path", required=True, type=click.Path(path_type=Path),
-                     help="records: JSONL (one object per line) or Parquet"),
+        click.option("--input", "input_path", required=True, type=click.Path(path_type=Path, allow_dash=True),
+                     help="records: a file, a folder of shards or a quoted glob ('data/*.jsonl.gz'); JSONL (one "
+                          "object per line; .gz, .zst), Parquet; '-' or <(cmd) reads a pipe (such a run cannot "
+                          "resume)"),
         click.option("--output", "output_path", required=True, type=click.Path(path_type=Path),
                      help="results: JSONL, or Parquet when the name ends in .parquet"),
         click.option("--ledger", "ledger_path", type=click.Path(path_type=Path), default=None,
@@ -144,4 +146,9 @@ def register(cli: click.Group) -> None:
 
         info = provisioned(node)
         require_answer(info)
+        from forge.runtime.registry import whose
+
+        if "pid" in info and whose(info):        # named by the user, yet not theirs: say so before the job runs
+            click.echo(f"forge: note: node {info['node']!r} is {whose(info)} (not started from this checkout)",
+                       err=True)
         return run_remote(info["control_url"], os.environ.get(token_env), opts, node_label=info["node"])

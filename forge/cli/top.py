@@ -17,10 +17,11 @@ def register(cli: click.Group) -> None:
     @click.option("--token-env", default="FORGE_TOKEN", show_default=True,
                   help="environment variable holding the node's bearer token")
     @click.option("--once", is_flag=True, help="print one frame (rates over one interval) to stdout and exit")
-    def top_cmd(node: Optional[str], interval: float, token_env: str, once: bool) -> int:
+    @click.option("--wide", is_flag=True, help="every column, whatever the terminal's width (the default fits "
+                  "the terminal, 80 columns at least)")
+    def top_cmd(node: Optional[str], interval: float, token_env: str, once: bool, wide: bool) -> int:
         """Live per-card view: tokens/s, budget use, slots, KV, queues, stalls, health."""
-        from rich.console import Console
-
+        from forge.cli import screen
         from forge.cli.node_arg import provisioned
         from forge.top.live import run_live, run_once
         from forge.top.poll import Poller
@@ -28,9 +29,7 @@ def register(cli: click.Group) -> None:
         target = provisioned(node)
         poller = Poller(target["control_url"], name=target["node"], token=os.environ.get(token_env) or None,
                         token_env=token_env)
-        console = Console()
-        if not console.is_terminal:
-            console = Console(width=160)      # a pipe gets whole rows, not an 80-column squeeze
+        console = screen.console(wide)
         try:
             return run_once(poller, console, interval) if once else run_live(poller, console, interval)
         except KeyboardInterrupt:

@@ -78,11 +78,11 @@ class _Session:
 
     def node_contract_files(self, pf: ParsedFile) -> tuple[list[Path], bool]:
         """The files a node's `contracts:` names (a folder or a list), relative to the node file, and
-        whether every named path exists."""
-        node: Node = pf.model
+        whether every named path exists. (Read from the file as written when the node itself has errors.)"""
+        named = pf.model.contracts if pf.model is not None else pf.contracts_named
         base = pf.path.parent
-        entries = [(node.contracts, "$.contracts")] if isinstance(node.contracts, str) else \
-            [(entry, f"$.contracts[{i}]") for i, entry in enumerate(node.contracts)]
+        entries = [(named, "$.contracts")] if isinstance(named, str) else \
+            [(entry, f"$.contracts[{i}]") for i, entry in enumerate(named)]
         out: list[Path] = []
         complete = True
         for rel, where in entries:
@@ -156,6 +156,11 @@ def load_paths(paths: Sequence[PathLike], *, strict: bool = False, registry: Opt
     for pf in list(s.parsed.values()):
         if pf.kind == "node" and pf.model is not None:
             _link_node(s, pf, out)       # may load more files (the node's contracts)
+        elif pf.kind == "node" and pf.contracts_named is not None:
+            # A node with errors still names its contracts: check them in this pass too, so one run of
+            # `forge validate` reports every independent problem (fixing the node does not reveal new ones).
+            for path in s.node_contract_files(pf)[0]:
+                s.file(path)
     files = list(s.parsed.values())
     for pf in files:
         if pf.kind == "contract" and pf.model is not None:

@@ -29,6 +29,9 @@ class ParsedFile:
     name: Optional[str] = None       # the top key's value when it is a string, even if the file is invalid
     model: Union[Node, Contract, None] = None
     problems: list[Problem] = field(default_factory=list)
+    # A node's `contracts:` as written, when it is a path or a list of paths: its contracts are read and checked
+    # even when the node itself has errors (their problems are independent of the node's).
+    contracts_named: Union[str, list, None] = None
 
     def add(self, path: str, message: str, severity: str = "error") -> None:
         self.problems.append(Problem(self.display, path, message, severity))
@@ -141,6 +144,10 @@ def parse_file(path: Path, reg: Registry) -> ParsedFile:
         return pf
     pf.kind = kind
     pf.name = data[kind] if isinstance(data[kind], str) else None
+    named = data.get("contracts") if kind == "node" else None
+    if (isinstance(named, str) and named) or (isinstance(named, list) and named
+                                              and all(isinstance(x, str) and x for x in named)):
+        pf.contracts_named = named
     _normalize(kind, data, pf)
     if pf.problems:
         return pf

@@ -56,6 +56,8 @@ class GenerateParams:
     embed: bool = False
     priority: int = 0
     deadline_s: Optional[float] = None
+    stop: tuple[str, ...] = ()                  # cut the text at the first of these (forge/runtime/stops.py)
+    include_stop_str_in_output: bool = False
 
     def __post_init__(self) -> None:
         why = params_problem(self)
@@ -89,6 +91,14 @@ def params_problem(p: GenerateParams) -> Optional[str]:
         return f"embed must be true or false, got {p.embed!r}"
     if p.choice is not None and p.json_schema is not None:
         return "give choice or json_schema, not both"
+    if p.stop:
+        why = _stop_problem(p.stop)
+        if why is None and (p.choice is not None or p.json_schema is not None):
+            why = "stop strings do not apply to guided output (choice / json_schema): its text is always whole"
+        if why is not None:
+            return why
+    if not isinstance(p.include_stop_str_in_output, bool):
+        return f"include_stop_str_in_output must be true or false, got {p.include_stop_str_in_output!r}"
     if p.choice is not None:
         return _choice_problem(p.choice)
     if p.json_schema is not None:
@@ -150,6 +160,20 @@ def _choice_problem(choice) -> Optional[str]:
     return None
 
 
+def _stop_problem(stop) -> Optional[str]:
+    if not isinstance(stop, (tuple, list)) or not all(isinstance(s, str) and s for s in stop):
+        return "stop must be a list of non-empty strings"
+    if len(stop) > constants.MAX_STOP_STRINGS:
+        return f"stop has {len(stop)} strings; at most {constants.MAX_STOP_STRINGS} are taken"
+    long = next((i for i, s in enumerate(stop) if len(s) > constants.MAX_STOP_CHARS), None)
+    if long is not None:
+        return f"stop string {long} has {len(stop[long])} characters; at most {constants.MAX_STOP_CHARS} are taken"
+    bad = next(((i, why) for i, s in enumerate(stop) if (why := _unencodable(s)) is not None), None)
+    if bad is not None:
+        return f"stop string {bad[0]} is not valid Unicode text: {bad[1]}"
+    return None
+
+
 def _schema_problem(schema) -> Optional[str]:
     if not isinstance(schema, dict):
         return f"json_schema must be a JSON object (a dict), got {type(schema).__name__}"
@@ -207,8 +231,18 @@ class LLM(abc.ABC):
     @abc.abstractmethod
     async def generate(self, prompt: str | Sequence[int], *, max_tokens: int, temperature: float = 0.0,
                        top_p: float = 1.0, top_k: int = 0, seed: Optional[int] = None,
-                       choice: Optional[Sequence[str]] = None, json_schema: Optional[dict] = None) -> Generation:
-        """Generate up to max_tokens tokens. choice / json_schema constrain the output (guided decoding)."""
+                       choice: Optional[Sequence[str]] = None, json_schema: Optional[dict] = None,
+                       stop: Optional[Sequence[str]] = None, include_stop_str_in_output: bool = False) -> Generation:
+        """Generate up to max_tokens tokens. choice / json_schema constrain the output (guided decoding); stop cuts
+        the text at the first of these strings (finish_reason "stop"). docs/functions.md has every bound."""
+
+    @abc.abstractmethod
+    async def chat(self, messages: Sequence[dict], *, max_tokens: int, temperature: float = 0.0, top_p: float = 1.0,
+                   top_k: int = 0, seed: Optional[int] = None, choice: Optional[Sequence[str]] = None,
+                   json_schema: Optional[dict] = None, stop: Optional[Sequence[str]] = None,
+                   include_stop_str_in_output: bool = False) -> Generation:
+        """generate() on the prompt the model's chat template makes of `messages` ([{"role", "content"}]); refused
+        (RequestRejected) when the model has no chat template."""
 
     @abc.abstractmethod
     async def embed(self, text: str | Sequence[int]) -> list[float]:

@@ -152,6 +152,7 @@ def _verdict(outcome: RunOutcome, store, counts, opts: JobOptions) -> tuple[int,
 
     total = store.total
     missing = total - counts.written
+    again = store.resume_hint() if hasattr(store, "resume_hint") else "run the same command again to resume"
     changed = store.input_changed()
     if changed is not None:     # rows were made for the input as counted at the start: not this input
         return constants.EXIT_INCOMPLETE, (
@@ -160,15 +161,14 @@ def _verdict(outcome: RunOutcome, store, counts, opts: JobOptions) -> tuple[int,
             "over on the input as it is now")
     if outcome.fatal:
         return constants.EXIT_INCOMPLETE, (f"stopped: {outcome.fatal}; {missing:,} of {total:,} records have no row "
-                                           "yet and stay in the ledger — run the same command again to resume")
+                                           f"yet and stay in the ledger — {again}")
     if missing and outcome.interrupted:
         drained = (f"{outcome.returned} record(s) in flight went back to the ledger" if outcome.returned
                    else "every record in flight finished")
         return (130 if outcome.interrupted == "SIGINT" else 143,
-                f"stopped by {outcome.interrupted} ({drained}); run the same command again to resume")
+                f"stopped by {outcome.interrupted} ({drained}); {again}")
     if missing:
-        return constants.EXIT_INCOMPLETE, (f"incomplete: {missing:,} of {total:,} records have no row yet; run the "
-                                           "same command again to resume")
+        return constants.EXIT_INCOMPLETE, f"incomplete: {missing:,} of {total:,} records have no row yet; {again}"
     if counts.written_errors:
         return constants.EXIT_ERROR_ROWS, (f"complete, with error rows: {counts.written_errors:,} of the {total:,} "
                                            f"rows in {display_path(opts.output_path)} are errors (exit "

@@ -41,9 +41,17 @@ class CountingNode:
 
     def __init__(self, node: Any, stats: RunStats):
         self._node, self._stats = node, stats
+        self.inner = node
+        if hasattr(node, "chat"):       # a provisioned node applies chat templates itself
+            self.chat = self._chat
 
     async def generate(self, prompt, params: GenerateParams) -> Generation:
-        gen = await self._node.generate(prompt, params)
+        return self._count(await self._node.generate(prompt, params))
+
+    async def _chat(self, messages, params: GenerateParams) -> Generation:
+        return self._count(await self._node.chat(messages, params))
+
+    def _count(self, gen: Generation) -> Generation:
         self._stats.input_tokens += gen.input_tokens
         self._stats.output_tokens += gen.output_tokens
         return gen

@@ -6,37 +6,48 @@ from typing import Any, Iterator, Optional
 
 from forge.errors import ForgeError, display_path
 from forge.ledger import make_run_key, open_run
-from forge.records import open_records
 from forge.records.guard import refuse_overlaps
+from forge.records.shards import open_input
 from forge.stats import LedgerStats, RunStats
 
 
 class JobStore:
     def __init__(self, opts, *, function_name: str, function_file: str, node: str, stats: RunStats):
-        self.source = open_records(opts.input_path)
+        self.source = open_input(opts.input_path)
+        self.is_pipe = getattr(self.source, "is_pipe", False)
+        shards = getattr(self.source, "shards", None)
+        if shards is not None and not self.is_pipe:
+            _refuse_output_among_shards(self.source, opts)
         if getattr(opts, "report", False):     # the report is written beside the output: never onto the input
             from forge.report import report_paths
 
             json_path, md_path = report_paths(opts.output_path)
             refuse_overlaps({"--input": opts.input_path, "the report": json_path, "the Markdown report": md_path})
+        if self.is_pipe:
+            _refuse_pipe_over_earlier_run(opts)
+            print(f"forge: --input {opts.input_path} is a pipe: read once as it comes, so this run cannot resume "
+                  "(stopped early, it starts over with --restart)", file=sys.stderr)
         for what, path in (("output", opts.output_path), ("ledger", opts.ledger_path)):
             try:
                 path.parent.mkdir(parents=True, exist_ok=True)
             except OSError as e:    # a file where a folder is needed (existing_file/x.jsonl), no permission
                 raise ForgeError(f"{display_path(path.parent)}: cannot make the {what}'s folder: "
                                  f"{e.strerror or e}") from None
-        total = self.source.count()
+        total = PIPE_TOTAL if self.is_pipe else self.source.count()
+        if shards is not None and not self.is_pipe:
+            print(f"forge: --input {opts.input_path}: {len(shards):,} shard(s), {total:,} records, read in path "
+                  "order (a row's index counts records across the shards in that order)", file=sys.stderr)
         key = make_run_key(function_file=function_file, function_name=function_name, source=self.source)
         accept = ("function_sha256",) if getattr(opts, "accept_changed_function", False) else ()
         self._fingerprint = self.source.fingerprint()      # what the run was counted on (a change is noticed)
         self.run = open_run(opts.output_path, run_key=key, total=total, ledger_path=opts.ledger_path,
                             restart=opts.restart, info={"node": node, "input": str(opts.input_path)},
-                            input_path=opts.input_path, accept_changes=accept)
+                            input_path=None if shards is not None else opts.input_path, accept_changes=accept)
         rep = self.run.report
         self.run_id = self.run.ledger.get_meta("created")      # the run's identity (a --restart makes a new one)
         self.retried_before = self.run.counts().retried        # records invoked more than once, before this start
-        self.total = total
-        stats.total = total
+        self.total = 0 if self.is_pipe else total
+        stats.total = self.total
         stats.skipped = len(self.run.settled)
         # records invoked once before and never settled (in flight when a start stopped): invoking one again makes
         # it retried (the ledger's attempts > 1), so this start's live count ends equal to the ledger's growth
@@ -62,13 +73,27 @@ class JobStore:
         it is read does not get rows the ledger cannot place)."""
         # `settled` is fixed when the run opens: a fresh run has nothing to skip, so no check per record.
         skip = self.run.is_settled if len(self.run.settled) else None
+        if self.is_pipe:        # counted as it is read; its total is known once it ends
+            for index, record in self.source.records():
+                self.total = self.stats.total = index + 1
+                yield index, record
+            self.run.total = self.total
+            return
         for index, record in self.source.records(skip=skip):
             if index >= self.total:
                 return
             yield index, record
 
+    def resume_hint(self) -> str:
+        """What to do about records without a row."""
+        if self.is_pipe:
+            return "a run from a pipe cannot resume: run it again with --restart"
+        return "run the same command again to resume"
+
     def input_changed(self) -> Optional[str]:
         """How the input differs from when the run opened it (size, or its first/last MiB), or None."""
+        if self.is_pipe:
+            return None
         try:
             now = self.source.fingerprint()
         except OSError as e:
@@ -104,6 +129,35 @@ class JobStore:
 
     async def __aexit__(self, *exc) -> None:
         self.run.close()
+
+
+# A pipe's length is unknown until it ends: the run opens on a bound no input reaches and learns its total at the end.
+PIPE_TOTAL = 1 << 62
+
+
+def _refuse_pipe_over_earlier_run(opts) -> None:
+    if opts.restart:
+        return
+    for path, what in ((opts.ledger_path, "the ledger of an earlier run"), (opts.output_path, "an earlier output")):
+        try:
+            there = path.stat().st_size > 0
+        except OSError:
+            there = False
+        if there:
+            raise ForgeError(f"{display_path(path)}: {what} is there, and --input {opts.input_path} is a pipe: a run "
+                             "from a pipe cannot resume (the pipe cannot be read again from where the run stopped); "
+                             "pass --restart to start over, or choose another --output")
+
+
+def _refuse_output_among_shards(source, opts) -> None:
+    from forge.ledger.resume import staging_path
+    from forge.records.guard import same_file
+
+    for path, flag in ((opts.output_path, "--output"), (staging_path(opts.output_path), "--output"),
+                       (opts.ledger_path, "--ledger")):
+        if source.would_read(path) or any(same_file(path, s.path) for s in source.shards):
+            raise ForgeError(f"{display_path(path)}: {flag} lies among the input shards of --input {opts.input_path}; "
+                             "the next run would read it as a shard: write it outside them")
 
 
 def open_store(opts, *, function_name: str, function_file: str, node: str, stats: RunStats) -> JobStore:

@@ -33,7 +33,9 @@ def control_body_limit(node: Any) -> int:
 
 class GenerateItem(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    prompt: Union[str, list[int]]
+    prompt: Union[str, list[int], None] = None
+    # instead of a prompt: chat messages, made a prompt with the node's chat template (llm.chat on forge deploy)
+    messages: Optional[list[dict]] = Field(None, max_length=1024)
     max_tokens: int = Field(gt=0)
     temperature: float = Field(0.0, ge=0)
     top_p: float = Field(1.0, gt=0, le=1)
@@ -158,10 +160,17 @@ def control_router(node: Any) -> APIRouter:
                                         choice=tuple(item.choice) if item.choice is not None else None,
                                         json_schema=item.json_schema, embed=item.embed, priority=item.priority,
                                         deadline_s=item.deadline_s)
+                prompt = item.prompt
+                if (prompt is None) == (item.messages is None):
+                    raise ForgeError("give a prompt or messages, not both nor neither")
+                if item.messages is not None:
+                    from forge.runtime.chat_template import apply_template
+
+                    prompt = apply_template(list((getattr(node, "tokenizers", None) or {}).values()), item.messages)
             except (ValueError, ForgeError) as e:    # a value the parameters refuse: this item's mistake, not the batch's
                 return {"error": {"type": "RequestRejected", "message": scrub_paths(str(e))}}
             try:
-                gen, hidden = await node.submit(item.prompt, params)
+                gen, hidden = await node.submit(prompt, params)
             except ForgeError as e:
                 return {"error": {"type": type(e).__name__, "message": scrub_paths(str(e))}}
             if item.stop:

@@ -38,7 +38,15 @@ def generate_item(prompt: str | Sequence[int], params: GenerateParams) -> dict[s
         item["choice"] = list(params.choice)
     if params.json_schema is not None:
         item["json_schema"] = params.json_schema
+    if params.stop:             # applied by the node, whose tokenizer counts the tokens up to the match
+        item["stop"] = list(params.stop)
+        item["include_stop_str_in_output"] = params.include_stop_str_in_output
     return item
+
+
+def _generation(out: dict) -> Generation:
+    return Generation(text=out["text"], output_tokens=out["output_tokens"], input_tokens=out["input_tokens"],
+                      finish_reason=out["finish_reason"], card=out.get("card", ""))
 
 
 class RemoteNode(Node):
@@ -96,15 +104,19 @@ class RemoteNode(Node):
         await self.close()
 
     async def submit(self, prompt: str | Sequence[int], params: GenerateParams, *, wait: bool = True) -> Answer:
-        out = await self._call(prompt, params)
-        gen = Generation(text=out["text"], output_tokens=out["output_tokens"], input_tokens=out["input_tokens"],
-                         finish_reason=out["finish_reason"], card=out.get("card", ""))
-        return Answer(gen, out.get("hidden"))
+        out = await self._call(generate_item(prompt, params))
+        return Answer(_generation(out), out.get("hidden"))
 
-    async def _call(self, prompt, params: GenerateParams) -> dict:
+    async def chat(self, messages: list[dict], params: GenerateParams) -> Generation:
+        """generate() on the prompt the node's own chat template makes of `messages` (its tokenizer is there)."""
+        item = generate_item("", params)
+        del item["prompt"]
+        item["messages"] = messages
+        return _generation(await self._call(item))
+
+    async def _call(self, item: dict) -> dict:
         if self._silent is not None:
             raise self._silent
-        item = generate_item(prompt, params)
         try:    # encoded here, alone: an item that cannot travel fails its own call, never its batch
             body = json.dumps(item, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode("utf-8")
         except (TypeError, ValueError, RecursionError) as e:   # UnicodeEncodeError (a lone surrogate) is a ValueError

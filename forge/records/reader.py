@@ -95,7 +95,7 @@ class RecordSource:
         if self.format == "parquet":
             return _parquet_file(self.path).metadata.num_rows
         lines, last = 0, b"\n"
-        with open(self.path, "rb") as f:
+        with self._open_bytes() as f:
             while chunk := f.read(_SCAN_CHUNK_BYTES):
                 lines += chunk.count(b"\n")
                 last = chunk[-1:]
@@ -113,9 +113,13 @@ class RecordSource:
             h.update(f.read(_SCAN_CHUNK_BYTES))
         return {"input_size": size, "input_sha256_head_tail": h.hexdigest()}
 
+    def _open_bytes(self):
+        """The JSONL bytes as a binary file (a compressed shard or a pipe opens differently: forge/records/shards.py)."""
+        return open(self.path, "rb")
+
     def _jsonl_records(self, skip: Callable[[int], bool] | None) -> Iterator[tuple[int, dict | InputError]]:
         limit = self.max_line_bytes + 2  # room for "\r\n" on a line of exactly the limit
-        with open(self.path, "rb") as f:
+        with self._open_bytes() as f:
             index = 0
             while raw := f.readline(limit + 1):
                 if len(raw) > limit and not raw.endswith(b"\n"):

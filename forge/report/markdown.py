@@ -25,6 +25,13 @@ def _utc(unix_s: float | None) -> str:
     return datetime.fromtimestamp(unix_s, timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
 
 
+def _field(key: str, v: Any) -> str:
+    """A summary value as a person reads it: a time (`finished_at`, unix seconds) as a UTC date, not a number."""
+    if key.endswith("_at") and isinstance(v, (int, float)) and not isinstance(v, bool):
+        return _utc(v) + " UTC"
+    return _fmt(v)
+
+
 def _pct(v: float | None) -> str:
     return "–" if v is None else f"{100 * v:.1f}%"
 
@@ -41,7 +48,7 @@ def render_markdown(report: dict[str, Any], json_name: str) -> str:
     # Nested values (per-card lists, ...) are the command's own copy of what the sections below show.
     scalars = {k: v for k, v in summary.items() if not isinstance(v, (dict, list, tuple))}
     keys = [k for k in SUMMARY_FIRST if k in scalars] + sorted(k for k in scalars if k not in SUMMARY_FIRST)
-    out += _table(["field", "value"], [[k, _fmt(summary[k])] for k in keys]) if keys else []
+    out += _table(["field", "value"], [[k, _field(k, summary[k])] for k in keys]) if keys else []
 
     out += ["## Totals", ""]
     out += _table(["records", "done", "failed", "retried", "skipped", "tokens in", "tokens out",

@@ -9,6 +9,28 @@ import contextlib
 MAX_REQUEST_HEAD_BYTES = 64 * 1024     # request line + headers (h11 refuses more with 400)
 
 
+# What a client sends a JSON body as when it does not say JSON: no header at all, or curl -d's default form type.
+_NOT_SAID = (b"", b"application/x-www-form-urlencoded", b"text/plain")
+
+
+class JsonBodies:
+    """Every body forge's servers take is JSON: one sent without a JSON content-type (none, `curl -d`'s form type,
+    text/plain) is read as JSON rather than refused as "not a dictionary". A body that is not JSON is then refused
+    as such, with the parser's message."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and scope.get("method") in ("POST", "PUT", "PATCH"):
+            headers = scope.get("headers") or []
+            ctype = next((v for k, v in headers if k.lower() == b"content-type"), b"")
+            if ctype.split(b";")[0].strip().lower() in _NOT_SAID:
+                scope = {**scope, "headers": [(k, v) for k, v in headers if k.lower() != b"content-type"]
+                         + [(b"content-type", b"application/json")]}
+        return await self.app(scope, receive, send)
+
+
 class QuietServer:
     """A uvicorn server for `app` on host:port; `await .server.serve()`, stop with `.server.should_exit`.
     `.connections` holds its open connections by client address."""
@@ -28,7 +50,7 @@ class QuietServer:
         self.connections = ConnectionBook(limits or ConnectionLimits(), backlog=config.pop("backlog", 2048))
         config.update(backlog=self.connections.backlog)
         config.setdefault("h11_max_incomplete_event_size", MAX_REQUEST_HEAD_BYTES)
-        self.server = Quiet(uvicorn.Config(ErrorShape(app), host=host, port=port, log_level="warning",
+        self.server = Quiet(uvicorn.Config(ErrorShape(JsonBodies(app)), host=host, port=port, log_level="warning",
                                            lifespan="off", access_log=False,
                                            http=limited_protocol(AutoHTTPProtocol, self.connections), **config))
 

@@ -5,7 +5,12 @@ for the life of the provisioning process, before any engine loads, so a second n
 is refused at once. The OS drops the lock when the process ends however it ends (kill -9 included),
 so liveness is the lock, not the pid (which the OS reuses): an entry whose lock is free belongs to a
 dead process and is removed the next time anyone reads the registry. `unregister` only ever removes
-this process's own entry."""
+this process's own entry.
+
+Every entry records whose it is: the user (uid) and the checkout (the folder forge was imported from) that
+started it. On a machine shared by several users or several checkouts of forge, `forge status` marks the nodes
+that are not this checkout's, and a command that picks a node by itself (`forge deploy` without `--node`) never
+picks one of them: it names them and says how to choose one. $FORGE_HOME keeps one's nodes apart altogether."""
 from __future__ import annotations
 
 import fcntl
@@ -17,6 +22,31 @@ from typing import Optional
 from forge.errors import ForgeError, UsageError
 
 _claims: dict[str, int] = {}      # name -> fd of NAME.lock, held by this process
+
+
+def origin() -> dict:
+    """Who starts a node from this process: the user and the checkout of forge it runs."""
+    import forge
+
+    try:
+        import pwd
+
+        user = pwd.getpwuid(os.getuid()).pw_name
+    except (ImportError, KeyError):
+        user = str(os.getuid())
+    return {"uid": os.getuid(), "user": user, "checkout": str(Path(forge.__file__).resolve().parent.parent)}
+
+
+def whose(entry: dict) -> Optional[str]:
+    """None for a node this user started from this checkout; else what it is, in a few words."""
+    mine = origin()
+    if "uid" not in entry or "checkout" not in entry:
+        return "origin unknown (an older forge started it)"
+    if entry["uid"] != mine["uid"]:
+        return f"user {entry.get('user') or entry['uid']}'s"
+    if entry["checkout"] != mine["checkout"]:
+        return f"from another checkout, {entry['checkout']}"
+    return None
 
 
 def home() -> Path:
@@ -66,9 +96,12 @@ def claim(name: str) -> None:
         info = _read(_dir() / f"{name}.json") or {}
         where = ", ".join(f"{k} {info[v]}" for k, v in (("pid", "pid"), ("control", "control_url"),
                                                           ("from", "source")) if info.get(v))
+        theirs = whose(info) if info else None
+        apart = (f"; it is {theirs}: set FORGE_HOME to a folder of your own to keep your nodes apart (now "
+                 f"{home()})") if theirs else ""
         raise ForgeError(f"a node named {name!r} is already provisioned on this machine"
                          f"{f' ({where})' if where else ''}: stop it first, or give this node another name "
-                         "(its description's `node:`)") from None
+                         f"(its description's `node:`){apart}") from None
     _claims[name] = fd
 
 
@@ -82,7 +115,7 @@ def register(name: str, info: dict) -> Path:
     claim(name)
     path = _dir() / f"{name}.json"
     tmp = path.with_name(f"{name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({**info, "node": name, "pid": os.getpid()}, indent=2))
+    tmp.write_text(json.dumps({**info, **origin(), "node": name, "pid": os.getpid()}, indent=2))
     os.replace(tmp, path)
     return path
 
@@ -145,11 +178,20 @@ def resolve(target: Optional[str]) -> dict:
                                  f"`forge provision {n.get('source') or 'NODE.yaml'}`")
         raise ForgeError(f"no node named {target!r} is provisioned on this machine (running: {running}); "
                          "`forge provision NODE.yaml` starts one, or pass its URL")
-    if len(live) == 1:
-        return live[0]
     if not live:
         dead = [n["node"] for n in found]
         gone = f" ({', '.join(dead)} ended without stopping; entry removed)" if dead else ""
         raise ForgeError(f"no node is provisioned on this machine{gone}: run `forge provision NODE.yaml` first, "
                          "or pass --node URL")
-    raise UsageError(f"several nodes are provisioned ({running}): pick one with --node")
+    # Picked without being named: only a node this user started from this checkout (another's may run another
+    # model, or be stopped by its owner mid-job).
+    mine = [n for n in live if whose(n) is None]
+    if len(mine) == 1:
+        return mine[0]
+    if mine:
+        raise UsageError(f"several nodes are provisioned from this checkout ({', '.join(n['node'] for n in mine)}): "
+                         "pick one with --node")
+    others = "; ".join(f"{n['node']} ({whose(n)})" for n in live)
+    raise UsageError(f"no node started from this checkout ({origin()['checkout']}) is provisioned; running here: "
+                     f"{others}: pass --node NAME to use one of them, or `forge provision NODE.yaml` to start "
+                     "your own")

@@ -1,24 +1,14 @@
 """Chat messages to a prompt, and a finished text to stream pieces.
 
 A chat prompt uses the tokenizer's own chat template where it has one. The embedded tiny model has none (it is
-a plain language model), so forge falls back to a simple transcript, stated here and in docs/serve.md:
+a plain language model), so forge serve falls back to a simple transcript, stated here and in docs/serve.md:
 "<role>: <content>" lines followed by "assistant:"."""
 from __future__ import annotations
 
 from typing import Any, Iterator
 
 from forge.functions.api import Generation
-
-
-def _text_of(content) -> str:
-    if isinstance(content, str):
-        return content
-    parts = []
-    for part in content:
-        if part.get("type") != "text" or not isinstance(part.get("text"), str):
-            raise ValueError(f"message content parts must be text parts; got type {part.get('type')!r}")
-        parts.append(part["text"])
-    return "".join(parts)
+from forge.runtime.chat_template import text_of as _text_of
 
 
 def _hf_tokenizer(node: Any):

@@ -88,7 +88,8 @@ def describe_failure(exc: BaseException, node: Any, gate: EndpointGate) -> JSONR
         return error_response(500, "engine_error", (str(exc).splitlines() or [type(exc).__name__])[0])
     from forge.functions.runner import error_row
 
-    return error_response(500, "function_error", error_row(0, exc)["error"]["message"])
+    row = error_row(0, exc)["error"]          # what failed first, then where: "KeyError: 'text' (at f.py:18 in f)"
+    return error_response(500, "function_error", f"{row['type']}: {row['message']}")
 
 
 async def answer(request: Request, node: Any, gate: EndpointGate, deadline_s: float,

@@ -27,6 +27,17 @@ from forge.serve.online import answer, describe_failure, error_response
 from forge.serve.openai_models import ChatRequest, CompletionRequest, _Common
 
 FINISH = {"eos": "stop", "stop": "stop", "length": "length"}
+# A guided output that reached max_tokens is still whole: the guide closed it (the JSON parses and matches its schema,
+# the choice is one of the list) and the node checked it. "length" would tell a client the text was cut (the OpenAI
+# client's parse() raises LengthFinishReasonError on it), so it is answered "stop", with this stop_reason saying why.
+GUIDE_CLOSED = "guided_output_closed_at_max_tokens"
+
+
+def finish_of(gen: Generation, matched: Optional[str], guided: bool) -> tuple[str, Optional[str]]:
+    """(finish_reason, stop_reason) of one choice, as OpenAI clients read them."""
+    if guided and gen.finish_reason == "length":
+        return "stop", GUIDE_CLOSED
+    return FINISH.get(gen.finish_reason, "stop"), matched
 COMPLETION_DEFAULT_MAX_TOKENS = 16      # OpenAI's and vLLM's; chat defaults to the tier's max_output_len
 
 
@@ -156,15 +167,18 @@ def openai_router(node: Any, gates: dict[str, EndpointGate], *, default_deadline
             return [t.result() for t in tasks]
 
         if req.stream:
-            return _stream(request, req, chat, head, gate, limit_s, work, n, echo)
+            return _stream(request, req, chat, head, gate, limit_s, work, n, echo,
+                           guided=choice is not None or schema is not None)
         out = await answer(request, node, gate, limit_s, work)
         if not isinstance(out, list):
             return out
-        choices = [_choice(chat, j, gen, matched, echo[j // n] if echo else "") for j, (gen, matched) in enumerate(out)]
+        guided = choice is not None or schema is not None
+        choices = [_choice(chat, j, gen, *finish_of(gen, matched, guided), echo[j // n] if echo else "")
+                   for j, (gen, matched) in enumerate(out)]
         return {**head, "object": kind, "choices": choices, "usage": _usage(out, n)}
 
     def _stream(request, req: _Common, chat: bool, head: dict, gate: EndpointGate, limit_s: float, work, n: int,
-                echo: list[str]):
+                echo: list[str], *, guided: bool):
         """SSE. The gate is entered before the 200 goes out, so a full endpoint still answers 429."""
         try:
             slot = gate.enter()
@@ -198,7 +212,8 @@ def openai_router(node: Any, gates: dict[str, EndpointGate], *, default_deadline
                             yield event(j, echo[j // n])
                         for piece in stream_pieces(node, gen, gen.text):
                             yield event(j, piece)
-                        yield event(j, None, FINISH.get(gen.finish_reason, "stop"), matched=matched)
+                        finish, why = finish_of(gen, matched, guided)
+                        yield event(j, None, finish, matched=why)
                     if include_usage:
                         yield "data: " + json.dumps({**head, "object": obj, "choices": [],
                                                      "usage": _usage(out, n)}) + "\n\n"
@@ -212,8 +227,7 @@ def openai_router(node: Any, gates: dict[str, EndpointGate], *, default_deadline
     return router
 
 
-def _choice(chat: bool, index: int, gen: Generation, matched: Optional[str], echo: str) -> dict:
-    finish = FINISH.get(gen.finish_reason, "stop")
+def _choice(chat: bool, index: int, gen: Generation, finish: str, matched: Optional[str], echo: str) -> dict:
     if chat:
         return {"index": index, "message": {"role": "assistant", "content": gen.text}, "finish_reason": finish,
                 "stop_reason": matched, "logprobs": None}

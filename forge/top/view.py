@@ -14,6 +14,8 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from forge.fit import Fit
+
 BAR_WIDTH = 5
 
 
@@ -124,6 +126,27 @@ def header(frame: Frame, lines: list[CardLine]) -> Text:
     return out
 
 
+COMPACT_BAR_WIDTH = 3
+COMPACT_COLUMNS = ("card", "tier", "health", "tok/s", "budget", "slots", "KV used", "queue")
+
+
+def compact_table(lines: list[CardLine]) -> RenderableType:
+    """The columns that matter most, for a terminal narrower than table() (80 columns hold it); stalls and failures
+    are said below it, on a line per card that has any."""
+    t = Table(box=None, pad_edge=False, header_style="bold", expand=False)
+    for name in COMPACT_COLUMNS:
+        t.add_column(name, justify="right" if name in ("tok/s", "queue") else "left", no_wrap=True)
+    for c in lines:
+        t.add_row(c.card, c.tier, Text("ok", "green") if c.healthy else Text("DOWN", "bold red"),
+                  _num(c.tokens_per_s), bar(c.budget_use, COMPACT_BAR_WIDTH),
+                  bar(_ratio(c.in_flight, c.slots), COMPACT_BAR_WIDTH, label=f"{c.in_flight}/{c.slots}"),
+                  bar(_ratio(c.kv_used, c.kv_total), COMPACT_BAR_WIDTH, warn_at=0.9), f"{c.engine_queued:,}")
+    notes = [Text(f"{c.card}: {c.stalls:,} stalls, {c.progress_only_steps:,} progress-only steps, "
+                  f"{c.requests_failed:,} failed", style="bold red")
+             for c in lines if c.stalls or c.progress_only_steps or c.requests_failed]
+    return Group(t, *notes) if notes else t
+
+
 def table(lines: list[CardLine]) -> Table:
     t = Table(box=None, pad_edge=False, header_style="bold", expand=False)
     for name in ("card", "tier", "health", "tok/s", "out/s", "budget", "slots", "KV used", "KV rsv",
@@ -144,7 +167,8 @@ def table(lines: list[CardLine]) -> Table:
 def render(frame: Frame) -> RenderableType:
     lines = card_lines(frame.stats, frame.prev_stats)
     parts: list[RenderableType] = [header(frame, lines), Text(""),
-                                   table(lines) if lines else Text("no cards are serving on this node", "yellow")]
+                                   Fit(table(lines), lambda: compact_table(lines)) if lines
+                                   else Text("no cards are serving on this node", "yellow")]
     if frame.hint:
         parts += [Text(""), Text(frame.hint, style="dim")]
     return Group(*parts)

@@ -260,9 +260,20 @@ def test_no_engine_fits_names_lengths_and_limits():
     assert "cpu1" in msg and "no prompt for its tokenizer 'u'" in msg
     with pytest.raises(NoEngineFits, match="needs 8 KV blocks of 16 > the pool's 7"):
         core.add(req(range(100), max_new=16))
+
     with pytest.raises(NoEngineFits, match="max_new_tokens 17 > max_output_len 16"):
         core.add(req(range(10), max_new=17))
     assert core.stats().no_fit == 3 and core.pending() == 0
+
+
+def test_no_engine_fits_says_what_is_wrong_first_and_internal_ids_last():
+    core = BrokerCore([geom("cpu0", max_in=100, max_out=16), geom("cpu1", max_in=100, max_out=16)], node="local")
+    r = req(range(120), max_new=4)
+    with pytest.raises(NoEngineFits) as ei:
+        core.add(r)
+    msg = str(ei.value)
+    assert msg.startswith("prompt 120 tokens > max_input_len 100: it fits no engine on node local ("), msg
+    assert msg.endswith(f"request {r.request_id}, prompt tokens per tokenizer t: 120)"), msg
 
 
 def test_requests_only_reach_engines_they_fit():

@@ -13,6 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from forge.errors import ForgeError
+from forge.records.shards import open_input
 from forge.records import InputError, open_records
 from forge.constants import EXIT_ERROR_ROWS
 from tests.reliability._rel import (ECHO, NODES, RssSampler, assert_complete, assert_no_traceback, env, forge,
@@ -144,19 +145,30 @@ def test_hostile_input_file_through_forge_run(tmp_path):
                    cli_wall_s=round(took, 1))
 
 
-@pytest.mark.parametrize("kind", ["missing", "folder", "fifo", "device", "bad-parquet"])
+@pytest.mark.parametrize("kind", ["missing", "folder", "device", "bad-parquet"])
 def test_unreadable_inputs_are_refused_with_one_line(tmp_path, kind):
-    path = {"missing": tmp_path / "nope.jsonl", "folder": tmp_path, "fifo": tmp_path / "pipe.jsonl",
-            "device": "/dev/zero", "bad-parquet": tmp_path / "bad.parquet"}[kind]
-    if kind == "fifo":
-        os.mkfifo(path)
+    # A folder is read as shards (forge/records/shards.py): one without any is refused. A FIFO is a pipe now
+    # (test_a_fifo_without_a_writer_never_blocks below).
+    path = {"missing": tmp_path / "nope.jsonl", "folder": tmp_path, "device": "/dev/zero",
+            "bad-parquet": tmp_path / "bad.parquet"}[kind]
     if kind == "bad-parquet":
         path.write_bytes(b"PAR1 this is not parquet")
     with pytest.raises(ForgeError):
-        open_records(path)
+        open_input(path)
     r = forge("run", ECHO, "--node", NODES / "instant.yaml", "--input", path, "--output", tmp_path / "out.jsonl",
               timeout=60)
     assert r.returncode in (1, 2), r.stderr                  # 2: click refuses a folder as a usage error
     assert_no_traceback(r.stderr)
     lines = r.stderr.strip().splitlines()
     assert (len(lines) == 1 or r.returncode == 2) and any(str(path) in line for line in lines), r.stderr
+
+
+def test_a_fifo_without_a_writer_is_refused_without_blocking(tmp_path):
+    fifo = tmp_path / "pipe.jsonl"
+    os.mkfifo(fifo)
+    r = forge("run", ECHO, "--node", NODES / "instant.yaml", "--input", fifo, "--output", tmp_path / "out.jsonl",
+              timeout=60)
+    assert r.returncode == 1, r.stderr
+    assert_no_traceback(r.stderr)
+    assert r.stderr.strip().splitlines()[-1] == (f"forge: {fifo}: no process writes to this pipe (none opened it "
+                                                 "within 10 s): start its writer first, or give a file")

@@ -163,3 +163,15 @@ def test_write_report_takes_the_final_sample_on_the_real_clock(tmp_path):
     report = json.loads(json_path.read_text())
     assert len(report["series"]["t_s"]) == 2 and report["series"]["run"]["done"] == [0.0, 3.0]
     assert report["totals"]["done"] == 3
+
+
+def test_markdown_shows_a_time_as_a_date_not_a_number(tmp_path):
+    sim = SyntheticRun()
+    sampler = Sampler(**sim.sources(), interval_s=1.0, max_points=256)
+    drive(sampler, sim)
+    output = tmp_path / "out.jsonl"
+    output.write_text("")
+    _, md_path = write_report(output, {**SUMMARY, "finished_at": 1_796_225_317.25}, sampler, final_sample=False)
+    md = md_path.read_text()
+    assert "| finished_at | 2026-12-02 " in md and " UTC |" in md, md
+    assert "1,796,225,317" not in md
