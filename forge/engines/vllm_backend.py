@@ -10,7 +10,7 @@ BACKEND = mapping.BACKEND
 
 
 def _factory(contract, plan):
-    from forge.engines.vllm.engine import build_engine
+    from forge.engines.vllm.factory import build_engine
 
     return build_engine(contract, plan)
 
