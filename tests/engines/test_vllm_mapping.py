@@ -45,7 +45,7 @@ def test_every_field_of_the_embedded_contract_is_mapped(loaded):
         "gpu_memory_utilization": 0.92, "kv_offloading_size": None, "kv_offloading_backend": "native",
         "enable_prefix_caching": True, "enable_chunked_prefill": True, "long_prefill_token_threshold": 0,
         "scheduler_reserve_full_isl": True, "async_scheduling": False, "enforce_eager": True,
-        "attention_backend": "CPU_ATTN", "structured_outputs_config": {"backend": "xgrammar"}, "stream_interval": 1,
+        "attention_backend": "CPU_ATTN", "structured_outputs_config": {"backend": "xgrammar", "disable_any_whitespace": True}, "stream_interval": 1,
         "generation_config": "vllm", "tensor_parallel_size": 1, "pipeline_parallel_size": 1,
         "distributed_executor_backend": "uni", "disable_log_stats": False,
     }

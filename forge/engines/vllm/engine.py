@@ -209,7 +209,7 @@ class VllmEngine(Engine):
             if g.choice is not None:
                 guide = self._Guide(choice=list(g.choice))
             elif g.json_schema is not None:
-                guide = self._Guide(json=g.json_schema, disable_any_whitespace=True)   # no runs of blanks
+                guide = self._Guide(json=g.json_schema)
             elif g.regex is not None:
                 guide = self._Guide(regex=g.regex)
         return self._SamplingParams(

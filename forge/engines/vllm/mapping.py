@@ -11,7 +11,7 @@
     artifact.checkpoint/tokenizer  -> model / tokenizer, load_format ("dummy" for random_weights)
     vllm.*                         -> enforce_eager, attention_backend, async_scheduling, enable_chunked_prefill,
                                       long_prefill_token_threshold, structured_outputs_config, stream_interval, seed
-    fixed by forge                 -> generation_config="vllm" (the checkpoint's generation_config.json never changes
+    fixed by forge                 -> guided JSON without free whitespace, generation_config="vllm" (the checkpoint's generation_config.json never changes
                                       sampling), one device (tensor/pipeline parallel 1), the engine core in the card
                                       worker's process (executor "uni", VLLM_ENABLE_V1_MULTIPROCESSING=0: see
                                       forge/engines/vllm/engine.py), scheduler_reserve_full_isl, stats on
@@ -137,7 +137,8 @@ def engine_arguments(contract: Contract, plan: CardPlan) -> dict[str, Any]:
         "async_scheduling": sec.async_scheduling,
         "enforce_eager": sec.enforce_eager,
         "attention_backend": sec.attention_backend,
-        "structured_outputs_config": {"backend": sec.structured_outputs_backend},
+        # guided JSON without free whitespace between tokens: a small model otherwise fills its budget with blanks
+        "structured_outputs_config": {"backend": sec.structured_outputs_backend, "disable_any_whitespace": True},
         "stream_interval": sec.stream_interval,
         "generation_config": "vllm",
         "tensor_parallel_size": 1,
