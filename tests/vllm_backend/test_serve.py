@@ -23,7 +23,8 @@ def client(tmp_path_factory):
 
 
 def complete(client, **kw):
-    return client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=40, temperature=0, **kw).choices[0]
+    kw.setdefault("temperature", 0)
+    return client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=40, **kw).choices[0]
 
 
 def test_stop_strings_cut_the_text(client):
