@@ -130,3 +130,18 @@ def test_read_back_names_field_contract_value_and_engine_value(loaded):
                    "the card is refused",
                    f"{where}::$.kv_cache.tokens_per_block: contract 32, vLLM built 128 (cache_config.block_size); "
                    "the card is refused"]
+
+
+@pytest.mark.parametrize("field", list(mapping.VllmSection.model_fields))
+def test_a_contract_leaving_any_vllm_field_out_is_refused_naming_it(field, tmp_path, monkeypatch):
+    import yaml
+
+    from forge.config.load import load_paths
+    from forge.embedded import HERE
+
+    data = yaml.safe_load((HERE / "tiny-llama-vllm.yaml").read_text())
+    data["artifact"]["checkpoint"] = str(HERE / "tiny-llama")
+    del data["vllm"][field]
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(data))
+    monkeypatch.chdir(tmp_path)
+    assert [p.render() for p in load_paths(["c.yaml"]).problems] == [f"c.yaml::$.vllm.{field}: missing required key"]
