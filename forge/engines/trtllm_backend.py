@@ -28,7 +28,8 @@ from forge.config.models import Contract
 from forge.config.plan import CardPlan
 from forge.engines import trtllm_mapping as tm
 from forge.engines.trtllm_release import Release, release_from_models
-from forge.engines.trtllm_section import SECTION, TrtllmSection
+from forge.engines.trtllm_section import TrtllmSection
+from forge.engines.backends import Backend
 from forge.engines.interface import (REFUSED, Engine, EngineBusy, EngineFailed, EngineRequest, EngineResult,
                                      IterationStats, Progress)
 from forge.errors import ConfigError, EngineUnavailable, Problem
@@ -41,23 +42,24 @@ log = logging.getLogger("forge.engines.trtllm")
 
 
 @hookimpl
-def forge_register_backends(register):
-    register("trtllm", create_engine, None)
+def forge_register_backend(register):
+    register(Backend(name="trtllm", factory=create_engine, section=TrtllmSection, rules=(trtllm_contract_rule,),
+                     engine_arguments=planned_engine_arguments, label="TensorRT-LLM"))
 
 
-@hookimpl
-def forge_validation_rules(register):
-    register(trtllm_contract_rule)
+def planned_engine_arguments(contract: Contract, plan: CardPlan) -> dict:
+    """What `forge provision --dry-run` shows: the arguments checked against the installed release where
+    TensorRT-LLM is importable, else against none (Release.unchecked: every field the contract needs is shown)."""
+    try:
+        release = installed_release()
+    except Exception:   # noqa: BLE001 - not installed here (the usual case off a GPU machine): plan unchecked
+        release = Release.unchecked()
+    return tm.engine_arguments(contract, plan, release)
 
 
 def trtllm_contract_rule(loaded) -> list[Problem]:
     """`forge validate`: what TensorRT-LLM would refuse in a trtllm contract, before any GPU is touched."""
     return [p for c in loaded.contracts.values() if c.backend == "trtllm" for p in tm.trtllm_refusals(c)]
-
-
-@hookimpl
-def forge_register_contract_sections(register):
-    register(SECTION, TrtllmSection)
 
 
 def create_engine(contract: Contract, plan: CardPlan, *,
