@@ -18,8 +18,8 @@ def test_every_built_in_is_one_object():
     assert sorted(got) == ["faults", "instant", "transformers", "trtllm", "vllm"]
     assert {n: b.section.__name__ if b.section else None for n, b in got.items()} == {
         "faults": "FaultsSection", "instant": "InstantSection", "transformers": "TransformersSection",
-        "trtllm": None, "vllm": "VllmSection"}
-    assert {n for n, b in got.items() if b.engine_arguments} == {"transformers", "vllm"}
+        "trtllm": "TrtllmSection", "vllm": "VllmSection"}
+    assert {n for n, b in got.items() if b.engine_arguments} == {"transformers", "trtllm", "vllm"}
     assert {n for n, b in got.items() if b.working_memory} == {"transformers"}
     assert len(got["transformers"].rules) == 5 and len(got["vllm"].rules) == 1
 

@@ -225,7 +225,9 @@ def test_backend_module_imports_no_engine_library():
 def test_backend_is_registered_as_trtllm():
     from forge.engines import backends, trtllm_backend
     b = backends.get("trtllm")
-    assert (b.factory, b.section, b.rules) == (trtllm_backend.create_engine, None, (trtllm_backend.trtllm_contract_rule,))
+    assert (b.factory, b.section, b.rules) == (trtllm_backend.create_engine, trtllm_backend.TrtllmSection,
+                                               (trtllm_backend.trtllm_contract_rule,))
+    assert b.engine_arguments is trtllm_backend.planned_engine_arguments
 
 
 def test_factory_without_tensorrt_llm_raises_engine_unavailable(monkeypatch):
