@@ -12,6 +12,7 @@ from forge import hookspecs
 DEFAULT_PLUGINS = (
     "forge.engines.transformers_backend",
     "forge.engines.trtllm_backend",
+    "forge.engines.vllm_backend",
     "forge.engines.faults",
     "forge.engines.instant",
     "forge.hardware.probe",

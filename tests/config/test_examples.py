@@ -12,8 +12,9 @@ from tests.config.conftest import REPO
 def test_all_examples_validate_without_warnings():
     loaded = load_paths([REPO / "node_descriptions", REPO / "engine_contracts"])
     assert loaded.problems == [], "\n".join(p.render() for p in loaded.problems)
-    assert sorted(loaded.nodes) == ["fabric-a", "fabric-long", "local"]
-    assert sorted(loaded.contracts) == ["llama7b-fp8-1k", "llama7b-fp8-1k-half", "llama7b-fp8-long", "tiny-llama-cpu"]
+    assert sorted(loaded.nodes) == ["fabric-a", "fabric-long", "local", "local-vllm"]
+    assert sorted(loaded.contracts) == ["llama7b-fp8-1k", "llama7b-fp8-1k-half", "llama7b-fp8-long", "tiny-llama-cpu",
+                                      "tiny-llama-vllm"]
 
 
 @pytest.mark.parametrize("name, rows", [
@@ -22,6 +23,7 @@ def test_all_examples_validate_without_warnings():
     ("fabric-long", [("gpu0", "llama7b-fp8-long", 2698, 87, 8192, 64),
                      ("gpu1", "llama7b-fp8-1k-half", 3829, 106, 4096, 96)]),
     ("local", [("cpu0", "tiny-llama-cpu", 512, 32, 512, 32)]),
+    ("local-vllm", [("cpu0", "tiny-llama-vllm", 512, 32, 512, 32)]),
 ])
 def test_example_plans(name, rows):
     loaded = load_node(REPO / "node_descriptions" / f"{name}.yaml")
@@ -72,14 +74,16 @@ def test_validation_needs_no_engine_library():
     assert out.stdout.strip() == "True []", out.stderr
 
 
-def test_packaged_default_is_the_repo_default():
-    """forge/embedded/local.yaml (shipped in the package, `--node local`) and node_descriptions/local.yaml
-    describe the same node with the same packaged contract; only the path to that contract differs."""
+@pytest.mark.parametrize("name, contract", [("local", "tiny-llama-cpu"), ("local-vllm", "tiny-llama-vllm")])
+def test_packaged_nodes_are_the_repo_nodes(name, contract):
+    """forge/embedded/NAME.yaml (shipped in the package, `--node NAME`) and node_descriptions/NAME.yaml describe
+    the same node with the same packaged contract; only the path to that contract differs."""
     import yaml
 
-    from forge.embedded import default_node_path
+    from forge.embedded import PACKAGED_NODES
 
-    packaged, repo = (yaml.safe_load(p.read_text()) for p in (default_node_path(), REPO / "node_descriptions/local.yaml"))
+    packaged, repo = (yaml.safe_load(p.read_text()) for p in (PACKAGED_NODES[name],
+                                                              REPO / f"node_descriptions/{name}.yaml"))
     assert {k: v for k, v in packaged.items() if k != "contracts"} == {k: v for k, v in repo.items() if k != "contracts"}
-    a, b = load_node(default_node_path()), load_node(REPO / "node_descriptions/local.yaml")
-    assert a.contracts["tiny-llama-cpu"].source.resolve() == b.contracts["tiny-llama-cpu"].source.resolve()
+    a, b = load_node(PACKAGED_NODES[name]), load_node(REPO / f"node_descriptions/{name}.yaml")
+    assert a.contracts[contract].source.resolve() == b.contracts[contract].source.resolve()

@@ -1,0 +1,2 @@
+"""vLLM as a forge engine: section.py (the `vllm:` contract section), mapping.py (contract -> engine arguments,
+pure), engine.py (the Engine over vLLM's LLMEngine, imported only in the card worker)."""

@@ -1,0 +1,175 @@
+"""A contract and its card plan as vLLM engine arguments: PURE (no vLLM import), every field mapped explicitly.
+
+    limits.max_num_tokens          -> max_num_batched_tokens
+    limits.max_batch_size          -> max_num_seqs
+    limits.max_input_len + output  -> max_model_len (forge refuses over-long inputs itself)
+    kv_cache.max_tokens / fraction -> kv_cache_memory_bytes (the plan's pool) and num_gpu_blocks_override (its blocks)
+    kv_cache.tokens_per_block      -> block_size
+    kv_cache.host_cache_size       -> kv_offloading_size (GiB; None when 0) + kv_offloading_backend
+    kv_cache.block_reuse           -> enable_prefix_caching
+    precision.weights / kv_cache   -> dtype / kv_cache_dtype
+    artifact.checkpoint/tokenizer  -> model / tokenizer, load_format ("dummy" for random_weights)
+    vllm.*                         -> enforce_eager, attention_backend, async_scheduling, enable_chunked_prefill,
+                                      long_prefill_token_threshold, structured_outputs_config, stream_interval, seed
+    fixed by forge                 -> generation_config="vllm" (the checkpoint's generation_config.json never changes
+                                      sampling), one device (tensor/pipeline parallel 1), the engine core in the card
+                                      worker's process (executor "uni", VLLM_ENABLE_V1_MULTIPROCESSING=0: see
+                                      forge/engines/vllm/engine.py), scheduler_reserve_full_isl, stats on
+
+Environment (`environment()`): VLLM_CPU_KVCACHE_SPACE is cleared, because vLLM's CPU platform lets it override
+kv_cache_memory_bytes; VLLM_ENABLE_V1_MULTIPROCESSING is set to 0."""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from forge.config.models import Contract
+from forge.config.plan import CardPlan
+from forge.config.units import GIB
+from forge.engines.vllm.section import VllmSection
+from forge.errors import ConfigError, Problem, display_path
+
+BACKEND = "vllm"
+# vLLM's dtype per contract precision (ModelDType); fp8 / int4 weights need a quantized checkpoint: not mapped.
+WEIGHT_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+# vLLM's CacheDType has no float32: an fp32 cache is "auto" (the model's dtype) with fp32 weights only.
+KV_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp8": "fp8"}
+# The share of the device vLLM's memory check may assume. With kv_cache_memory_bytes given, vLLM sizes the KV pool
+# from it and not from this share; it is stated so no device default is left in the arguments.
+GPU_MEMORY_UTILIZATION = 0.92
+ENV_SET = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+ENV_CLEAR = ("VLLM_CPU_KVCACHE_SPACE",)
+
+
+def where(contract: Contract) -> str:
+    return display_path(contract.source) if contract.source else f"<contract {contract.contract}>"
+
+
+def section(contract: Contract) -> VllmSection:
+    """The contract's `vllm:` section as its model, or one line naming what is missing."""
+    raw = contract.sections.get(BACKEND)
+    if isinstance(raw, VllmSection):
+        return raw
+    if raw is None:
+        raise ConfigError([Problem(where(contract), "$.vllm", missing_section_message())])
+    return VllmSection.model_validate(raw)
+
+
+def missing_section_message() -> str:
+    return ("backend vllm needs a vllm: section stating every field (" + ", ".join(VllmSection.model_fields) +
+            "); vLLM would choose each by device and model")
+
+
+def kv_cache_dtype(contract: Contract) -> Optional[str]:
+    """vLLM's kv_cache_dtype for the contract's precision, or None when vLLM cannot store it."""
+    kv, weights = contract.precision.kv_cache, contract.precision.weights
+    if kv == weights:
+        return "auto"                 # the model's dtype, which `dtype` sets to exactly this
+    return KV_DTYPES.get(kv)
+
+
+def problems(contract: Contract) -> list[Problem]:
+    """What vLLM would refuse, or silently change, in a vllm contract: one Problem each, at the field."""
+    w, out = where(contract), []
+    raw = contract.sections.get(BACKEND)
+    if raw is None:
+        return [Problem(w, "$.vllm", missing_section_message())]
+    sec = raw if isinstance(raw, VllmSection) else VllmSection.model_validate(raw)
+    lim, kv, prec = contract.limits, contract.kv_cache, contract.precision
+    if contract.artifact.checkpoint is None:
+        out.append(Problem(w, "$.artifact.checkpoint", "backend vllm loads a Hugging Face checkpoint directory"))
+    if prec.weights not in WEIGHT_DTYPES:
+        out.append(Problem(w, "$.precision.weights", f"backend vllm maps weights {', '.join(WEIGHT_DTYPES)}; "
+                           f"{prec.weights} needs a quantized checkpoint, which forge does not map"))
+    elif kv_cache_dtype(contract) is None:
+        out.append(Problem(w, "$.precision.kv_cache", f"vLLM stores the KV cache in the model dtype, bf16, fp16 or "
+                           f"fp8; kv_cache {prec.kv_cache} with weights {prec.weights} cannot be honoured"))
+    if not sec.chunked_prefill and lim.max_num_tokens < lim.max_input_len + lim.max_output_len:
+        out.append(Problem(w, "$.vllm.chunked_prefill", f"false needs limits.max_num_tokens "
+                           f"({lim.max_num_tokens}) >= max_input_len + max_output_len "
+                           f"({lim.max_input_len + lim.max_output_len}): vLLM schedules a whole prompt in one step"))
+    if sec.long_prefill_token_threshold > lim.max_num_tokens:
+        out.append(Problem(w, "$.vllm.long_prefill_token_threshold", f"{sec.long_prefill_token_threshold} is above "
+                           f"limits.max_num_tokens ({lim.max_num_tokens}): no chunk can be that large"))
+    if contract.target.kind == "cpu":
+        if sec.async_scheduling:
+            out.append(Problem(w, "$.vllm.async_scheduling", "vLLM's CPU platform turns async scheduling off; a cpu "
+                               "target must say false"))
+        if sec.attention_backend != "CPU_ATTN":
+            out.append(Problem(w, "$.vllm.attention_backend", f"{sec.attention_backend}: vLLM's CPU platform runs "
+                               "CPU_ATTN only"))
+        if kv.host_cache_bytes:
+            out.append(Problem(w, "$.kv_cache.host_cache_size", "a cpu target's KV pool is already in host memory: "
+                               "host_cache_size must be 0"))
+    return out
+
+
+def engine_arguments(contract: Contract, plan: CardPlan) -> dict[str, Any]:
+    """vLLM's EngineArgs for one engine of this plan, every value stated. Raises ConfigError where the contract
+    cannot be mapped (the same problems `forge validate` reports)."""
+    found = problems(contract)
+    if found:
+        raise ConfigError(found)
+    sec = section(contract)
+    lim, kv, prec, art = contract.limits, contract.kv_cache, contract.precision, contract.artifact
+    checkpoint = str(contract.resolve(art.checkpoint))
+    host_bytes = kv.host_cache_bytes
+    return {
+        "model": checkpoint,
+        "tokenizer": str(contract.resolve(art.tokenizer or art.checkpoint)),
+        "load_format": "dummy" if art.random_weights else "auto",
+        "dtype": WEIGHT_DTYPES[prec.weights],
+        "kv_cache_dtype": kv_cache_dtype(contract),
+        "seed": sec.seed,
+        "max_model_len": lim.max_input_len + lim.max_output_len,
+        "max_num_batched_tokens": lim.max_num_tokens,
+        "max_num_seqs": lim.max_batch_size,
+        "block_size": kv.tokens_per_block,
+        "kv_cache_memory_bytes": plan.num_blocks * kv.tokens_per_block * plan.bytes_per_token,
+        "num_gpu_blocks_override": plan.num_blocks,
+        "gpu_memory_utilization": GPU_MEMORY_UTILIZATION,
+        "kv_offloading_size": host_bytes / GIB if host_bytes else None,
+        "kv_offloading_backend": sec.kv_offloading_backend,
+        "enable_prefix_caching": kv.block_reuse,
+        "enable_chunked_prefill": sec.chunked_prefill,
+        "long_prefill_token_threshold": sec.long_prefill_token_threshold,
+        "scheduler_reserve_full_isl": True,
+        "async_scheduling": sec.async_scheduling,
+        "enforce_eager": sec.enforce_eager,
+        "attention_backend": sec.attention_backend,
+        "structured_outputs_config": {"backend": sec.structured_outputs_backend},
+        "stream_interval": sec.stream_interval,
+        "generation_config": "vllm",
+        "tensor_parallel_size": 1,
+        "pipeline_parallel_size": 1,
+        "distributed_executor_backend": "uni",
+        "disable_log_stats": False,
+        "enable_log_requests": False,
+    }
+
+
+def environment() -> dict[str, Optional[str]]:
+    """Environment variables to set (a value) or clear (None) before vLLM is imported in the card worker."""
+    return {**ENV_SET, **{name: None for name in ENV_CLEAR}}
+
+
+def apply_environment(env: dict) -> dict[str, Optional[str]]:
+    """Set and clear environment() in `env` (os.environ in the worker); returns what was there before."""
+    before = {}
+    for name, value in environment().items():
+        before[name] = env.get(name)
+        if value is None:
+            env.pop(name, None)
+        else:
+            env[name] = value
+    return before
+
+
+# What `forge provision --dry-run` and docs show: the engine value each contract field became.
+READ_BACK = (    # (contract field, engine argument, vLLM's built config attribute path)
+    ("limits.max_num_tokens", "max_num_batched_tokens", "scheduler_config.max_num_batched_tokens"),
+    ("limits.max_batch_size", "max_num_seqs", "scheduler_config.max_num_seqs"),
+    ("limits.max_input_len + max_output_len", "max_model_len", "model_config.max_model_len"),
+    ("kv_cache.tokens_per_block", "block_size", "cache_config.block_size"),
+    ("kv_cache.max_tokens", "num_gpu_blocks_override", "cache_config.num_gpu_blocks"),
+    ("kv_cache.block_reuse", "enable_prefix_caching", "cache_config.enable_prefix_caching"),
+)

@@ -1,0 +1,30 @@
+"""The `vllm` engine backend: vLLM's v1 engine in the card worker, sized from the contract (never from vLLM's
+device defaults). This module is a pluggy plugin and must import without vLLM: the factory imports it."""
+from __future__ import annotations
+
+from forge.engines.vllm import mapping
+from forge.engines.vllm.section import VllmSection
+from forge.hookspecs import hookimpl
+
+BACKEND = mapping.BACKEND
+
+
+def _factory(contract, plan):
+    from forge.engines.vllm.engine import build_engine
+
+    return build_engine(contract, plan)
+
+
+def vllm_contract_rule(loaded) -> list:
+    """`forge validate`: what vLLM would refuse or silently change in a vllm contract, before it loads."""
+    return [p for c in loaded.contracts.values() if c.backend == BACKEND for p in mapping.problems(c)]
+
+
+@hookimpl
+def forge_register_backends(register):
+    register(BACKEND, _factory, VllmSection)
+
+
+@hookimpl
+def forge_validation_rules(register):
+    register(vllm_contract_rule)

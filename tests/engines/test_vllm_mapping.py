@@ -1,0 +1,116 @@
+"""forge/engines/vllm/mapping.py: every contract field becomes a stated vLLM engine argument (pure, no vLLM)."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from forge.config.load import load_node
+from forge.embedded import PACKAGED_NODES
+from forge.engines.vllm import mapping
+from forge.errors import ConfigError
+
+
+@pytest.fixture(scope="module")
+def loaded():
+    return load_node(PACKAGED_NODES["local-vllm"])
+
+
+def _variant(contract, **changes):
+    """The contract with some fields replaced (nested by dotted key), keeping its file and sections."""
+    data = contract.model_dump()
+    sections = dict(contract.sections)
+    if "vllm" in changes:
+        sections["vllm"] = changes.pop("vllm")
+    for dotted, value in changes.items():
+        *parents, leaf = dotted.split(".")
+        node = data
+        for p in parents:
+            node = node[p]
+        node[leaf] = value
+    out = type(contract).model_validate({**data, "sections": sections})
+    out._source = contract.source
+    return out
+
+
+def test_every_field_of_the_embedded_contract_is_mapped(loaded):
+    c, plan = loaded.contracts["tiny-llama-vllm"], loaded.plans[0]
+    args = mapping.engine_arguments(c, plan)
+    model_dir = str(c.resolve("tiny-llama"))
+    assert args == {
+        "model": model_dir, "tokenizer": model_dir, "load_format": "auto",
+        "dtype": "float32", "kv_cache_dtype": "auto", "seed": 0,
+        "max_model_len": 512, "max_num_batched_tokens": 512, "max_num_seqs": 32,
+        "block_size": 32, "kv_cache_memory_bytes": 16384 * 2 * 4 * 4 * 32 * 4, "num_gpu_blocks_override": 512,
+        "gpu_memory_utilization": 0.92, "kv_offloading_size": None, "kv_offloading_backend": "native",
+        "enable_prefix_caching": True, "enable_chunked_prefill": True, "long_prefill_token_threshold": 0,
+        "scheduler_reserve_full_isl": True, "async_scheduling": False, "enforce_eager": True,
+        "attention_backend": "CPU_ATTN", "structured_outputs_config": {"backend": "xgrammar"}, "stream_interval": 1,
+        "generation_config": "vllm", "tensor_parallel_size": 1, "pipeline_parallel_size": 1,
+        "distributed_executor_backend": "uni", "disable_log_stats": False, "enable_log_requests": False,
+    }
+    assert None not in [v for k, v in args.items() if k != "kv_offloading_size"]
+
+
+def test_arguments_follow_the_contract(loaded):
+    c, plan = loaded.contracts["tiny-llama-vllm"], loaded.plans[0]
+    sec = c.sections["vllm"].model_copy(update={"chunked_prefill": False, "enforce_eager": False, "seed": 7})
+    gpu = _variant(c, **{"limits.max_num_tokens": 1024, "limits.max_batch_size": 8, "kv_cache.block_reuse": False,
+                         "kv_cache.tokens_per_block": 64, "precision.weights": "bf16", "precision.kv_cache": "fp8",
+                         "kv_cache.host_cache_size": "2GiB", "target.kind": "gpu", "target.compute_capability": "9.0",
+                         "artifact.random_weights": True}, vllm=sec.model_copy(update={"attention_backend": "FLASH_ATTN"}))
+    from forge.config.plan import plan_card
+
+    gplan = plan_card(plan.card, gpu)
+    args = mapping.engine_arguments(gpu, gplan)
+    assert (args["max_num_batched_tokens"], args["max_num_seqs"], args["block_size"]) == (1024, 8, 64)
+    assert (args["dtype"], args["kv_cache_dtype"], args["load_format"]) == ("bfloat16", "fp8", "dummy")
+    assert (args["enable_prefix_caching"], args["enable_chunked_prefill"], args["enforce_eager"]) == (False, False, False)
+    assert (args["kv_offloading_size"], args["seed"], args["attention_backend"]) == (2.0, 7, "FLASH_ATTN")
+    assert args["num_gpu_blocks_override"] == gplan.num_blocks == 16384 // 64
+    assert args["kv_cache_memory_bytes"] == gplan.num_blocks * 64 * gplan.bytes_per_token
+
+
+@pytest.mark.parametrize("changes, field, words", [
+    ({"precision.weights": "fp8"}, "$.precision.weights", "quantized checkpoint"),
+    ({"precision.kv_cache": "int8"}, "$.precision.kv_cache", "cannot be honoured"),
+    ({"precision.weights": "bf16"}, "$.precision.kv_cache", "kv_cache fp32 with weights bf16"),
+    ({"kv_cache.host_cache_size": "1GiB"}, "$.kv_cache.host_cache_size", "must be 0"),
+])
+def test_unmappable_contracts_are_refused_at_the_field(loaded, changes, field, words):
+    c = _variant(loaded.contracts["tiny-llama-vllm"], **changes)
+    with pytest.raises(ConfigError) as e:
+        mapping.engine_arguments(c, loaded.plans[0])
+    assert [p.path for p in e.value.problems] == [field]
+    assert words in str(e.value)
+
+
+@pytest.mark.parametrize("update, budget, field", [
+    ({"async_scheduling": True}, 512, "$.vllm.async_scheduling"),
+    ({"attention_backend": "FLASH_ATTN"}, 512, "$.vllm.attention_backend"),
+    ({"chunked_prefill": False}, 511, "$.vllm.chunked_prefill"),
+    ({"long_prefill_token_threshold": 513}, 512, "$.vllm.long_prefill_token_threshold"),
+])
+def test_switches_vllm_would_change_are_refused(loaded, update, budget, field):
+    c = loaded.contracts["tiny-llama-vllm"]
+    c2 = _variant(c, **{"limits.max_num_tokens": budget}, vllm=c.sections["vllm"].model_copy(update=update))
+    assert [p.path for p in mapping.problems(c2)] == [field]
+    assert mapping.problems(_variant(c, **{"limits.max_num_tokens": budget})) == []
+
+
+def test_a_contract_without_its_section_is_refused_naming_it(loaded):
+    c = loaded.contracts["tiny-llama-vllm"]
+    bare = type(c).model_validate({**c.model_dump(), "sections": {}})
+    with pytest.raises(ConfigError) as e:
+        mapping.engine_arguments(bare, loaded.plans[0])
+    assert "$.vllm: backend vllm needs a vllm: section" in str(e.value)
+    assert "enforce_eager" in str(e.value)
+
+
+def test_environment_clears_the_cpu_kv_override():
+    env = {"VLLM_CPU_KVCACHE_SPACE": "40", "OTHER": "x"}
+    before = mapping.apply_environment(env)
+    assert env == {"OTHER": "x", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    assert before == {"VLLM_CPU_KVCACHE_SPACE": "40", "VLLM_ENABLE_V1_MULTIPROCESSING": None}
+    assert "VLLM_CPU_KVCACHE_SPACE" in mapping.environment() and mapping.environment()["VLLM_CPU_KVCACHE_SPACE"] is None
+    assert os.environ is not env
