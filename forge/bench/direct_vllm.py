@@ -51,6 +51,7 @@ class VllmDirectEngine:
         offline = {f.name for f in dataclasses.fields(EngineArgs)}
         self.left_out = sorted(k for k in self.engine_args if k not in offline)
         self.llm = LLM(**{k: v for k, v in self.engine_args.items() if k in offline})
+        self.built = built_geometry(self.llm)
         tune_for_throughput()                             # the same collector settings as forge's workers
 
     def close(self) -> None:
@@ -80,6 +81,7 @@ class VllmDirectEngine:
         res = self._feed(order, depth, "r")
         res.variant = variant
         res.prefix_hit_tokens = _prefix_hits(llm) - hits0
+        res.notes.append("engine built: " + ", ".join(f"{k} {v}" for k, v in self.built.items()))
         res.notes.append("vLLM " + _version() + (f"; async-engine-only arguments left out: {', '.join(self.left_out)}"
                                                  if self.left_out else ""))
         if warm_jobs:
@@ -125,6 +127,15 @@ class VllmDirectEngine:
                     break
         res.window_s = time.perf_counter() - t0
         return res
+
+
+def built_geometry(llm) -> dict:
+    """What the engine really built, read back from its config (the contract's limits and pool as vLLM took them)."""
+    cfg = llm.llm_engine.vllm_config
+    return {"max_num_batched_tokens": cfg.scheduler_config.max_num_batched_tokens,
+            "max_num_seqs": cfg.scheduler_config.max_num_seqs, "max_model_len": cfg.model_config.max_model_len,
+            "block_size": cfg.cache_config.block_size, "num_gpu_blocks": cfg.cache_config.num_gpu_blocks,
+            "enable_prefix_caching": cfg.cache_config.enable_prefix_caching}
 
 
 def _count(res: ModeResult, r: BenchRequest, out) -> None:
