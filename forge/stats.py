@@ -39,6 +39,7 @@ class EngineStats:
     tokens_per_s: float = 0.0    # recent delivered (input+output) tokens/s, the broker's balancing signal
     engine_steps: int = 0        # cumulative engine steps (IterationStats.steps): mean tokens/step vs budget
     prefix_hit_tokens: int = 0   # cumulative prompt tokens the engine served from block reuse (IterationStats)
+    preemptions: int = 0         # cumulative sequences the engine preempted (IterationStats); admission keeps it 0
 
 
 @dataclass

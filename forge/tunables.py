@@ -1,6 +1,6 @@
 """What `forge bench sweep` may vary in a backend's own contract section, as the backend declares it.
 
-A backend registers a function (forge_register_tunables) that, for a contract and the card it would run on,
+A backend declares a function (its Backend's `tunables`) that, for a contract and the card it would run on,
 lists its tunable section fields in the order a sweep should try them, each with candidate values. A value this
 machine cannot run (an absent package, a kernel that does not exist for this card) carries the reason instead
 of being left out, so the sweep report says what was not tried and why. Whether a value breaks a contract rule
@@ -8,7 +8,7 @@ is not decided here: the sweep writes every candidate as a contract and runs the
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 MAX_CHOICES = 16          # values of one field a sweep tries at most: the candidate space stays bounded
 # contract fields (outside the backend's section) a backend may declare as tunable, where its engine takes several
@@ -39,15 +39,13 @@ class Tunable:
 
 def tunables_for(contract, card) -> list[Tunable]:
     """The backend's declared tunables for this contract on this card ([] when the backend declares none)."""
+    from forge.engines.backends import get
     from forge.errors import ForgeError
-    from forge.plugins import collect
 
-    found: list[Callable] = [args[1] for args in collect("forge_register_tunables") if args[0] == contract.backend]
-    if len(found) > 1:
-        raise ForgeError(f"plugin error: tunables of backend {contract.backend!r} are registered twice")
-    if not found:
+    backend = get(contract.backend)
+    if backend is None or backend.tunables is None:
         return []
-    out = list(found[0](contract, card))
+    out = list(backend.tunables(contract, card))
     for t in out:
         own = "." in t.field and (t.section == contract.backend or t.field in CONTRACT_FIELDS)
         if not own or len(t.choices) > MAX_CHOICES:

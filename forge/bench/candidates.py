@@ -1,6 +1,6 @@
 """The candidate space of `forge bench sweep`: which tiers are tried, and why the others are not.
 
-Dimensions: the backend's own switches as it declares them (forge_register_tunables; for transformers: CUDA
+Dimensions: the backend's own switches as it declares them (its Backend's `tunables`; for transformers: CUDA
 graphs, attention implementation, scheduler, async batching, compile level), the token budget and the slots
 (½ and 2 x the contract's), and replicas per card. The space is bounded by construction, never the full cross
 product:

@@ -125,7 +125,7 @@ class Contract(Strict):
     limits: Limits
     kv_cache: KvCache
     target: Target
-    # Backend-owned sections (e.g. `transformers:`), registered through forge_register_contract_sections.
+    # Backend-owned sections (e.g. `transformers:`), each registered Backend's `section`.
     sections: dict[str, Any] = Field(default_factory=dict, exclude=True)
 
     _source: Optional[Path] = PrivateAttr(None)

@@ -53,8 +53,11 @@ def build(backends: Iterable[tuple], sections: Iterable[tuple], rules: Iterable[
 
 
 def from_plugins() -> Registry:
-    """The registry as the installed plugins define it."""
+    """The registry as the installed plugins define it: each registered Backend's name, section and rules, then the
+    node-wide rules of forge_validation_rules."""
+    from forge.engines.backends import registered
     from forge.plugins import collect
 
-    return build(collect("forge_register_backends"), collect("forge_register_contract_sections"),
-                 collect("forge_validation_rules"))
+    backends = list(registered().values())
+    return build([(b.name, b.factory, b.section) for b in backends], [],
+                 [(rule,) for b in backends for rule in b.rules] + collect("forge_validation_rules"))

@@ -1,5 +1,5 @@
 """Memory an engine allocates beside its weights and KV pool, as its backend computes it from the plan (the
-forge_register_working_memory hook): the plan shows it per engine and counts it in the card's memory. Read lazily,
+Backend's working_memory): the plan shows it per engine and counts it in the card's memory. Read lazily,
 so importing forge.config never loads plugins."""
 from __future__ import annotations
 
@@ -8,10 +8,9 @@ from forge.config.plan import CardPlan
 
 def working_memory(plan: CardPlan) -> list[tuple[str, int]]:
     """(what, bytes) for one engine of this plan; empty where its backend registers nothing."""
-    from forge.plugins import collect
+    from forge.engines.backends import get
 
-    out: list[tuple[str, int]] = []
-    for backend, working in collect("forge_register_working_memory"):
-        if backend == plan.contract.backend:
-            out += [(what, n) for what, n in working(plan) if n > 0]
-    return out
+    backend = get(plan.contract.backend)
+    if backend is None or backend.working_memory is None:
+        return []
+    return [(what, n) for what, n in backend.working_memory(plan) if n > 0]

@@ -21,6 +21,7 @@ from typing import Any, Optional, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from forge.engines.backends import Backend
 from forge.engines.instant import section_of
 from forge.engines.interface import Engine, EngineBusy, EngineFailed, EngineRequest, EngineResult, IterationStats
 from forge.engines.interface import Progress
@@ -182,10 +183,6 @@ def _factory(contract, plan) -> FaultyEngine:
 
 
 @hookimpl
-def forge_register_backends(register):
-    register(BACKEND, _factory)
-
-
-@hookimpl
-def forge_register_contract_sections(register):
-    register(BACKEND, FaultsSection)
+def forge_register_backend(register):
+    register(Backend(name=BACKEND, factory=_factory, section=FaultsSection,
+                     label="any backend with faults injected (tests)"))

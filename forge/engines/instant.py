@@ -28,6 +28,7 @@ from typing import Any, Optional, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from forge.engines.backends import Backend
 from forge.engines.instant_steps import StepBatcher
 from forge.engines.interface import (Engine, EngineBusy, EngineFailed, EngineRequest, EngineResult, IterationStats,
                                      Progress)
@@ -312,5 +313,5 @@ def _factory(contract, plan) -> InstantEngine:
 
 
 @hookimpl
-def forge_register_backends(register):
-    register(BACKEND, _factory, InstantSection)
+def forge_register_backend(register):
+    register(Backend(name=BACKEND, factory=_factory, section=InstantSection, label=LABEL))

@@ -112,6 +112,8 @@ class IterationStats:
     tokens_last_step: int = 0        # tokens processed by the last engine step (vs max_num_tokens)
     steps: int = 0                   # engine steps since start
     prefix_hit_tokens: int = 0       # prompt tokens served from the engine's block reuse, cumulative
+    preemptions: int = 0             # sequences the engine evicted and must recompute, cumulative (forge's
+                                     # admission reserves KV so this stays 0; engines without preemption report 0)
 
 
 class Tokenizer(Protocol):

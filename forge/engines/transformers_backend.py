@@ -2,70 +2,18 @@
 paged KV cache), on CPU or on one GPU.
 
 This module is a pluggy plugin and must import without torch/transformers: the heavy imports happen inside the
-factory (forge/engines/hf/). It registers the backend and its contract section, `transformers:`.
+factory (forge/engines/hf/). It registers the backend as one object (forge.engines.backends.Backend) with its
+contract section, `transformers:` (forge/engines/hf/section.py).
 """
 from __future__ import annotations
 
-from typing import Literal, Optional
-
-from pydantic import BaseModel, ConfigDict, Field
-
-from forge.engines.hf.tunables import Q_PADDING_PRESET
+from forge.engines.backends import Backend
+from forge.engines.hf import attention_memory, graph_shapes, tunables
+from forge.engines.hf.section import BACKEND, TransformersSection
+from forge.engines.hf.sizing import cb_config_kwargs, dtype_of, section_of
 from forge.hookspecs import hookimpl
 
-BACKEND = "transformers"
-
-
-class TransformersSection(BaseModel):
-    """Backend options of a contract (`transformers:`). The contract's limits and kv_cache size the engine; these
-    only choose how it runs. Every default is stated here and reported by the engine's describe()."""
-
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
-
-    dtype: Optional[Literal["float32", "bfloat16", "float16"]] = Field(
-        None, description="weights and activations dtype; default: the contract's precision.weights. transformers "
-        "keeps the KV cache in this dtype too, so precision.kv_cache must name the same one")
-    attn_implementation: Literal["sdpa", "eager", "flash_attention_2", "flash_attention_3"] = Field(
-        "sdpa", description="attention kernels; used as given (transformers' auto-switch to flash is turned off). "
-        "flash_* need the flash-attn package and a GPU, and enable the decode fast path")
-    scheduler: Literal["fifo", "prefill_first"] = Field(
-        "fifo", description="fifo schedules decoding sequences before new prefills, so sequences in flight finish and "
-        "free their KV blocks first (steady throughput, bounded latency for admitted work); prefill_first favours "
-        "starting new prompts")
-    safety_margin: float = Field(
-        0.15, ge=0.0, lt=1.0, description="below this fraction of free KV blocks no new prefill is scheduled, so "
-        "running sequences are not evicted; 0.15 is transformers' fifo value, stated here rather than inherited")
-    sampling: Literal["per_request", "greedy"] = Field(
-        "per_request", description="per_request: each request's temperature/top_p/top_k is honoured (temperature 0 "
-        "runs as top_k=1); greedy: the engine only decodes greedily and refuses requests asking for temperature > 0 "
-        "(slightly cheaper: no logits processing)")
-    seed: int = Field(0, ge=0, description="the engine-wide seed (model initialisation and unseeded sampling; a "
-                      "request's own seed is honoured on the eager loop, see forge/engines/hf/seeded.py)")
-    max_waiting: Optional[int] = Field(
-        None, gt=0, description="requests accepted beyond limits.max_batch_size before submit raises EngineBusy; "
-        "default: limits.max_batch_size (the engine holds at most twice its slots)")
-    use_cuda_graph: bool = Field(False, description="CUDA graphs for the forward passes (GPU only; pays off with "
-                                 "flash attention, where no attention mask is needed)")
-    async_batching: bool = Field(False, description="double-buffered batches that hide CPU overhead (GPU only; "
-                                 "doubles the IO buffers' memory)")
-    compile_level: int = Field(0, ge=0, le=3, description="torch.compile level for the forward passes: 0 off, 1-3 "
-                               "are transformers' default_compile_level presets (longer warm-up)")
-    graph_q_padding: int = Field(
-        Q_PADDING_PRESET, ge=8, le=65536,
-        description="with use_cuda_graph or compile_level: a step's query tokens are padded up to a multiple of this "
-        "(at most limits.max_num_tokens), and a graph is captured the first time each padded size comes up (per KV "
-        "size and longest key); larger means fewer captures and more padded tokens in every step. 64 is "
-        "transformers 5.24's preset, stated here rather than inherited")
-    graph_shape_cache: Optional[str] = Field(
-        None, description="with use_cuda_graph: a folder (relative to this contract) where the engine keeps the CUDA "
-        "graph shapes its geometry meets, one file per geometry (CONTRACT-bBUDGET-qPADDING-pPOOL.jsonl: one JSON "
-        "[query tokens, KV tokens read, longest key] per line). At load the engine captures every shape in its file "
-        "before its card reports ready (at most 240 s); when it stops it adds the shapes it met, so the next load "
-        "captures them too. Without it each shape is captured the first time a job meets it "
-        "(forge/engines/hf/graph_shapes.py)", json_schema_extra={"forge_path": True})
-    hidden_pooling: Literal["mean", "last"] = Field(
-        "mean", description="how want_hidden requests pool the final (normed) hidden states of the prompt: mean over "
-        "all prompt tokens, or the last token's")
+__all__ = ["BACKEND", "TransformersSection"]
 
 
 def _factory(contract, plan):
@@ -74,38 +22,21 @@ def _factory(contract, plan):
     return build_engine(contract, plan)
 
 
-@hookimpl
-def forge_register_backends(register):
-    register(BACKEND, _factory, TransformersSection)
+def _engine_arguments(contract, plan):
+    """What the factory hands transformers: the continuous-batching config, and the load's dtype and attention."""
+    section = section_of(plan)
+    return {"dtype": dtype_of(plan, section), "attn_implementation": section.attn_implementation,
+            "continuous_batching_config": cb_config_kwargs(plan, section)}
+
+
+BACKEND_OBJECT = Backend(
+    name=BACKEND, factory=_factory, section=TransformersSection, tunables=tunables.transformers_tunables,
+    working_memory=attention_memory.working_memory,
+    rules=(tunables.gpu_only_switches, tunables.graph_padding_fits, attention_memory.eager_scores_fit,
+           attention_memory.attention_masks_fit, graph_shapes.cache_problems),
+    engine_arguments=_engine_arguments, label="Hugging Face transformers continuous batching")
 
 
 @hookimpl
-def forge_register_contract_sections(register):
-    register(BACKEND, TransformersSection)
-
-
-@hookimpl
-def forge_register_tunables(register):
-    from forge.engines.hf.tunables import transformers_tunables
-
-    register(BACKEND, transformers_tunables)
-
-
-@hookimpl
-def forge_register_working_memory(register):
-    from forge.engines.hf.attention_memory import working_memory
-
-    register(BACKEND, working_memory)
-
-
-@hookimpl
-def forge_validation_rules(register):
-    from forge.engines.hf.attention_memory import attention_masks_fit, eager_scores_fit
-    from forge.engines.hf.graph_shapes import cache_problems
-    from forge.engines.hf.tunables import gpu_only_switches, graph_padding_fits
-
-    register(gpu_only_switches)
-    register(graph_padding_fits)
-    register(eager_scores_fit)
-    register(attention_masks_fit)
-    register(cache_problems)
+def forge_register_backend(register):
+    register(BACKEND_OBJECT)

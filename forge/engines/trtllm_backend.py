@@ -24,6 +24,7 @@ from typing import Any, Optional, Sequence
 from forge.config.models import Contract
 from forge.config.plan import CardPlan
 from forge.engines import trtllm_mapping as tm
+from forge.engines.backends import Backend
 from forge.engines.interface import (REFUSED, Engine, EngineBusy, EngineFailed, EngineRequest, EngineResult,
                                      IterationStats, Progress)
 from forge.errors import ConfigError, EngineUnavailable, Problem
@@ -35,13 +36,8 @@ STATS_WAIT_S = 0.01          # LLM.get_stats waits at most this long for queued 
 
 
 @hookimpl
-def forge_register_backends(register):
-    register("trtllm", create_engine, None)
-
-
-@hookimpl
-def forge_validation_rules(register):
-    register(trtllm_contract_rule)
+def forge_register_backend(register):
+    register(Backend(name="trtllm", factory=create_engine, rules=(trtllm_contract_rule,), label="TensorRT-LLM"))
 
 
 def trtllm_contract_rule(loaded) -> list[Problem]:

@@ -2,6 +2,7 @@
 device defaults). This module is a pluggy plugin and must import without vLLM: the factory imports it."""
 from __future__ import annotations
 
+from forge.engines.backends import Backend
 from forge.engines.vllm import mapping
 from forge.engines.vllm.section import VllmSection
 from forge.hookspecs import hookimpl
@@ -10,7 +11,7 @@ BACKEND = mapping.BACKEND
 
 
 def _factory(contract, plan):
-    from forge.engines.vllm.engine import build_engine
+    from forge.engines.vllm.factory import build_engine
 
     return build_engine(contract, plan)
 
@@ -20,11 +21,10 @@ def vllm_contract_rule(loaded) -> list:
     return [p for c in loaded.contracts.values() if c.backend == BACKEND for p in mapping.problems(c)]
 
 
-@hookimpl
-def forge_register_backends(register):
-    register(BACKEND, _factory, VllmSection)
+BACKEND_OBJECT = Backend(name=BACKEND, factory=_factory, section=VllmSection, rules=(vllm_contract_rule,),
+                         engine_arguments=mapping.engine_arguments, label="vLLM (v1 LLMEngine, engine core in process)")
 
 
 @hookimpl
-def forge_validation_rules(register):
-    register(vllm_contract_rule)
+def forge_register_backend(register):
+    register(BACKEND_OBJECT)

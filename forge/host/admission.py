@@ -269,6 +269,7 @@ class AdmissionRuntime:
         s = self._stats
         s.kv_blocks_used, s.kv_blocks_free, s.engine_queued = it.kv_blocks_used, it.kv_blocks_free, it.queued
         s.tokens_last_step, s.engine_steps, s.prefix_hit_tokens = it.tokens_last_step, it.steps, it.prefix_hit_tokens
+        s.preemptions = it.preemptions
         backed_up = it.queued > 0 and it.kv_blocks_free == 0 and it.kv_blocks_used > 0
         if backed_up and not self._backed_up:
             s.progress_only_steps += 1       # the engine cannot schedule what it holds: let it progress first

@@ -9,7 +9,7 @@ from forge.stats import EngineStats
 
 COUNTERS = ("input_tokens", "output_tokens", "requests_ok", "requests_failed", "requests_cancelled",
             "requests_requeued", "admission_refusals", "retries", "stalls", "progress_only_steps", "engine_steps",
-            "prefix_hit_tokens")
+            "prefix_hit_tokens", "preemptions")
 
 
 class JobCounters:

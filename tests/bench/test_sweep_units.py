@@ -33,10 +33,10 @@ def by_key(cands):
     return {c.key: c for c in cands}
 
 
-def test_transformers_declares_its_switches_through_the_plugin_hook(gpu_loaded):
-    from forge import plugins
+def test_transformers_declares_its_switches_through_its_backend_object(gpu_loaded):
+    from forge.engines.backends import registered
 
-    assert [a[0] for a in plugins.collect("forge_register_tunables")] == ["transformers"]
+    assert [name for name, b in registered().items() if b.tunables is not None] == ["transformers"]
     plan = gpu_loaded.plans[0]
     dims = dimensions(plan, mode="forge", overrides={}, skip=())
     assert [d.field for d in dims] == [

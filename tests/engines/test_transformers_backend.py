@@ -285,12 +285,12 @@ def test_backend_module_imports_without_torch():
     assert out.returncode == 0 and out.stdout.strip() == "transformers", out.stderr
 
 
-def test_registered_through_the_plugin_hooks():
-    from forge import plugins
-    from forge.engines.transformers_backend import TransformersSection
+def test_registered_as_one_backend_object():
+    from forge.engines.backends import get
+    from forge.engines.transformers_backend import TransformersSection, _factory
 
-    assert any(a[0] == "transformers" and a[2] is TransformersSection for a in plugins.collect("forge_register_backends"))
-    assert ("transformers", TransformersSection) in plugins.collect("forge_register_contract_sections")
+    b = get("transformers")
+    assert (b.name, b.section, b.factory) == ("transformers", TransformersSection, _factory)
 
 
 # ---------------------------------------------------------------- the pure mappings (no engine)

@@ -238,9 +238,9 @@ def test_backend_module_imports_no_engine_library():
 
 
 def test_backend_is_registered_as_trtllm():
-    from forge import plugins
-    from forge.engines import trtllm_backend
-    assert ("trtllm", trtllm_backend.create_engine, None) in plugins.collect("forge_register_backends")
+    from forge.engines import backends, trtllm_backend
+    b = backends.get("trtllm")
+    assert (b.factory, b.section, b.rules) == (trtllm_backend.create_engine, None, (trtllm_backend.trtllm_contract_rule,))
 
 
 def test_factory_without_tensorrt_llm_raises_engine_unavailable(monkeypatch):
@@ -256,10 +256,10 @@ def test_factory_without_tensorrt_llm_raises_engine_unavailable(monkeypatch):
 
 
 def test_validation_rule_reports_trtllm_refusals():
-    from forge import plugins
     from forge.config.load import LoadedSet
+    from forge.config.registry import from_plugins
     from forge.engines import trtllm_backend
-    assert (trtllm_backend.trtllm_contract_rule,) in plugins.collect("forge_validation_rules")
+    assert trtllm_backend.trtllm_contract_rule in from_plugins().rules
     full = contract(kv=KvCache(tokens_per_block=32, free_gpu_memory_fraction=1.0, host_cache_size=0,
                                block_reuse=True))
     loaded = LoadedSet(contracts={"bad": full, "good": contract()})

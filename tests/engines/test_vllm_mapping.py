@@ -45,9 +45,9 @@ def test_every_field_of_the_embedded_contract_is_mapped(loaded):
         "gpu_memory_utilization": 0.92, "kv_offloading_size": None, "kv_offloading_backend": "native",
         "enable_prefix_caching": True, "enable_chunked_prefill": True, "long_prefill_token_threshold": 0,
         "scheduler_reserve_full_isl": True, "async_scheduling": False, "enforce_eager": True,
-        "attention_backend": "CPU_ATTN", "structured_outputs_config": {"backend": "xgrammar"}, "stream_interval": 1,
+        "attention_backend": "CPU_ATTN", "structured_outputs_config": {"backend": "xgrammar", "disable_any_whitespace": True}, "stream_interval": 1,
         "generation_config": "vllm", "tensor_parallel_size": 1, "pipeline_parallel_size": 1,
-        "distributed_executor_backend": "uni", "disable_log_stats": False, "enable_log_requests": False,
+        "distributed_executor_backend": "uni", "disable_log_stats": False,
     }
     assert None not in [v for k, v in args.items() if k != "kv_offloading_size"]
 
@@ -110,7 +110,8 @@ def test_a_contract_without_its_section_is_refused_naming_it(loaded):
 def test_environment_clears_the_cpu_kv_override():
     env = {"VLLM_CPU_KVCACHE_SPACE": "40", "OTHER": "x"}
     before = mapping.apply_environment(env)
-    assert env == {"OTHER": "x", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-    assert before == {"VLLM_CPU_KVCACHE_SPACE": "40", "VLLM_ENABLE_V1_MULTIPROCESSING": None}
+    assert env == {"OTHER": "x", "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_LOGGING_LEVEL": "WARNING"}
+    assert before == {"VLLM_CPU_KVCACHE_SPACE": "40", "VLLM_ENABLE_V1_MULTIPROCESSING": None,
+                      "VLLM_LOGGING_LEVEL": None}
     assert "VLLM_CPU_KVCACHE_SPACE" in mapping.environment() and mapping.environment()["VLLM_CPU_KVCACHE_SPACE"] is None
     assert os.environ is not env

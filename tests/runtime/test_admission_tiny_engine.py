@@ -10,7 +10,7 @@ pytest.importorskip("transformers")
 
 from _rt_harness import Harness, contract, instant, plan  # noqa: E402
 from forge.engines.interface import Sampling  # noqa: E402
-from forge.plugins import collect  # noqa: E402
+from forge.engines.backends import factories  # noqa: E402
 from forge.requests import RequestOptions  # noqa: E402
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(90)]
@@ -19,7 +19,7 @@ FULL_LENGTH = RequestOptions(sampling=Sampling(stop_at_eos=False))    # every re
 
 
 def build(c, p):
-    return {a[0]: a[1] for a in collect("forge_register_backends")}[c.backend](c, p)
+    return factories()[c.backend](c, p)
 
 
 def run(coro):

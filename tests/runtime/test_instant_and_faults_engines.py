@@ -12,7 +12,7 @@ from forge.config.models import Card
 from forge.engines.instant import ByteTokenizer, InstantEngine, InstantSection, JsonTokenizer, synthetic_output
 from forge.engines.interface import EngineBusy, EngineFailed, EngineRequest, Guide
 from forge.errors import ForgeError
-from forge.plugins import collect
+from forge.engines.backends import factories as backend_factories
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -163,7 +163,7 @@ def test_faults_contract_loads_and_builds_through_the_plugins(tmp_path):
     assert loaded.ok, [p.render() for p in loaded.problems]
     c = loaded.contracts["flaky"]
     p = plan_card(Card(index=0, kind="cpu", model="cpu", memory_gib=2, engine="flaky"), c)
-    factories = {a[0]: a[1] for a in collect("forge_register_backends")}
+    factories = backend_factories()
     eng = factories["faults"](c, p)
     assert eng.describe()["inner"]["tokens_per_s_limit"] == 5000
     eng.submit([req(0)])
@@ -183,7 +183,7 @@ def test_faults_contract_loads_and_builds_through_the_plugins(tmp_path):
 ])
 def test_faults_section_refuses_nonsense(section, message):
     c = contract().model_copy(update={"sections": {"faults": section}})
-    factories = {a[0]: a[1] for a in collect("forge_register_backends")}
+    factories = backend_factories()
     with pytest.raises(ForgeError, match=message):
         factories["faults"](c, plan(c))
 

@@ -30,7 +30,7 @@ from forge.config.models import Contract
 from forge.config.plan import CardPlan
 from forge.config.units import fmt_bytes
 from forge.engines.hf.sizing import FLASH, PRECISION_TO_DTYPE, dtype_of, section_of
-from forge.engines.transformers_backend import BACKEND
+from forge.engines.hf.section import BACKEND
 from forge.errors import ForgeError, Problem
 
 SCORE_BYTES = 4                          # the softmax runs in float32 whatever the model's dtype
@@ -72,7 +72,7 @@ def mask_bytes(plan: CardPlan, section) -> int:
 
 def working_memory(plan: CardPlan) -> list[tuple[str, int]]:
     """What one engine of the plan allocates beside weights and pool that the contract decides: its attention masks
-    (the forge_register_working_memory hook; shown in the plan)."""
+    (the transformers Backend's working_memory; shown in the plan)."""
     try:
         return [("attention mask", mask_bytes(plan, section_of(plan)))]
     except ForgeError:                     # a section or dtype the contract rules refuse (reported there)

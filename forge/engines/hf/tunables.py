@@ -11,6 +11,7 @@ from importlib import metadata
 from typing import Optional
 
 from forge.config.files import shown
+from forge.engines.hf.section import Q_PADDING_PRESET   # transformers 5.24's query padding (initialization.py)
 from forge.errors import Problem
 from forge.tunables import Choice, Tunable
 
@@ -24,7 +25,6 @@ FLASH_PACKAGES = {
 SECTION_FLASH = ("flash_attention_2", "flash_attention_3")     # the flash values transformers: accepts
 GPU_ONLY = {"use_cuda_graph": "CUDA graphs", "async_batching": "async batching (CUDA streams)"}
 COMPILE_LEVELS = (1, 2, 3)
-Q_PADDING_PRESET = 64              # transformers 5.24's query padding for graphs and compile (initialization.py)
 GRAPH_Q_PADDINGS = (Q_PADDING_PRESET, 128, 256)   # 128: a third fewer shapes on forge's 8B schedule for ~2 % more
                                                   # query tokens (docs/benchmarks.md "The seventh session on the H200")
 

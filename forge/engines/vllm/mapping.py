@@ -11,13 +11,13 @@
     artifact.checkpoint/tokenizer  -> model / tokenizer, load_format ("dummy" for random_weights)
     vllm.*                         -> enforce_eager, attention_backend, async_scheduling, enable_chunked_prefill,
                                       long_prefill_token_threshold, structured_outputs_config, stream_interval, seed
-    fixed by forge                 -> generation_config="vllm" (the checkpoint's generation_config.json never changes
+    fixed by forge                 -> guided JSON without free whitespace, generation_config="vllm" (the checkpoint's generation_config.json never changes
                                       sampling), one device (tensor/pipeline parallel 1), the engine core in the card
                                       worker's process (executor "uni", VLLM_ENABLE_V1_MULTIPROCESSING=0: see
                                       forge/engines/vllm/engine.py), scheduler_reserve_full_isl, stats on
 
 Environment (`environment()`): VLLM_CPU_KVCACHE_SPACE is cleared, because vLLM's CPU platform lets it override
-kv_cache_memory_bytes; VLLM_ENABLE_V1_MULTIPROCESSING is set to 0."""
+kv_cache_memory_bytes; VLLM_ENABLE_V1_MULTIPROCESSING is set to 0; VLLM_LOGGING_LEVEL to WARNING."""
 from __future__ import annotations
 
 from typing import Any, Optional
@@ -36,7 +36,8 @@ KV_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp8": "fp8"}
 # The share of the device vLLM's memory check may assume. With kv_cache_memory_bytes given, vLLM sizes the KV pool
 # from it and not from this share; it is stated so no device default is left in the arguments.
 GPU_MEMORY_UTILIZATION = 0.92
-ENV_SET = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+ENV_SET = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+           "VLLM_LOGGING_LEVEL": "WARNING"}     # vLLM's INFO lines would fill the job's console; forge logs the load
 ENV_CLEAR = ("VLLM_CPU_KVCACHE_SPACE",)
 
 
@@ -136,14 +137,14 @@ def engine_arguments(contract: Contract, plan: CardPlan) -> dict[str, Any]:
         "async_scheduling": sec.async_scheduling,
         "enforce_eager": sec.enforce_eager,
         "attention_backend": sec.attention_backend,
-        "structured_outputs_config": {"backend": sec.structured_outputs_backend},
+        # guided JSON without free whitespace between tokens: a small model otherwise fills its budget with blanks
+        "structured_outputs_config": {"backend": sec.structured_outputs_backend, "disable_any_whitespace": True},
         "stream_interval": sec.stream_interval,
         "generation_config": "vllm",
         "tensor_parallel_size": 1,
         "pipeline_parallel_size": 1,
         "distributed_executor_backend": "uni",
         "disable_log_stats": False,
-        "enable_log_requests": False,
     }
 
 
@@ -164,12 +165,36 @@ def apply_environment(env: dict) -> dict[str, Optional[str]]:
     return before
 
 
-# What `forge provision --dry-run` and docs show: the engine value each contract field became.
-READ_BACK = (    # (contract field, engine argument, vLLM's built config attribute path)
+# What the card worker reads back from the engine vLLM built, and refuses the card on where it differs:
+# (contract field, engine argument, attribute of vLLM's VllmConfig holding what it built).
+READ_BACK = (
     ("limits.max_num_tokens", "max_num_batched_tokens", "scheduler_config.max_num_batched_tokens"),
     ("limits.max_batch_size", "max_num_seqs", "scheduler_config.max_num_seqs"),
     ("limits.max_input_len + max_output_len", "max_model_len", "model_config.max_model_len"),
     ("kv_cache.tokens_per_block", "block_size", "cache_config.block_size"),
-    ("kv_cache.max_tokens", "num_gpu_blocks_override", "cache_config.num_gpu_blocks"),
+    ("kv_cache", "num_gpu_blocks_override", "cache_config.num_gpu_blocks"),
     ("kv_cache.block_reuse", "enable_prefix_caching", "cache_config.enable_prefix_caching"),
+    ("vllm.chunked_prefill", "enable_chunked_prefill", "scheduler_config.enable_chunked_prefill"),
+    ("vllm.async_scheduling", "async_scheduling", "scheduler_config.async_scheduling"),
+    ("vllm.enforce_eager", "enforce_eager", "model_config.enforce_eager"),
 )
+
+
+def read_back_problems(contract: Contract, plan: CardPlan, built: dict[str, Any]) -> list[Problem]:
+    """One Problem per value vLLM built differently from what the contract asked (`built`: engine argument ->
+    the value read back from vLLM's config), naming the contract field, its value and the engine's."""
+    asked = engine_arguments(contract, plan)
+    out = []
+    for field_name, argument, attribute in READ_BACK:
+        if argument not in built or built[argument] == asked[argument]:
+            continue
+        if argument == "num_gpu_blocks_override":
+            kv = contract.kv_cache
+            path = "$.kv_cache.max_tokens" if kv.max_tokens is not None else "$.kv_cache.free_gpu_memory_fraction"
+            contract_says = f"{plan.num_blocks} blocks of {kv.tokens_per_block} tokens ({plan.kv_pool_tokens} tokens)"
+        else:
+            path = "$." + field_name.split(" ")[0]
+            contract_says = repr(asked[argument])
+        out.append(Problem(where(contract), path, f"contract {contract_says}, vLLM built {built[argument]!r} "
+                           f"({attribute}); the card is refused"))
+    return out

@@ -1,0 +1,253 @@
+"""VllmEngine: forge's Engine interface over vLLM's synchronous v1 `LLMEngine`, its engine core in this process.
+
+Why the sync LLMEngine and not AsyncLLM. forge drives every engine from one thread with bounded calls (submit,
+poll(timeout), cancel, stats, shutdown: forge/host/driver.py), which is exactly the shape of LLMEngine:
+`add_request`, `step` (one scheduler iteration: schedule, one forward pass, outputs as DELTAs), `abort_request`.
+poll steps the engine until a request finishes or its timeout passes; a step, bounded by the contract's token
+budget, is the unit of work, so no call waits on anything but one step. AsyncLLM would add an asyncio loop in a
+thread of its own, an output-handler task and its queues between that loop and forge's driver, and it always runs
+the engine core in a second process (AsyncMPClient), reached over ZMQ.
+
+Why the engine core runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0, executor "uni"). forge already gives
+each engine a process of its own, the card worker (`python -m forge.host`), and kills or restarts it as a unit. A
+core process spawned by vLLM would be a grandchild of the node: a SIGKILLed card worker cannot take it down, so it
+would live on holding the card's memory (vLLM sets no parent-death signal). In process there is nothing to orphan,
+nothing is spawned (no main guard is needed in user scripts), and no step's outputs cross a socket. The cost: the
+scheduler's Python and the forward share this process with the worker's event loop, as transformers' loop does.
+
+Stop strings are applied by forge to the finished text (forge/runtime/stops.py), as for every backend; the engine
+runs each request to EOS or its max_new_tokens. Embeddings need a pooling runner; a generation tier refuses them.
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Optional, Sequence
+
+from forge.config.plan import CardPlan
+from forge.engines.interface import (REFUSED, Engine, EngineBusy, EngineFailed, EngineRequest, EngineResult,
+                                     IterationStats, Progress, sampling_problem)
+from forge.engines.vllm import mapping
+
+log = logging.getLogger("forge.engines.vllm")
+
+FINISH_REASONS = {"stop": "eos", "length": "length", "abort": "cancelled", "error": "error"}
+EMBED_REFUSAL = ("embed needs a pooling tier (vLLM runner 'pooling'); backend vllm runs this tier for generation "
+                 "only")
+
+
+@dataclass
+class _Live:
+    request: EngineRequest
+    external_id: str                                   # what vLLM was given: `<request id>#<attempt>`
+    internal_id: str                                   # vLLM's own id for it (aborts take this one)
+    tokens: list[int] = field(default_factory=list)
+
+
+class StepStats:
+    """What vLLM's stat loggers see each step, kept for stats(): running, waiting, KV use, prefix hits, preemptions.
+    Written by the thread that steps the engine, read by the same thread (the driver): no lock needed, but one
+    is cheap and keeps a stats() from another thread consistent."""
+
+    def __init__(self, num_blocks: int):
+        self.num_blocks = num_blocks
+        self._lock = threading.Lock()
+        self.running = self.waiting = self.kv_used = 0
+        self.prefix_hit_tokens = self.preemptions = self.steps = self.tokens_last_step = 0
+
+    def record(self, scheduler_stats, iteration_stats) -> None:
+        with self._lock:
+            if scheduler_stats is not None:
+                self.running = int(scheduler_stats.num_running_reqs)
+                self.waiting = int(scheduler_stats.num_waiting_reqs + scheduler_stats.num_skipped_waiting_reqs)
+                self.kv_used = round(float(scheduler_stats.kv_cache_usage) * self.num_blocks)
+                self.prefix_hit_tokens += int(scheduler_stats.prefix_cache_stats.hits)
+            if iteration_stats is not None:
+                self.preemptions += int(iteration_stats.num_preempted_reqs)
+                self.tokens_last_step = int(iteration_stats.num_generation_tokens + iteration_stats.num_prompt_tokens)
+
+    def snapshot(self) -> IterationStats:
+        with self._lock:
+            return IterationStats(active=self.running, queued=self.waiting, kv_blocks_used=self.kv_used,
+                                  kv_blocks_free=max(self.num_blocks - self.kv_used, 0),
+                                  tokens_last_step=self.tokens_last_step, steps=self.steps,
+                                  prefix_hit_tokens=self.prefix_hit_tokens, preemptions=self.preemptions)
+
+
+def stat_logger_class(sink: StepStats):
+    """A vLLM StatLoggerBase class (vLLM instantiates it per engine) that hands every step's stats to `sink`."""
+    from vllm.v1.metrics.loggers import StatLoggerBase
+
+    class ForgeStatLogger(StatLoggerBase):
+        def __init__(self, vllm_config, engine_index: int = 0):
+            self.engine_index = engine_index
+
+        def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx: int = 0):
+            sink.record(scheduler_stats, iteration_stats)
+
+        def log_engine_initialized(self):
+            pass
+
+    return ForgeStatLogger
+
+
+class VllmEngine(Engine):
+    name = mapping.BACKEND
+    supports_hidden = False
+    supports_guides = frozenset({"choice", "json_schema", "regex"})
+
+    def __init__(self, plan: CardPlan, llm_engine, tokenizer, sink: StepStats, info: dict[str, Any]):
+        self.plan, self.tokenizer, self._engine, self._sink, self._info = plan, tokenizer, llm_engine, sink, info
+        lim = plan.contract.limits
+        self._lim = lim
+        self._capacity = 2 * lim.max_batch_size            # held at most: the slots and one more batch
+        self._live: dict[str, _Live] = {}                  # the id vLLM was given (and reports) -> the request
+        self._by_request: dict[str, str] = {}              # forge's request id -> the id vLLM was given
+        self._ready: list[EngineResult] = []               # answered without a step (refused, cancelled)
+        self._attempts = itertools.count()
+        self._closed = False
+        self._failed: Optional[str] = None
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
+
+        self._SamplingParams, self._TokensPrompt = SamplingParams, TokensPrompt
+        self._DELTA, self._Guide = RequestOutputKind.DELTA, StructuredOutputsParams
+
+    def describe(self) -> dict[str, Any]:
+        return dict(self._info)
+
+    # ------------------------------------------------------------------ Engine
+    def submit(self, requests: Sequence[EngineRequest]) -> None:
+        """All or nothing: every request is taken (refused ones come back as REFUSED results) or EngineBusy."""
+        self._raise_if_unusable()
+        if len(self._live) + len(requests) > self._capacity:
+            raise EngineBusy(f"engine holds {len(self._live)} requests; capacity {self._capacity}")
+        for r in requests:
+            if r.request_id in self._by_request:
+                raise ValueError(f"request {r.request_id!r} is already in the engine")
+        for r in requests:
+            why = self._refusal(r)
+            if why is not None:
+                self._ready.append(EngineResult(r.request_id, [], REFUSED, error=why))
+                continue
+            external = f"{r.request_id}#{next(self._attempts)}"
+            try:
+                internal = self._engine.add_request(external, self._TokensPrompt(prompt_token_ids=list(r.prompt_ids)),
+                                                    self._params(r))
+            except (ValueError, TypeError) as exc:     # vLLM's own validation (a schema it cannot compile, ...)
+                self._ready.append(EngineResult(r.request_id, [], REFUSED, error=f"vLLM refused the request: "
+                                                f"{' '.join(str(exc).split())[:300]}"))
+                continue
+            self._live[external] = _Live(r, external, internal)
+            self._by_request[r.request_id] = external
+
+    def poll(self, timeout_s: float) -> Progress:
+        """Steps the engine until a request finishes or `timeout_s` passes (a step begun before then runs to its
+        end); token progress of every step is reported."""
+        deadline = time.monotonic() + max(timeout_s, 0.0)
+        out = Progress(results=self._ready)
+        self._ready = []
+        while not out.results and self._live and not self._closed:
+            self._step(out)
+            if time.monotonic() >= deadline:
+                break
+        if not out.results and not self._live and not self._closed:
+            time.sleep(max(0.0, min(deadline - time.monotonic(), timeout_s)))   # idle: nothing to step
+        return out
+
+    def cancel(self, request_id: str) -> None:
+        external = self._by_request.get(request_id)
+        if external is None or self._closed:
+            return
+        live = self._forget(external)
+        try:
+            self._engine.abort_request([live.internal_id], internal=True)
+        except Exception as exc:  # noqa: BLE001 - an abort that raises means the engine is broken
+            self._fail(f"abort raised {type(exc).__name__}: {exc}")
+        self._ready.append(EngineResult(request_id, live.tokens, "cancelled"))
+
+    def stats(self) -> IterationStats:
+        return self._sink.snapshot()
+
+    def shutdown(self, timeout_s: float) -> None:
+        """Aborts what is in flight and stops the engine core (in this process: no child to wait for)."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if self._live:
+                self._engine.abort_request([live.internal_id for live in self._live.values()], internal=True)
+            self._engine.engine_core.shutdown()
+        except Exception as exc:  # noqa: BLE001 - shutting down a broken engine may fail too
+            log.warning("vLLM engine shutdown raised %s: %s", type(exc).__name__, exc)
+        self._live.clear()
+        self._by_request.clear()
+        self._engine = None
+
+    # ------------------------------------------------------------------ helpers
+    def _refusal(self, r: EngineRequest) -> Optional[str]:
+        if r.want_hidden:
+            return EMBED_REFUSAL
+        why = sampling_problem(r.sampling)
+        if why is not None:
+            return why
+        if len(r.prompt_ids) > self._lim.max_input_len or r.max_new_tokens > self._lim.max_output_len:
+            return (f"prompt {len(r.prompt_ids)} / output {r.max_new_tokens} tokens exceed the contract's "
+                    f"max_input_len {self._lim.max_input_len} / max_output_len {self._lim.max_output_len}")
+        if not r.prompt_ids or r.max_new_tokens < 1:
+            return "an empty prompt or max_new_tokens < 1"
+        return None
+
+    def _params(self, r: EngineRequest):
+        s, g = r.sampling, r.guide
+        guide = None
+        if g is not None:
+            if g.choice is not None:
+                guide = self._Guide(choice=list(g.choice))
+            elif g.json_schema is not None:
+                guide = self._Guide(json=g.json_schema)
+            elif g.regex is not None:
+                guide = self._Guide(regex=g.regex)
+        return self._SamplingParams(
+            max_tokens=r.max_new_tokens, temperature=float(s.temperature), top_p=float(s.top_p), top_k=int(s.top_k),
+            seed=s.seed, ignore_eos=not s.stop_at_eos, detokenize=False, output_kind=self._DELTA,
+            structured_outputs=guide)
+
+    def _step(self, out: Progress) -> None:
+        try:
+            outputs = self._engine.step()
+        except Exception as exc:  # noqa: BLE001 - a step that raises leaves the engine in no known state
+            self._fail(f"step raised {type(exc).__name__}: {' '.join(str(exc).split())[:300]}")
+        self._sink.steps += 1
+        for o in outputs:
+            live = self._live.get(o.request_id)
+            if live is None:
+                continue                       # a request cancelled meanwhile
+            c = o.outputs[0] if o.outputs else None
+            if c is not None and c.token_ids:
+                live.tokens.extend(c.token_ids)
+                out.new_tokens += len(c.token_ids)
+            if o.finished:
+                reason = FINISH_REASONS.get(str(c.finish_reason) if c is not None else "error", "error")
+                self._forget(live.external_id)
+                out.results.append(EngineResult(live.request.request_id, live.tokens, reason,
+                                                error=None if reason != "error" else "vLLM ended the request"))
+
+    def _forget(self, external: str) -> _Live:
+        live = self._live.pop(external)
+        self._by_request.pop(live.request.request_id, None)
+        return live
+
+    def _fail(self, why: str) -> None:
+        self._failed = why
+        raise EngineFailed(f"vLLM engine: {why}")
+
+    def _raise_if_unusable(self) -> None:
+        if self._closed:
+            raise EngineFailed("vLLM engine is shut down")
+        if self._failed:
+            raise EngineFailed(f"vLLM engine: {self._failed}")

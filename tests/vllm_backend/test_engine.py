@@ -1,0 +1,120 @@
+"""VllmEngine through forge's Engine interface, in this process (one vLLM load for the file): generate, deltas,
+guided choice / JSON / regex, cancel = abort, per-request seeds, embed refused, per-step stats."""
+from __future__ import annotations
+
+import json
+import time
+
+import jsonschema
+import pytest
+
+from forge.config.load import load_node
+from forge.embedded import PACKAGED_NODES
+from forge.engines.interface import EngineBusy, EngineRequest, Guide, Sampling
+
+
+@pytest.fixture(scope="module")
+def engine():
+    from forge.engines.backends import factory
+
+    plan = load_node(PACKAGED_NODES["local-vllm"]).plans[0]
+    e = factory("vllm", card="cpu0")(plan.contract, plan)
+    yield e
+    e.shutdown(30)
+
+
+def run(engine, requests, cancel=(), limit_s=120):
+    engine.submit(requests)
+    for key in cancel:
+        engine.cancel(key)
+    got, tokens, deadline = {}, 0, time.monotonic() + limit_s
+    while len(got) < len(requests):
+        assert time.monotonic() < deadline, f"no result for {set(r.request_id for r in requests) - set(got)}"
+        t0 = time.monotonic()
+        p = engine.poll(0.05)
+        assert time.monotonic() - t0 < 5.0          # a poll is bounded (one step past its timeout at most)
+        tokens += p.new_tokens
+        got.update({r.request_id: r for r in p.results})
+    return got, tokens
+
+
+def prompt(engine, text="Alice was beginning to get very tired"):
+    return tuple(engine.tokenizer.encode(text))
+
+
+def test_the_engine_is_what_the_contract_says(engine):
+    info = engine.describe()
+    assert info["built"] == {"max_num_batched_tokens": 512, "max_num_seqs": 32, "max_model_len": 512,
+                             "block_size": 32, "num_gpu_blocks_override": 512, "enable_prefix_caching": True,
+                             "enable_chunked_prefill": True, "async_scheduling": False, "enforce_eager": True}
+    assert info["environment"]["VLLM_CPU_KVCACHE_SPACE"] is None
+    assert info["load_s"] > 0
+
+
+def test_generate_greedy_with_token_progress(engine):
+    got, tokens = run(engine, [EngineRequest("a", prompt(engine), 12), EngineRequest("b", prompt(engine), 12)])
+    assert got["a"].finish_reason in ("length", "eos") and 0 < len(got["a"].output_ids) <= 12
+    assert got["a"].output_ids == got["b"].output_ids                  # greedy: the same prompt, the same text
+    assert tokens == len(got["a"].output_ids) + len(got["b"].output_ids)
+
+
+def test_guided_choice_json_and_regex(engine):
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}, "ok": {"type": "boolean"}},
+              "required": ["n", "ok"], "additionalProperties": False}
+    got, _ = run(engine, [
+        EngineRequest("c", prompt(engine), 16, guide=Guide(choice=("yes", "no", "maybe"))),
+        EngineRequest("j", prompt(engine), 64, guide=Guide(json_schema=schema)),
+        EngineRequest("r", prompt(engine), 16, guide=Guide(regex="[0-9]{3}-[0-9]{2}"))])
+    assert engine.tokenizer.decode(got["c"].output_ids) in ("yes", "no", "maybe")
+    jsonschema.validate(json.loads(engine.tokenizer.decode(got["j"].output_ids)), schema)
+    import re
+
+    assert re.fullmatch("[0-9]{3}-[0-9]{2}", engine.tokenizer.decode(got["r"].output_ids))
+
+
+def test_cancel_aborts_and_answers_with_the_tokens_so_far(engine):
+    engine.submit([EngineRequest("long", prompt(engine), 120, Sampling(stop_at_eos=False))])
+    produced = 0
+    while produced == 0:
+        produced += engine.poll(0.05).new_tokens
+    engine.cancel("long")
+    p = engine.poll(0.05)
+    (res,) = [r for r in p.results if r.request_id == "long"]
+    assert res.finish_reason == "cancelled" and 0 < len(res.output_ids) < 120
+    assert engine.poll(0.05).results == []                                 # nothing of it comes back later
+    again, _ = run(engine, [EngineRequest("long", prompt(engine), 4)])    # the same id runs again afresh
+    assert again["long"].finish_reason in ("length", "eos")
+
+
+def test_seeds_same_seed_same_text_different_seeds_differ(engine):
+    hot = lambda seed: Sampling(temperature=1.0, seed=seed)  # noqa: E731
+    got, _ = run(engine, [EngineRequest(f"s{i}", prompt(engine), 24, hot(seed))
+                          for i, seed in enumerate((7, 7, 8, 9))])
+    assert got["s0"].output_ids == got["s1"].output_ids
+    assert len({tuple(got[k].output_ids) for k in ("s0", "s2", "s3")}) == 3
+
+
+def test_embed_and_impossible_requests_are_refused_in_one_line(engine):
+    got, _ = run(engine, [EngineRequest("h", prompt(engine), 1, want_hidden=True),
+                          EngineRequest("big", tuple([5] * 385), 8),
+                          EngineRequest("hot", prompt(engine), 8, Sampling(temperature=float("nan")))])
+    assert {k: r.finish_reason for k, r in got.items()} == {"h": "refused", "big": "refused", "hot": "refused"}
+    assert got["h"].error.startswith("embed needs a pooling tier") and "\n" not in got["h"].error
+    assert "max_input_len 384" in got["big"].error
+
+
+def test_submit_beyond_the_engine_capacity_is_busy(engine):
+    with pytest.raises(EngineBusy):
+        engine.submit([EngineRequest(f"x{i}", prompt(engine), 4) for i in range(65)])
+
+
+def test_stats_report_steps_kv_and_prefix_hits(engine):
+    shared = tuple(engine.tokenizer.encode("The Queen of Hearts, she made some tarts, all on a summer day: " * 3))
+    before = engine.stats()
+    run(engine, [EngineRequest("p1", shared + (5,), 4)])
+    run(engine, [EngineRequest("p2", shared + (6,), 4)])
+    after = engine.stats()
+    assert after.steps > before.steps
+    assert after.prefix_hit_tokens - before.prefix_hit_tokens >= 32     # at least one whole block reused
+    assert after.kv_blocks_used + after.kv_blocks_free == 512
+    assert after.preemptions == 0
