@@ -13,7 +13,6 @@ DEFAULT_PLUGINS = (
     "forge.engines.transformers_backend",
     "forge.engines.trtllm_backend",
     "forge.engines.vllm_backend",
-    "forge.engines.vllm.tunables",
     "forge.engines.faults",
     "forge.engines.instant",
     "forge.hardware.probe",

@@ -1,4 +1,4 @@
-"""The vllm backend's switches for `forge bench sweep` (forge_register_tunables): no vLLM import here.
+"""The vllm backend's switches for `forge bench sweep` (its Backend's `tunables`): no vLLM import here.
 
 In the order a sweep tries them: chunked prefill and its chunk cap (how prefill shares a step with decodes), the KV
 block size (a contract field: vLLM's CPU attention takes multiples of 32), the attention backend and async
@@ -7,7 +7,6 @@ then torch.compile (enforce_eager false: minutes on the first load, so the sweep
 The token budget and the slots are the sweep's own dimensions (½ and 2 x the contract's)."""
 from __future__ import annotations
 
-from forge.hookspecs import hookimpl
 from forge.tunables import Choice, Tunable
 
 BACKEND = "vllm"
@@ -40,8 +39,3 @@ def vllm_tunables(contract, card) -> list[Tunable]:
         Tunable(f"{BACKEND}.enforce_eager", (Choice(True), Choice(False)),
                 note="false: torch.compile (and CUDA graphs on GPUs); the first load compiles for minutes"),
     ]
-
-
-@hookimpl
-def forge_register_tunables(register):
-    register(BACKEND, vllm_tunables)
