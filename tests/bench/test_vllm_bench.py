@@ -58,5 +58,5 @@ def test_sweep_explores_vllm_tunables_and_writes_a_tier_forge_validate_accepts(t
     assert cands["vllm.attention_backend=FLASH_ATTN"]["status"] == "skipped"
     assert data["written"] == [str(best), str(node)]
     check = forge("validate", node, timeout=60)
-    assert check.returncode == 0 and "valid (0 error(s)" in check.stdout, check.stdout + check.stderr
+    assert check.returncode == 0 and "valid (0 error(s)" in check.stderr, check.stdout + check.stderr
     assert "backend: vllm" in best.read_text() and "tiny-llama-vllm-swept" in best.read_text()
