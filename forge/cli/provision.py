@@ -42,6 +42,27 @@ def plan_table(loaded):
     return table
 
 
+def engine_argument_lines(loaded) -> list[str]:
+    """Per card, the exact arguments forge will hand its engine (for each backend that declares them): what the
+    contract became, before anything loads. One JSON object per card, keys sorted."""
+    import json
+
+    from forge.engines.backends import get
+
+    out = []
+    for p in loaded.plans:
+        backend = get(p.contract.backend)
+        if backend is None or backend.engine_arguments is None:
+            continue
+        args = backend.engine_arguments(p.contract, p)
+        out.append(f"card {p.card_id} ({p.contract.contract}, backend {p.contract.backend}) engine arguments: "
+                   + json.dumps(args, sort_keys=True, default=str))
+        if backend.environment is not None:
+            out.append(f"card {p.card_id} environment (set; null: cleared): "
+                       + json.dumps(backend.environment(), sort_keys=True))
+    return out
+
+
 def _check_before_loading(loaded, host: Optional[str], port: Optional[int], metrics_port: Optional[int]) -> None:
     """What can be refused before an engine loads: the node's name is taken on this machine (held for this
     process's life from here on), or a port it must listen on is busy."""
@@ -96,6 +117,8 @@ def register(cli: click.Group) -> None:
             if not console.is_terminal:
                 console = Console(width=200)      # a pipe gets whole rows, not an 80-column squeeze
             console.print(plan_table(loaded))
+            for line in engine_argument_lines(loaded):
+                click.echo(line)
             if cluster is not None:
                 import json
 

@@ -27,6 +27,7 @@ class Backend:
     working_memory: Optional[Callable[..., list]] = None  # (card_plan) -> [(what, bytes)] beside weights and KV
     rules: tuple[Callable[..., Any], ...] = ()   # (loaded: LoadedSet) -> iterable of Problem, after built-in checks
     engine_arguments: Optional[Callable[..., dict]] = None  # (contract, card_plan) -> what the engine is given
+    environment: Optional[Callable[[], dict]] = None        # () -> variables the engine host sets (None: clears)
     label: str = ""                              # one line for listings, e.g. "vLLM (v1 engine)"
 
 

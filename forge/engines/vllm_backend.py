@@ -23,8 +23,8 @@ def vllm_contract_rule(loaded) -> list:
 
 
 BACKEND_OBJECT = Backend(name=BACKEND, factory=_factory, section=VllmSection, rules=(vllm_contract_rule,),
-                         tunables=vllm_tunables,
-                         engine_arguments=mapping.engine_arguments, label="vLLM (v1 LLMEngine, engine core in process)")
+                         tunables=vllm_tunables, engine_arguments=mapping.engine_arguments,
+                         environment=mapping.environment, label="vLLM (v1 LLMEngine, engine core in process)")
 
 
 @hookimpl

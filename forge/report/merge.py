@@ -15,7 +15,7 @@ SUMMED = ("records_done", "records_failed", "retried", "requeued", "input_tokens
 TOTALS_SUMMED = ("done", "failed", "retried", "input_tokens", "output_tokens", "wall_s", "stalls",
                  "progress_only_steps")
 CARD_SUMMED = ("input_tokens", "output_tokens", "engine_steps", "prefix_hit_tokens", "admission_refusals", "retries",
-               "stalls", "progress_only_steps")
+               "stalls", "progress_only_steps", "preemptions")
 BROKER_SUMMED = ("dispatched", "affinity_hits", "affinity_spills", "no_fit", "prompt_tokens",
                  "shared_prefix_tokens", "padded_tokens", "batch_tokens")
 

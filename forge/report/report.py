@@ -73,6 +73,7 @@ def _cards(sampler: Sampler, series: dict[str, Any], wall_s: float | None) -> li
                          "cancelled": s.requests_cancelled, "requeued": s.requests_requeued},
             "admission_refusals": s.admission_refusals, "retries": s.retries,
             "stalls": s.stalls, "progress_only_steps": s.progress_only_steps,
+            "preemptions": s.preemptions,
         })
     return cards
 

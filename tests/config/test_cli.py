@@ -67,6 +67,29 @@ def test_provision_dry_run_prints_the_plan_per_card():
         assert text in proc.stdout, text
 
 
+@pytest.mark.parametrize("node, backend, expected", [
+    ("local-vllm", "vllm", {"max_num_batched_tokens": 512, "max_num_seqs": 32, "max_model_len": 512, "block_size": 32,
+                            "num_gpu_blocks_override": 512, "kv_cache_memory_bytes": 512 * 32 * 4096,
+                            "enable_prefix_caching": True, "generation_config": "vllm", "enforce_eager": True}),
+    ("local", "transformers", {"dtype": "float32", "attn_implementation": "sdpa"}),
+])
+def test_provision_dry_run_prints_each_cards_engine_arguments(node, backend, expected):
+    """The exact arguments forge hands the card's engine, one JSON object per card (and vLLM's environment)."""
+    import json
+
+    proc = forge("provision", node, "--dry-run")
+    assert proc.returncode == 0, proc.stderr
+    prefix = f"card cpu0 (tiny-llama-{'vllm' if backend == 'vllm' else 'cpu'}, backend {backend}) engine arguments: "
+    (line,) = [ln for ln in proc.stdout.splitlines() if ln.startswith(prefix)]
+    args = json.loads(line[len(prefix):])
+    assert {k: args[k] for k in expected} == expected
+    if backend == "vllm":
+        (env,) = [ln for ln in proc.stdout.splitlines() if ln.startswith("card cpu0 environment")]
+        assert json.loads(env.split("): ", 1)[1])["VLLM_CPU_KVCACHE_SPACE"] is None
+    else:
+        assert args["continuous_batching_config"]["num_blocks"] == 512
+
+
 def test_provision_dry_run_shows_replicas_and_their_engines():
     proc = forge("provision", "tests/cases/valid/replicas/node.yaml", "--dry-run")
     assert proc.returncode == 0, proc.stderr

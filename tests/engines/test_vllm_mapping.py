@@ -115,3 +115,33 @@ def test_environment_clears_the_cpu_kv_override():
                       "VLLM_LOGGING_LEVEL": None}
     assert "VLLM_CPU_KVCACHE_SPACE" in mapping.environment() and mapping.environment()["VLLM_CPU_KVCACHE_SPACE"] is None
     assert os.environ is not env
+
+
+def test_read_back_names_field_contract_value_and_engine_value(loaded):
+    c, plan = loaded.contracts["tiny-llama-vllm"], loaded.plans[0]
+    built = {"max_num_batched_tokens": 512, "max_num_seqs": 32, "max_model_len": 512, "block_size": 32,
+             "num_gpu_blocks_override": 512, "enable_prefix_caching": True, "enable_chunked_prefill": True,
+             "async_scheduling": False, "enforce_eager": True}
+    assert mapping.read_back_problems(c, plan, built) == []
+    wrong = {**built, "block_size": 128, "max_num_seqs": 256}
+    got = [p.render() for p in mapping.read_back_problems(c, plan, wrong)]
+    where = mapping.where(c)
+    assert got == [f"{where}::$.limits.max_batch_size: contract 32, vLLM built 256 (scheduler_config.max_num_seqs); "
+                   "the card is refused",
+                   f"{where}::$.kv_cache.tokens_per_block: contract 32, vLLM built 128 (cache_config.block_size); "
+                   "the card is refused"]
+
+
+@pytest.mark.parametrize("field", list(mapping.VllmSection.model_fields))
+def test_a_contract_leaving_any_vllm_field_out_is_refused_naming_it(field, tmp_path, monkeypatch):
+    import yaml
+
+    from forge.config.load import load_paths
+    from forge.embedded import HERE
+
+    data = yaml.safe_load((HERE / "tiny-llama-vllm.yaml").read_text())
+    data["artifact"]["checkpoint"] = str(HERE / "tiny-llama")
+    del data["vllm"][field]
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(data))
+    monkeypatch.chdir(tmp_path)
+    assert [p.render() for p in load_paths(["c.yaml"]).problems] == [f"c.yaml::$.vllm.{field}: missing required key"]

@@ -57,6 +57,7 @@ def build_engine(contract, plan: CardPlan):
     if one_engine(plan):
         raise ForgeError(one_engine(plan))
     arguments = mapping.engine_arguments(contract, plan)     # ConfigError (one line per field) before any load
+    t_import = time.monotonic()
     import_vllm()
     from vllm.v1.engine.llm_engine import LLMEngine
 
@@ -65,6 +66,7 @@ def build_engine(contract, plan: CardPlan):
 
     sink = StepStats(plan.num_blocks)
     t0 = time.monotonic()
+    import_s = t0 - t_import
     try:
         llm_engine = LLMEngine.from_engine_args(engine_args(arguments), stat_loggers=[stat_logger_class(sink)])
     except (ValueError, RuntimeError, TypeError, MemoryError) as exc:
@@ -80,7 +82,8 @@ def build_engine(contract, plan: CardPlan):
             raise ConfigError(problems)
     tokenizer = load_tokenizer(plan)
     info = {"backend": mapping.BACKEND, "card": plan.card_id, "engine_arguments": arguments,
-            "environment": mapping.environment(), "built": built, "load_s": round(load_s, 2),
+            "environment": mapping.environment(), "built": built, "import_s": round(import_s, 2),
+            "load_s": round(load_s, 2),
             "vllm_version": _version()}
     log.info("%s: vLLM engine loaded in %.1f s (%s)", plan.card_id, load_s, built)
     return VllmEngine(plan, llm_engine, tokenizer, sink, info)
