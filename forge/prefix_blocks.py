@@ -45,6 +45,10 @@ class BoundedLRU:
         if len(d) > self.capacity:
             d.popitem(last=False)
 
+    def holds(self, h: int) -> bool:
+        """Whether this block was sent and not yet forgotten (recency untouched)."""
+        return h in self._d
+
     def __len__(self) -> int:
         return len(self._d)
 
@@ -78,6 +82,10 @@ class BlockMirror:
         while len(d) > self.capacity:
             d.popitem(last=False)
         return matched
+
+    def holds(self, h: int) -> bool:
+        """Whether this block was sent and not yet forgotten (recency untouched)."""
+        return h in self._d
 
     def __len__(self) -> int:
         return len(self._d)

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 MAX_CHOICES = 16          # values of one field a sweep tries at most: the candidate space stays bounded
+# contract fields (outside the backend's section) a backend may declare as tunable, where its engine takes several
+CONTRACT_FIELDS = ("kv_cache.tokens_per_block",)
 
 
 @dataclass(frozen=True)
@@ -45,7 +47,9 @@ def tunables_for(contract, card) -> list[Tunable]:
         return []
     out = list(backend.tunables(contract, card))
     for t in out:
-        if "." not in t.field or t.section != contract.backend or len(t.choices) > MAX_CHOICES:
+        own = "." in t.field and (t.section == contract.backend or t.field in CONTRACT_FIELDS)
+        if not own or len(t.choices) > MAX_CHOICES:
             raise ForgeError(f"plugin error: backend {contract.backend!r} declares tunable {t.field!r} with "
-                             f"{len(t.choices)} choices (a field of its own section, at most {MAX_CHOICES})")
+                             f"{len(t.choices)} choices (a field of its own section or one of "
+                             f"{', '.join(CONTRACT_FIELDS)}, at most {MAX_CHOICES} choices)")
     return out

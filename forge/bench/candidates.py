@@ -29,9 +29,10 @@ from forge.errors import UsageError
 from forge.tunables import Choice, Tunable, tunables_for
 
 TOKENS, SLOTS, REPLICAS = "limits.max_num_tokens", "limits.max_batch_size", "card.replicas"
+BLOCK = "kv_cache.tokens_per_block"          # a contract field a backend may declare tunable (forge/tunables.py)
 DEFAULT_FACTORS = (0.5, 2.0)
 DEFAULT_REPLICAS = (2,)
-SLOW = ("transformers.compile_level",)      # tried after every other single change
+SLOW = ("transformers.compile_level", "vllm.enforce_eager")      # tried after every other single change
 
 
 @dataclass
@@ -122,6 +123,8 @@ def base_value(plan: CardPlan, name: str, sections: dict) -> Any:
         return lim.max_batch_size
     if name == REPLICAS:
         return plan.card.replicas
+    if name == BLOCK:
+        return plan.contract.kv_cache.tokens_per_block
     sec, _, attr = name.partition(".")
     current = plan.contract.sections.get(sec)
     if current is None and sec in sections:
@@ -131,7 +134,7 @@ def base_value(plan: CardPlan, name: str, sections: dict) -> Any:
 
 def replicas_unavailable(mode: str) -> Optional[str]:
     if mode == "direct":
-        return "the direct engine is one transformers manager in one process"
+        return "the direct engine is one engine (a transformers manager, or vllm.LLM) in one process"
     if not planning.RUNTIME_RUNS_REPLICAS:
         return "needs card worker processes (one engine process per replica, issue 14); this runtime runs one " \
                "engine per card"
@@ -211,10 +214,16 @@ def apply(plan: CardPlan, changes: dict[str, Any], sections: dict):
             upd["limits"] = type(c.limits).model_validate({**c.limits.model_dump(), **limits})
         except pydantic.ValidationError as exc:
             return None, None, f"$.limits: {_one_line(exc)}"
+    if BLOCK in changes:
+        try:
+            upd["kv_cache"] = type(c.kv_cache).model_validate({**c.kv_cache.model_dump(),
+                                                               "tokens_per_block": changes[BLOCK]})
+        except pydantic.ValidationError as exc:
+            return None, None, f"$.kv_cache: {_one_line(exc)}"
     new_sections = dict(c.sections)
     for name, value in changes.items():
         sec, _, attr = name.partition(".")
-        if sec in ("limits", "card"):
+        if sec in ("limits", "card", "kv_cache"):
             continue
         model = sections.get(sec)
         if model is None:

@@ -13,9 +13,8 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 from forge.bench.bounds import bounds_line, tier_bounds
-from forge.bench.direct import DirectEngine
 from forge.bench.forge_mode import run_forge, write_records
-from forge.bench.modes import check_fits, repeat_order, single_card, warmup_requests
+from forge.bench.modes import check_fits, direct_engine, repeat_order, single_card, warmup_requests
 from forge.bench.report import _fmt, gpu_util_line, header, mode_rows, write_report
 from forge.bench.workload import WorkloadSpec, generate
 from forge.config.load import LoadedNode
@@ -51,9 +50,12 @@ def run_compare(tiers: Sequence[tuple[str, LoadedNode]], spec: WorkloadSpec, wor
                          f"{plan.replicas} replicas)")
                 continue
             if mode == "direct":
-                eng = DirectEngine(plan)
+                eng = direct_engine(plan)
+                # vLLM's own offline API takes the whole batch (LLM.generate) and schedules it itself; transformers'
+                # manager was measured fastest fed at the depth of its slots (direct.py)
+                variant = "all" if plan.contract.backend == "vllm" else f"depth:{plan.slots}"
                 try:
-                    r = eng.run(requests, f"depth:{plan.slots}", warmup=warm)
+                    r = eng.run(requests, variant, warmup=warm)
                 finally:
                     eng.close()
             else:

@@ -45,13 +45,13 @@ def run_direct_in_child(plan: CardPlan, requests: Sequence[BenchRequest], varian
 
 
 def main(inp: str, out: str) -> None:
-    from forge.bench.direct import DirectEngine
+    from forge.bench.modes import direct_engine
     from forge.host.lifeline import die_with_parent
 
     die_with_parent()
     plan, requests, variant, warmup, warm_jobs = pickle.loads(Path(inp).read_bytes())
     t0 = time.perf_counter()
-    engine = DirectEngine(plan)
+    engine = direct_engine(plan)
     build_s = time.perf_counter() - t0
     try:
         result = engine.run(requests, variant, warmup=warmup, warm_jobs=warm_jobs)

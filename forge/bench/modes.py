@@ -1,6 +1,7 @@
 """`forge bench run`: the three modes side by side in one invocation, on the same engine and the same work.
 
-    direct  transformers' continuous batching through its own API (best of the variants run; direct.py)
+    direct  the engine through its own API with the engine forge builds from the same contract (best of the
+            variants run): transformers' continuous batching (direct.py) or vllm.LLM (direct_vllm.py)
     forge   the forge path: records -> functions -> broker (grouping) -> admission -> engine -> ledger
     fifo    the same with the broker's grouping off (plain FIFO)
 
@@ -120,7 +121,7 @@ def run_modes(bp: BenchPlan) -> tuple[list[BenchRequest], list[ModeResult]]:
                 elif mode == "direct":
                     if direct is None:
                         t = time.perf_counter()
-                        direct = DirectEngine(plan)
+                        direct = direct_engine(plan)
                         bp.progress(f"direct: model built in {time.perf_counter() - t:.1f} s")
                     for v in bp.direct_variants:
                         r = direct.run(requests, v, warmup=warm, warm_jobs=warm_jobs)
@@ -147,6 +148,15 @@ def run_modes(bp: BenchPlan) -> tuple[list[BenchRequest], list[ModeResult]]:
     if results and len(incomplete) == len(results):
         raise ForgeError("no mode completed the workload; see the notes in the report")
     return requests, results
+
+
+def direct_engine(plan):
+    """The direct mode's engine for this card's backend: its own API, the arguments forge's mapping gives."""
+    if plan.contract.backend == "vllm":
+        from forge.bench.direct_vllm import VllmDirectEngine
+
+        return VllmDirectEngine(plan)
+    return DirectEngine(plan)
 
 
 def repeat_order(runs: Sequence[T], rep: int) -> list[T]:

@@ -13,29 +13,40 @@ from typing import Iterator, Optional
 
 from forge.broker.dispatch import Balancer
 from forge.broker.pending import HIT, NEW, SPILL, Entry, Pending, priority_of
-from forge.prefix_blocks import BoundedLRU
+from forge.broker.warming import Warming
+from forge.prefix_blocks import BlockMirror, BoundedLRU, chain_hashes
 from forge.broker.types import EngineGeometry
 
 
 class Batcher:
     def __init__(self, pending: Pending, balancer: Balancer, pins: BoundedLRU, bucket_lower: list[int],
-                 grouping: bool, max_visits: int, strict_classes: bool = False):
+                 grouping: bool, max_visits: int, strict_classes: bool = False,
+                 mirrors: Optional[list[BlockMirror]] = None, warming: Optional[Warming] = None):
         self.p, self.bal, self.pins = pending, balancer, pins
         self.bucket_lower, self.grouping, self.max_visits = bucket_lower, grouping, max_visits
         self.strict_classes = strict_classes
+        # prefix warm-up (warming.py): a group cold on an engine sends its leader alone, the rest once it is done
+        self.mirrors, self.warming = mirrors, warming
 
     def form(self, i: int, g: EngineGeometry, free_slots: int, free_kv: int) -> list[Entry]:
         """One batch for engine i from the highest priority it may serve (empty if nothing fits now)."""
         drain = self.bal.drain_limit()        # constant during a take: work only moves pending -> held
         if self.grouping:
-            return self._form_by_class(i, g, free_slots, free_kv, drain)
+            batch = self._form_by_class(i, g, free_slots, free_kv, drain, gate=True)
+            if not batch and self.warming is not None and not g.shares_prefix_within_step \
+                    and self.bal.out_n[i] < self.bal.slots[i]:
+                # work-conserving: nothing else to start and slots would idle, so followers go before their leader
+                # is done (they recompute the prefix; an idle slot computes nothing). An empty take changed no state.
+                batch = self._form_by_class(i, g, free_slots, free_kv, drain, gate=False)
+            return batch
         for prio in self.p.priorities(i):
             batch, accessible = self._form_fifo(i, g, prio, free_slots, free_kv, drain)
             if accessible:
                 return batch
         return []
 
-    def _form_by_class(self, i: int, geom: EngineGeometry, slots: int, kv: int, drain: float) -> list[Entry]:
+    def _form_by_class(self, i: int, geom: EngineGeometry, slots: int, kv: int, drain: float,
+                       gate: bool) -> list[Entry]:
         """Grouped: the highest priority engine i may serve, its output classes longest first (pending.py)."""
         levels = self.p.priorities(i)
         while levels:
@@ -47,7 +58,7 @@ class Batcher:
                 # its own and unowned groups first, every class; then the spill rules: a long class pinned
                 # elsewhere is not spilled while the engine has shorter work of its own
                 for level in mine:
-                    self._form_grouped(i, geom, level, take, drain, spill)
+                    self._form_grouped(i, geom, level, take, drain, spill, gate)
                     if take.over(self):
                         break
                     if self.strict_classes and take.batch and self.p.serves(i, level):
@@ -108,7 +119,7 @@ class Batcher:
         bal = self.bal
         return bal.overloaded(j) > 0 or bal.lags(j, work, drain) or bal.sooner(i, j, work)
 
-    def _form_grouped(self, i, geom, prio, take: "Take", drain, spill: bool) -> None:
+    def _form_grouped(self, i, geom, prio, take: "Take", drain, spill: bool, gate: bool) -> None:
         """One level's part of the batch in `take` (see Take); `spill` as in _candidates."""
         bal, tok, tpb = self.bal, geom.tokenizer_key, geom.tokens_per_block
         batch = take.batch
@@ -122,6 +133,14 @@ class Batcher:
                     return
                 continue
             take.accessible = True
+            warm = self.warming if keyed and gate and not geom.shares_prefix_within_step else None
+            if warm is not None and warm.busy(i, grp.key):
+                # its leader is computing the prefix here: the followers wait for it (its done wakes the takers)
+                (lvl.unowned if grp.owner is None else lvl.owned[grp.owner]).move_to_end(grp.key)
+                if take.visits >= self.max_visits:
+                    take.done = True
+                    return
+                continue
             share_with = None
             if via == SPILL:
                 j = grp.owner
@@ -131,6 +150,7 @@ class Batcher:
                 else:
                     share_with = j                 # its owner's only group: share it while j is over
             took = 0
+            cold = None                             # decided at the group's first request that fits
             seed_qb = take.seed_qb
             qbs = grp.by_age() if seed_qb is None else ([seed_qb] if seed_qb in grp.buckets else [])
             for qb in qbs:
@@ -149,10 +169,14 @@ class Batcher:
                     if not bal.allows(i, e.work, part.mask, drain):
                         take.done = True
                         break
+                    if warm is not None and cold is None:
+                        cold = not self._cached(i, geom, e)
                     self.p.pop(lvl, grp, qb, dq)
                     bal.taken(i, e.work)
                     e.via = via if keyed else NEW
                     batch.append(e)
+                    if cold:                       # the leader goes alone; the followers once it is done
+                        warm.start(i, grp.key, req.request_id)
                     took += 1
                     take.slots -= 1
                     take.kv -= blocks
@@ -160,6 +184,8 @@ class Batcher:
                         take.done = True
                         break
                     take.budget -= n
+                    if cold:
+                        break
                 if took or take.done:
                     if take.seed_qb is None and took:
                         take.seed_qb = qb
@@ -177,6 +203,19 @@ class Batcher:
                 take.done = True
             if take.over(self):
                 return
+
+    def _cached(self, i: int, geom: EngineGeometry, e: Entry) -> bool:
+        """Whether engine i probably holds e's first block (its BlockMirror); a prompt without a full block of
+        the engine's size has nothing to warm, so it counts as cached. The hashes are kept for the accounting."""
+        view = (geom.tokenizer_key, geom.tokens_per_block)
+        views = e.views
+        hashes = views.get(view) if views is not None else None
+        if hashes is None:
+            hashes = chain_hashes(e.req.prompts[geom.tokenizer_key], geom.tokens_per_block)
+            if views is None:
+                e.views = views = {}
+            views[view] = hashes
+        return not hashes or self.mirrors[i].holds(hashes[0])
 
     def _form_fifo(self, i, geom, prio, slots, kv, drain):
         """Plain FIFO within the priority (merging partitions by arrival); stops at the first misfit."""

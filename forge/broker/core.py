@@ -15,6 +15,7 @@ from forge.broker.geometry import FitTable, LengthBuckets, grouping_view
 from forge.broker.pending import HIT, NEW, ONE_ENGINE_CLASS_BITS, SPILL, Entry, Pending
 from forge.prefix_blocks import BlockMirror, BoundedLRU, chain_hashes
 from forge.broker.types import BrokerRequest, EngineGeometry, QueueFull
+from forge.broker.warming import Warming
 from forge.stats import BrokerStats
 
 DEFAULT_PREFIX_DEPTH_BLOCKS = 1     # group key: chain hash of the first block(s) of the grouping view
@@ -52,9 +53,11 @@ class BrokerCore:
         class_bits = ONE_ENGINE_CLASS_BITS if len(engines) == 1 else 0
         self._pending = Pending(len(engines), len(self._buckets), self._bal, pins, class_levels=grouping,
                                 class_bits=class_bits)
-        self._batcher = Batcher(self._pending, self._bal, pins, self._buckets.lower, grouping, max_group_visits,
-                                strict_classes=len(engines) == 1)   # batching.py's docstring: one engine only
         self._mirrors = [BlockMirror(g.kv_blocks_total) for g in engines]
+        self._warming = Warming(len(engines))      # a prefix new to an engine: its leader first (warming.py)
+        self._batcher = Batcher(self._pending, self._bal, pins, self._buckets.lower, grouping, max_group_visits,
+                                strict_classes=len(engines) == 1,   # batching.py's docstring: one engine only
+                                mirrors=self._mirrors, warming=self._warming if grouping else None)
         self._entries: dict[str, Entry] = {}       # pending and in flight, by request id
         self._where: dict[str, int] = {}           # in flight: request id -> engine index
         self._seq = 0                              # arrival order; requeued work gets ever smaller seqs
@@ -162,6 +165,7 @@ class BrokerCore:
         back: list[Entry] = []
         for req in reqs:
             rid = req.request_id
+            self._warming.done(rid)
             i = self._where.pop(rid, None)
             if i is not None:
                 e = self._entries[rid]
@@ -185,6 +189,8 @@ class BrokerCore:
         """The engine finished (or failed) the request for good; unknown or repeated calls are no-ops."""
         self._engine(engine_id)
         rid = req.request_id
+        if self._warming:
+            self._warming.done(rid)
         i = self._where.pop(rid, None)
         if i is not None:
             self._bal.finished(i, self._entries.pop(rid).work)
@@ -193,8 +199,11 @@ class BrokerCore:
         """on_done for each of `reqs`, the engine looked up once."""
         self._engine(engine_id)            # an unknown engine is refused as in on_done
         where, entries, finished = self._where, self._entries, self._bal.finished
+        warm = self._warming.done if self._warming else None
         for req in reqs:
             rid = req.request_id
+            if warm is not None:
+                warm(rid)
             i = where.pop(rid, None)
             if i is not None:
                 finished(i, entries.pop(rid).work)
@@ -212,6 +221,7 @@ class BrokerCore:
         self._bal.set_healthy(i, healthy)
         if not healthy:
             self._pending.release(i)
+            self._warming.release(i)
 
     def drain(self) -> list[BrokerRequest]:
         """Remove and return everything pending (priority, then arrival order), e.g. to fail it on stop."""

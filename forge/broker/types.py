@@ -50,6 +50,8 @@ class EngineGeometry:
     max_output_len: int
     tokens_per_block: int                         # contract kv_cache.tokens_per_block
     kv_blocks_total: int                          # CardPlan.num_blocks
+    # the engine's Engine.shares_prefix_within_step; False: a prefix group new to it sends its leader alone first
+    shares_prefix_within_step: bool = True
 
     def __post_init__(self) -> None:
         for name in ("max_batch_size", "max_num_tokens", "max_input_len", "max_output_len",

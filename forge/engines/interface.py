@@ -131,6 +131,10 @@ class Engine(abc.ABC):
     tokenizer: Tokenizer
     supports_hidden: bool = False
     supports_guides: frozenset[str] = frozenset()   # subset of {"choice", "json_schema", "regex"}
+    # Whether a request scheduled in the same step as the first computation of its prompt's prefix reuses it
+    # (vLLM registers a block when it allocates it). False (transformers registers a block after the forward that
+    # completed it): the broker sends a prefix group new to the engine its leader alone (forge/broker/warming.py).
+    shares_prefix_within_step: bool = True
 
     @abc.abstractmethod
     def submit(self, requests: Sequence[EngineRequest]) -> None: ...

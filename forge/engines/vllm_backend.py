@@ -5,6 +5,7 @@ from __future__ import annotations
 from forge.engines.backends import Backend
 from forge.engines.vllm import mapping
 from forge.engines.vllm.section import VllmSection
+from forge.engines.vllm.tunables import vllm_tunables
 from forge.hookspecs import hookimpl
 
 BACKEND = mapping.BACKEND
@@ -22,7 +23,8 @@ def vllm_contract_rule(loaded) -> list:
 
 
 BACKEND_OBJECT = Backend(name=BACKEND, factory=_factory, section=VllmSection, rules=(vllm_contract_rule,),
-                         engine_arguments=mapping.engine_arguments, environment=mapping.environment, label="vLLM (v1 LLMEngine, engine core in process)")
+                         tunables=vllm_tunables, engine_arguments=mapping.engine_arguments,
+                         environment=mapping.environment, label="vLLM (v1 LLMEngine, engine core in process)")
 
 
 @hookimpl

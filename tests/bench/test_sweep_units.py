@@ -36,7 +36,7 @@ def by_key(cands):
 def test_transformers_declares_its_switches_through_its_backend_object(gpu_loaded):
     from forge.engines.backends import registered
 
-    assert [name for name, b in registered().items() if b.tunables is not None] == ["transformers"]
+    assert sorted(name for name, b in registered().items() if b.tunables is not None) == ["transformers", "vllm"]
     plan = gpu_loaded.plans[0]
     dims = dimensions(plan, mode="forge", overrides={}, skip=())
     assert [d.field for d in dims] == [
@@ -62,7 +62,7 @@ def test_one_change_at_a_time_with_reasons_for_what_cannot_run(cpu_plan, gpu_loa
     assert [k for k in cands if k.startswith("limits.max_num_tokens")] == ["limits.max_num_tokens=256",
                                                                           "limits.max_num_tokens=1024"]
     direct = by_key(single_changes(cpu_plan, dimensions(cpu_plan, mode="direct", overrides={}, skip=()), [], sections))
-    assert "one transformers manager" in direct["card.replicas=2"].reason
+    assert "the direct engine is one engine" in direct["card.replicas=2"].reason
     monkeypatch.setattr("forge.config.plan.RUNTIME_RUNS_REPLICAS", False)      # a runtime of one engine per card
     off = dimensions(cpu_plan, mode="forge", overrides={}, skip=())
     assert "needs card worker processes" in by_key(single_changes(cpu_plan, off, [], sections))["card.replicas=2"].reason

@@ -488,3 +488,36 @@ def test_a_prefix_changes_engine_only_through_a_counted_spill(families, per_roun
         # (with mixed lengths an idle engine may share a family whose owner holds longer work: a work-conserving
         # spill, counted — before and after output classes became levels)
         assert spills == 0 and all(len(e) == 1 for e in where.values()), where
+
+
+def test_a_prefix_new_to_an_engine_that_shares_only_computed_blocks_sends_its_leader_first():
+    """On an engine that reuses a block only after the step that computed it (transformers), a group's followers
+    wait for its leader while the engine holds its slots' worth, and go at once when slots would idle
+    (forge/broker/warming.py). An engine that shares within a step takes a group's requests together."""
+    from dataclasses import replace
+
+    def core(shares: bool, slots: int):
+        c = BrokerCore([replace(geom("e0", slots=slots, budget=4096), shares_prefix_within_step=shares)])
+        fam = {1: [req(prefixed(1, 80, k)) for k in range(3)], 2: [req(prefixed(2, 80, 10 + k)) for k in range(3)]}
+        for r in fam[1] + fam[2]:
+            c.add(r)
+        return c, fam
+
+    def family(rs):
+        return sorted(r.prompts["t"][0] // 1000 - 1 for r in rs)
+
+    c, fam = core(False, slots=2)
+    leaders = c.take("e0", free_slots=2, free_kv_blocks=1000)
+    assert family(leaders) == [1, 2]                                   # one of each prefix
+    assert c.take("e0", free_slots=2, free_kv_blocks=1000) == []       # followers wait: the engine is full
+    c.on_done("e0", next(r for r in leaders if family([r]) == [1]))
+    followers = c.take("e0", free_slots=2, free_kv_blocks=1000)
+    assert family(followers) == [1, 1]                                 # prefix 1 is computed; 2 still warms
+    assert c.stats().shared_prefix_tokens == 2 * 64
+
+    c, _ = core(False, slots=8)                    # slots would idle: the followers go with nothing else to take
+    assert family(c.take("e0", free_slots=8, free_kv_blocks=1000)) == [1, 2]
+    assert family(c.take("e0", free_slots=8, free_kv_blocks=1000)) == [1, 1, 2, 2]
+
+    c, _ = core(True, slots=2)
+    assert len(set(family(c.take("e0", free_slots=2, free_kv_blocks=1000)))) == 1

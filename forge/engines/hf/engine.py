@@ -56,6 +56,9 @@ class TransformersEngine(Engine):
     name = "transformers"
     supports_hidden = True
     supports_guides: frozenset[str] = frozenset()     # set per instance from the guide support it was built with
+    # the cache registers a block after the forward that completed it and looks a request's prefix up when it first
+    # schedules it: requests of one prefix that start together all compute it (forge/broker/warming.py)
+    shares_prefix_within_step = False
 
     def __init__(self, plan: CardPlan, section, model, tokenizer, manager, *, device: str, eos, info: dict[str, Any],
                  guides=None, no_guides_why: str = "", seeds=None):
