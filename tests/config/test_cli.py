@@ -26,7 +26,7 @@ def test_examples_are_valid():
     proc = forge("validate", "node_descriptions/", "engine_contracts/")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout == ""
-    assert "4 node(s), 6 contract(s): valid (0 error(s), 0 warning(s))" in proc.stderr
+    assert "5 node(s), 6 contract(s): valid (0 error(s), 0 warning(s))" in proc.stderr
 
 
 def test_invalid_files_exit_1_with_one_line_per_problem():

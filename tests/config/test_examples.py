@@ -12,7 +12,7 @@ from tests.config.conftest import REPO
 def test_all_examples_validate_without_warnings():
     loaded = load_paths([REPO / "node_descriptions", REPO / "engine_contracts"])
     assert loaded.problems == [], "\n".join(p.render() for p in loaded.problems)
-    assert sorted(loaded.nodes) == ["fabric-a", "fabric-long", "local", "local-vllm"]
+    assert sorted(loaded.nodes) == ["fabric-a", "fabric-long", "local", "local-mixed", "local-vllm"]
     assert sorted(loaded.contracts) == ["llama7b-fp8-1k", "llama7b-fp8-1k-engine", "llama7b-fp8-1k-half",
                                         "llama7b-fp8-long", "tiny-llama-cpu", "tiny-llama-vllm"]
 
