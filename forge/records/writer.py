@@ -31,7 +31,7 @@ def encode_error(index: int, type_: str, message: str) -> str:
 
 
 # One encoder for every row: json.dumps with keywords builds a new JSONEncoder per call (docs/benchmarks.md,
-# "Cutting the node's CPU per task"); encode() gives the same text.
+# "Control plane"); encode() gives the same text.
 _RESULT_ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False)
 
 

@@ -26,7 +26,7 @@ GPU_ONLY = {"use_cuda_graph": "CUDA graphs", "async_batching": "async batching (
 COMPILE_LEVELS = (1, 2, 3)
 Q_PADDING_PRESET = 64              # transformers 5.24's query padding for graphs and compile (initialization.py)
 GRAPH_Q_PADDINGS = (Q_PADDING_PRESET, 128, 256)   # 128: a third fewer shapes on forge's 8B schedule for ~2 % more
-                                                  # query tokens (docs/benchmarks.md "The seventh session on the H200")
+                                                  # query tokens (docs/benchmarks.md, "forge ÷ direct on one card")
 
 
 def pads_queries(section) -> bool:
