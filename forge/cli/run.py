@@ -93,7 +93,8 @@ def register(cli: click.Group) -> None:
         """Run a function over records on a node provisioned in this process."""
         from forge.cli.node_arg import description_path
         from forge.config.load import load_node
-        from forge.functions.job import JobOptions, run_embedded
+        from forge.functions.job import JobOptions, run_with_node
+        from forge.node.local import LocalNode
 
         budget = _max_errors(max_errors)        # a bad flag is refused before the node loads
         _before_loading(metrics_port)
@@ -104,7 +105,8 @@ def register(cli: click.Group) -> None:
                           ledger_path=_ledger_default(output_path, ledger_path), restart=restart,
                           accept_changed_function=accept_changed_function, concurrency=concurrency,
                           metrics_port=metrics_port, progress=progress, report=report, max_errors=budget)
-        return run_embedded(loaded, opts, grouping=grouping, card_transport=card_transport or "process")
+        return run_with_node(lambda: LocalNode(loaded, grouping=grouping, card_transport=card_transport or "process"),
+                             opts, node_label=loaded.node.node)
 
     @cli.command("deploy", epilog=EXIT_CODES)
     @click.argument("target", metavar="FILE.py[:NAME]")
@@ -120,7 +122,7 @@ def register(cli: click.Group) -> None:
                    accept_changed_function, concurrency, metrics_port, progress, report, max_errors):
         """Run a function over records against a node provisioned with `forge provision` (or, with
         --cluster, across every node provisioned on a Ray cluster)."""
-        from forge.functions.job import JobOptions, run_remote
+        from forge.functions.job import JobOptions, run_with_node
 
         _before_loading(metrics_port)
 
@@ -141,4 +143,7 @@ def register(cli: click.Group) -> None:
 
         info = provisioned(node)
         require_answer(info)
-        return run_remote(info["control_url"], os.environ.get(token_env), opts, node_label=info["node"])
+        from forge.functions.remote_stats import StatsRemoteNode
+
+        url, token = info["control_url"], os.environ.get(token_env)
+        return run_with_node(lambda: StatsRemoteNode(url, token=token), opts, node_label=info["node"] or url)

@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from forge import constants
-from forge.config.load import LoadedNode
 from forge.errors import ForgeError
 from forge.functions.errorbudget import MaxErrors
 from forge.functions.loader import load_function
@@ -33,20 +32,6 @@ class JobOptions:
     report: bool = True
     accept_changed_function: bool = False     # the user declares the changed function compatible with done rows
     max_errors: Optional[MaxErrors] = None
-
-
-def run_embedded(loaded: LoadedNode, opts: JobOptions, *, grouping: bool = True,
-                 card_transport: str = "process") -> int:
-    from forge.node.local import LocalNode
-
-    return run_with_node(lambda: LocalNode(loaded, grouping=grouping, card_transport=card_transport), opts,
-                         node_label=loaded.node.node)
-
-
-def run_remote(url: str, token: Optional[str], opts: JobOptions, *, node_label: str = "") -> int:
-    from forge.functions.remote_stats import StatsRemoteNode
-
-    return run_with_node(lambda: StatsRemoteNode(url, token=token), opts, node_label=node_label or url)
 
 
 def run_with_node(make_node: Callable[[], Any], opts: JobOptions, *, node_label: str = "") -> int:
