@@ -41,7 +41,7 @@ def run_with_node(make_node: Callable[[], Any], opts: JobOptions, *, node_label:
     The node's stats feed the report."""
     from forge.functions.store import open_store
 
-    spec, digest = load_function(opts.target)
+    spec = load_function(opts.target)
     stats = RunStats()
     store = open_store(opts, function_name=spec.name, function_file=spec.fn.__code__.co_filename, node=node_label,
                        stats=stats)
@@ -53,7 +53,7 @@ def run_with_node(make_node: Callable[[], Any], opts: JobOptions, *, node_label:
         async def main() -> int:
             try:
                 await node.start()
-                return await _run(spec, digest, node, opts, node_label=node.name, engine_stats=node.engine_stats,
+                return await _run(spec, node, opts, node_label=node.name, engine_stats=node.engine_stats,
                                   broker_stats=node.broker_stats, store=store, stats=stats)
             finally:
                 await node.stop()
@@ -72,15 +72,9 @@ def _already_complete(store, opts: JobOptions) -> int:
     return constants.EXIT_ERROR_ROWS if c.written_errors else constants.EXIT_OK     # what the output holds
 
 
-async def _run(spec, digest: str, node: Any, opts: JobOptions, *, node_label: str, engine_stats, broker_stats,
-               store=None, stats: Optional[RunStats] = None) -> int:
-    from forge.functions.store import open_store
-
-    stats = stats or RunStats()
+async def _run(spec, node: Any, opts: JobOptions, *, node_label: str, engine_stats, broker_stats, store,
+               stats: RunStats) -> int:
     stats.started_at = time.time()          # the run's clock starts once the node is up
-    if store is None:
-        store = open_store(opts, function_name=spec.name, function_file=spec.fn.__code__.co_filename,
-                           node=node_label, stats=stats)
     metrics = None
     try:
         if opts.metrics_port is not None:

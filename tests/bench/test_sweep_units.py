@@ -50,7 +50,7 @@ def test_transformers_declares_its_switches_through_the_plugin_hook(gpu_loaded):
     assert [c.value for c in dims[5].choices] == [4096, 16384] and [c.value for c in dims[6].choices] == [64, 256]
 
 
-def test_one_change_at_a_time_with_reasons_for_what_cannot_run(cpu_plan, gpu_loaded, monkeypatch):
+def test_one_change_at_a_time_with_reasons_for_what_cannot_run(cpu_plan, gpu_loaded):
     sections = from_plugins().sections
     dims = dimensions(cpu_plan, mode="forge", overrides={}, skip=())
     cands = by_key(single_changes(cpu_plan, dims, [], sections))
@@ -63,10 +63,6 @@ def test_one_change_at_a_time_with_reasons_for_what_cannot_run(cpu_plan, gpu_loa
                                                                           "limits.max_num_tokens=1024"]
     direct = by_key(single_changes(cpu_plan, dimensions(cpu_plan, mode="direct", overrides={}, skip=()), [], sections))
     assert "one transformers manager" in direct["card.replicas=2"].reason
-    monkeypatch.setattr("forge.config.plan.RUNTIME_RUNS_REPLICAS", False)      # a runtime of one engine per card
-    off = dimensions(cpu_plan, mode="forge", overrides={}, skip=())
-    assert "needs card worker processes" in by_key(single_changes(cpu_plan, off, [], sections))["card.replicas=2"].reason
-    monkeypatch.setattr("forge.config.plan.RUNTIME_RUNS_REPLICAS", True)
     gpu = gpu_loaded.plans[0]
     on = by_key(single_changes(gpu, dimensions(gpu, mode="forge", overrides={}, skip=()), [], sections))
     assert on["card.replicas=2"].status == "pending" and on["transformers.use_cuda_graph=true"].status == "pending"
