@@ -2,8 +2,6 @@
 and why, how winners combine, and that a written tier is a file `forge validate` accepts."""
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,6 +12,7 @@ from forge.bench.tierfile import load_tier, write_contract, write_tier
 from forge.config.load import load_node, load_paths
 from forge.config.registry import from_plugins
 from forge.errors import UsageError
+from tests.forge_cli import invoke
 
 ROOT = Path(__file__).resolve().parents[2]
 H200 = ROOT / "docs" / "bench" / "h200"
@@ -170,8 +169,7 @@ def test_a_written_contract_validates_anywhere_its_paths_rebased(tmp_path, gpu_l
     assert "max_batch_size: 256" in text and "free_gpu_memory_fraction" not in text
     got = load_paths([path])
     assert got.ok, [p.render() for p in got.problems]
-    out = subprocess.run([sys.executable, "-m", "forge", "validate", str(path)], cwd=ROOT, capture_output=True,
-                         text=True, timeout=60)
+    out = invoke("validate", path)
     assert out.returncode == 0, out.stdout + out.stderr
     c = got.contracts["h200-llama-1p5b"]
     assert c.resolve(c.artifact.checkpoint) == (H200 / "llama-1p5b").resolve()

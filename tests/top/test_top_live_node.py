@@ -26,9 +26,7 @@ REPO = Path(__file__).resolve().parents[2]
 ROW = re.compile(r"^cpu0\s+tiny-llama-cpu\s+(ok|DOWN)\s+([\d,]+|…)\s+([\d,]+|…)", re.M)
 
 
-def forge(*args, env: dict, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "forge", *args], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=timeout)
+from tests.forge_cli import forge  # noqa: E402 - after the engine checks above
 
 
 @contextlib.contextmanager
