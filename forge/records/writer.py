@@ -170,7 +170,7 @@ def _parse_row(head: bytes, f, start: int, end: int) -> tuple[int, bool] | None:
         row = json.loads(raw)
     except (ValueError, RecursionError):
         return None
-    if (not isinstance(row, dict) or not type(row.get("index")) is int or row["index"] < 0
+    if (not isinstance(row, dict) or type(row.get("index")) is not int or row["index"] < 0
             or len(row) != 2 or not ({"result", "error"} & row.keys())):
         return None
     return row["index"], "error" in row

@@ -25,7 +25,7 @@ pytest.importorskip("transformers")
 
 from forge.cluster.names import NAMESPACE  # noqa: E402
 from tests.cluster.harness import FIXTURES, REPO, LocalCluster  # noqa: E402
-from tests.forge_cli import invoke
+from tests.forge_cli import invoke  # noqa: E402
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(240)]
 TAG = str(FIXTURES / "functions" / "tag.py")
