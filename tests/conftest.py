@@ -1,7 +1,8 @@
 """Suite-wide settings: no third-party plugins, a FORGE_HOME of its own for every test, and the `slow` marker.
 
 `python -m pytest` runs the fast tests (no forge process, worker, Ray cluster or bench run end to end);
-`python -m pytest -m ''` (or `--slow`) runs all of them; `-m slow` only the whole-product runs.
+`python -m pytest -m ''` (or `--slow`) runs all of them; `-m slow` only the whole-product runs. Named paths
+(`python -m pytest tests/e2e`) run every test in them, slow or not, unless -m says otherwise.
 """
 import os
 import sys
@@ -23,11 +24,11 @@ os.environ["FORGE_HOME"] = tempfile.mkdtemp(prefix="forge-home-session-")
 # A module lists itself here or sets `pytestmark = pytest.mark.slow`; single tests carry @pytest.mark.slow.
 SLOW_MODULES = frozenset({
     "tests/bench/test_forge_mode_down.py", "tests/bench/test_sweep_cli.py", "tests/bench/test_direct_child.py",
-    "tests/cluster/test_cluster_ray.py", "tests/cluster/test_cluster_futures.py",
+    "tests/cluster/test_cluster_ray.py",
     "tests/e2e/test_ctrl_c.py", "tests/e2e/test_forge_run.py", "tests/e2e/test_installed_wheel.py",
     "tests/e2e/test_job_checks.py", "tests/e2e/test_node_identity.py", "tests/e2e/test_provision_deploy.py",
     "tests/ledger/test_kill9.py",
-    "tests/node/test_local_node.py", "tests/node/test_worker_lifecycle.py", "tests/node/test_generate_item.py",
+    "tests/node/test_local_node.py", "tests/node/test_worker_lifecycle.py",
     "tests/reliability/test_deploy_faults.py", "tests/reliability/test_engine_faults.py",
     "tests/reliability/test_exit_codes.py", "tests/reliability/test_full_disk.py",
     "tests/reliability/test_fuzz_functions.py", "tests/reliability/test_fuzz_records.py",
@@ -63,10 +64,12 @@ def pytest_addoption(parser):
 
 
 def pytest_configure(config):
-    # The default selection is the fast tests; an explicit -m (even -m '') or --slow decides otherwise.
+    # Plain `python -m pytest` (no test paths given) selects the fast tests; named paths run as asked, and an
+    # explicit -m (even -m '') or --slow decides otherwise.
     if config.getoption("--slow"):
         config.option.markexpr = ""
-    elif not any(a == "-m" or a.startswith("-m") for a in config.invocation_params.args):
+    elif (config.args_source != pytest.Config.ArgsSource.ARGS
+          and not any(a == "-m" or a.startswith("-m") for a in config.invocation_params.args)):
         config.option.markexpr = "not slow"
 
 
