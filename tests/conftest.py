@@ -4,7 +4,9 @@
 `python -m pytest -m ''` (or `--slow`) runs all of them; `-m slow` only the whole-product runs. Named paths
 (`python -m pytest tests/e2e`) run every test in them, slow or not, unless -m says otherwise.
 """
+import atexit
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -19,6 +21,7 @@ sys._called_from_test = True  # type: ignore[attr-defined]
 # provisions a node (before any per-test fixture) never registers it in the user's ~/.forge. Each test then
 # gets its own (the autouse fixture below); a subprocess inherits whichever is set.
 os.environ["FORGE_HOME"] = tempfile.mkdtemp(prefix="forge-home-session-")
+atexit.register(shutil.rmtree, os.environ["FORGE_HOME"], ignore_errors=True)
 
 # Modules that run the whole product: forge or a card worker in a subprocess, a Ray cluster, a bench end to end.
 # A module lists itself here or sets `pytestmark = pytest.mark.slow`; single tests carry @pytest.mark.slow.
