@@ -48,8 +48,3 @@ EXIT_INCOMPLETE = 4                          # stopped with rows missing: rerun 
 # --- ledger --------------------------------------------------------------------------
 LEDGER_COMMIT_INTERVAL_S = 0.05
 LEDGER_COMMIT_MAX_ROWS = 2048
-
-# --- network -------------------------------------------------------------------------
-DEFAULT_CONTROL_HOST = "127.0.0.1"
-DEFAULT_CONTROL_PORT = 8470
-TOKEN_ENV = "FORGE_TOKEN"

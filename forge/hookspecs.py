@@ -9,7 +9,7 @@ hookimpl = pluggy.HookimplMarker("forge")
 
 @hookspec
 def forge_register_backend(register):
-    """Call register(forge.engines.backends.Backend(...)) once per engine backend: its name, contract section model,
+    """Call register(forge.backends.Backend(...)) once per engine backend: its name, contract section model,
     engine factory, tunables, working memory, validation rules and engine arguments, as one object."""
 
 

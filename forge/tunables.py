@@ -39,7 +39,7 @@ class Tunable:
 
 def tunables_for(contract, card) -> list[Tunable]:
     """The backend's declared tunables for this contract on this card ([] when the backend declares none)."""
-    from forge.engines.backends import get
+    from forge.backends import get
     from forge.errors import ForgeError
 
     backend = get(contract.backend)

@@ -1,22 +1,108 @@
+"""Suite-wide settings: no third-party plugins, a FORGE_HOME of its own for every test, and the `slow` marker.
+
+`python -m pytest` runs the fast tests (no forge process, worker, Ray cluster or bench run end to end);
+`python -m pytest -m ''` (or `--slow`) runs all of them; `-m slow` only the whole-product runs. Named paths
+(`python -m pytest tests/e2e`) run every test in them, slow or not, unless -m says otherwise.
+"""
+import atexit
 import os
+import shutil
 import sys
+import tempfile
+from pathlib import Path
+
+import pytest
 
 # Tests never load third-party entry points; built-ins register as usual.
 os.environ.setdefault("FORGE_LOAD_PLUGINS", "")
 sys._called_from_test = True  # type: ignore[attr-defined]
 
+# A FORGE_HOME for this test process before anything runs, so that a module- or session-scoped fixture that
+# provisions a node (before any per-test fixture) never registers it in the user's ~/.forge. Each test then
+# gets its own (the autouse fixture below); a subprocess inherits whichever is set.
+os.environ["FORGE_HOME"] = tempfile.mkdtemp(prefix="forge-home-session-")
+atexit.register(shutil.rmtree, os.environ["FORGE_HOME"], ignore_errors=True)
+
+# Modules that run the whole product: forge or a card worker in a subprocess, a Ray cluster, a bench end to end.
+# A module lists itself here or sets `pytestmark = pytest.mark.slow`; single tests carry @pytest.mark.slow.
+SLOW_MODULES = frozenset({
+    "tests/bench/test_forge_mode_down.py", "tests/bench/test_sweep_cli.py", "tests/bench/test_direct_child.py",
+    "tests/cluster/test_cluster_ray.py",
+    "tests/e2e/test_ctrl_c.py", "tests/e2e/test_forge_run.py", "tests/e2e/test_installed_wheel.py",
+    "tests/e2e/test_job_checks.py", "tests/e2e/test_node_identity.py", "tests/e2e/test_provision_deploy.py",
+    "tests/ledger/test_kill9.py",
+    "tests/node/test_local_node.py", "tests/node/test_worker_lifecycle.py",
+    "tests/reliability/test_deploy_faults.py", "tests/reliability/test_engine_faults.py",
+    "tests/reliability/test_exit_codes.py", "tests/reliability/test_full_disk.py",
+    "tests/reliability/test_fuzz_functions.py", "tests/reliability/test_fuzz_records.py",
+    "tests/reliability/test_kill_run.py", "tests/reliability/test_ledger_damage.py",
+    "tests/reliability/test_no_overwrite.py", "tests/reliability/test_report_failures.py",
+    "tests/reliability/test_request_bounds.py", "tests/reliability/test_security.py",
+    "tests/reliability/test_signals.py", "tests/reliability/test_soak.py",
+    "tests/serve/test_cancel.py", "tests/serve/test_cli_and_load.py", "tests/serve/test_client_mistakes.py",
+    "tests/serve/test_endpoints.py", "tests/serve/test_http_limits.py", "tests/serve/test_overload.py",
+    "tests/serve/test_prompt_bounds.py", "tests/serve/test_remote.py", "tests/serve/test_request_bounds.py",
+    "tests/top/test_top_live_node.py",
+})
+
+ROOT = Path(__file__).resolve().parent.parent
+USER_FORGE_HOME = Path.home() / ".forge"
+
+
+def _tree(path: Path) -> dict:
+    """What ~/.forge holds: every file with its size and mtime (empty when it does not exist)."""
+    if not path.exists():
+        return {}
+    return {str(p): (p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(path.rglob("*")) if p.is_file()}
+
+
+_USER_FORGE_HOME_BEFORE = _tree(USER_FORGE_HOME)
+
 
 def pytest_addoption(parser):
     parser.addoption("--long", action="store_true", default=False,
                      help="also run the tests marked `long` (soak, many kill points, long fault runs)")
+    parser.addoption("--slow", action="store_true", default=False,
+                     help="also run the tests marked `slow` (the same as -m '')")
 
 
+def pytest_configure(config):
+    # Plain `python -m pytest` (no test paths given) selects the fast tests; named paths run as asked, and an
+    # explicit -m (even -m '') or --slow decides otherwise.
+    if config.getoption("--slow"):
+        config.option.markexpr = ""
+    elif (config.args_source != pytest.Config.ArgsSource.ARGS
+          and not any(a == "-m" or a.startswith("-m") for a in config.invocation_params.args)):
+        config.option.markexpr = "not slow"
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
+    # tryfirst: before the core deselects by -m, so the marks added here count.
+    for item in items:
+        path = Path(item.path).resolve()
+        if path.is_relative_to(ROOT) and path.relative_to(ROOT).as_posix() in SLOW_MODULES:
+            item.add_marker(pytest.mark.slow)
     if config.getoption("--long"):
         return
-    import pytest
-
     skip = pytest.mark.skip(reason="long test: run with --long")
     for item in items:
         if "long" in item.keywords:
             item.add_marker(skip)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """A run that changed the user's ~/.forge fails, whatever its tests said (tests/test_hermetic.py has the why)."""
+    after = _tree(USER_FORGE_HOME)
+    if after != _USER_FORGE_HOME_BEFORE:
+        changed = sorted(set(after.items()) ^ set(_USER_FORGE_HOME_BEFORE.items()))
+        sys.stderr.write(f"\nthe test run changed {USER_FORGE_HOME}: {[name for name, _ in changed][:10]}\n")
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+@pytest.fixture(autouse=True)
+def forge_home(tmp_path_factory, monkeypatch):
+    """Every test its own FORGE_HOME (provisioned nodes' state files): nothing reads or writes ~/.forge."""
+    home = tmp_path_factory.mktemp("forge-home")
+    monkeypatch.setenv("FORGE_HOME", str(home))
+    return home

@@ -23,7 +23,6 @@ from typing import Any, Optional, Sequence
 
 import pydantic
 
-from forge.config import plan as planning
 from forge.config.plan import CardPlan
 from forge.errors import UsageError
 from forge.tunables import Choice, Tunable, tunables_for
@@ -135,9 +134,6 @@ def base_value(plan: CardPlan, name: str, sections: dict) -> Any:
 def replicas_unavailable(mode: str) -> Optional[str]:
     if mode == "direct":
         return "the direct engine is one engine (a transformers manager, or vllm.LLM) in one process"
-    if not planning.RUNTIME_RUNS_REPLICAS:
-        return "needs card worker processes (one engine process per replica, issue 14); this runtime runs one " \
-               "engine per card"
     return None
 
 

@@ -5,7 +5,7 @@ there, while every forge run starts a fresh card worker process. With `child`, e
 process (`python -m forge.bench.direct_child IN OUT`): the same plan, requests and warm-up, the model built there,
 the run's ModeResult sent back. So both modes run in a process of their own that was started for the run, and the
 bench's process holds no model or CUDA memory while forge runs: what is left between the modes is what forge adds
-(docs/benchmarks.md, "The fifth session on the H200"). Bounded by CHILD_LIMIT_S; the child dies with the bench."""
+(docs/benchmarks.md, "The tool"). Bounded by CHILD_LIMIT_S; the child dies with the bench."""
 from __future__ import annotations
 
 import os

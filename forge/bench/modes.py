@@ -12,8 +12,8 @@ CUDA graphs and grown the allocator that work of this shape needs, as a long-run
 holds only blocks the measured job cannot reuse). Modes run in the order given, then,
 with `repeat`, in the reverse order, and so on (direct, forge; forge, direct; direct, forge): a machine that drifts
 over the invocation (clocks, heat, a neighbour) would otherwise always hand its drift to the same mode, and with
-alternation each mode runs as often early as late in its pair (docs/benchmarks.md, "The fifth session on the
-H200"). Every run is kept in the report."""
+alternation each mode runs as often early as late in its pair (docs/benchmarks.md, "The
+tool"). Every run is kept in the report."""
 from __future__ import annotations
 
 import logging

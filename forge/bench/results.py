@@ -16,7 +16,7 @@ class ModeResult:
     output_tokens: int = 0            # generated tokens (a final EOS not counted, as forge reports it)
     window_s: float = 0.0             # first request handed in -> last result out
     started_at: Optional[float] = None   # wall clock (time.time()) at the window's start: lines a run up with other
-                                         # records of the same time (docs/bench/steplog_summary.py)
+                                         # records of the same time (an engine's step log)
     cpu_s: Optional[float] = None     # CPU time of this process (all threads) over the window
     prefix_hit_tokens: Optional[int] = None      # prompt tokens the engine served from reused KV blocks
     padding_ratio: Optional[float] = None        # broker-formed batches only

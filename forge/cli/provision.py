@@ -79,7 +79,7 @@ def engine_argument_lines(loaded) -> list[str]:
     contract became, before anything loads. One JSON object per card, keys sorted."""
     import json
 
-    from forge.engines.backends import get
+    from forge.backends import get
 
     out = []
     for p in loaded.plans:

@@ -98,7 +98,8 @@ def register(cli: click.Group) -> None:
         """Run a function over records on a node provisioned in this process."""
         from forge.cli.node_arg import description_path
         from forge.config.load import load_node
-        from forge.functions.job import JobOptions, run_embedded
+        from forge.functions.job import JobOptions, run_with_node
+        from forge.node.local import LocalNode
 
         budget = _max_errors(max_errors)        # a bad flag is refused before the node loads
         _before_loading(metrics_port)
@@ -109,7 +110,8 @@ def register(cli: click.Group) -> None:
                           ledger_path=_ledger_default(output_path, ledger_path), restart=restart,
                           accept_changed_function=accept_changed_function, concurrency=concurrency,
                           metrics_port=metrics_port, progress=progress, report=report, max_errors=budget)
-        return run_embedded(loaded, opts, grouping=grouping, card_transport=card_transport or "process")
+        return run_with_node(lambda: LocalNode(loaded, grouping=grouping, card_transport=card_transport or "process"),
+                             opts, node_label=loaded.node.node)
 
     @cli.command("deploy", epilog=EXIT_CODES)
     @click.argument("target", metavar="FILE.py[:NAME]")
@@ -125,7 +127,7 @@ def register(cli: click.Group) -> None:
                    accept_changed_function, concurrency, metrics_port, progress, report, max_errors):
         """Run a function over records against a node provisioned with `forge provision` (or, with
         --cluster, across every node provisioned on a Ray cluster)."""
-        from forge.functions.job import JobOptions, run_remote
+        from forge.functions.job import JobOptions, run_with_node
 
         _before_loading(metrics_port)
 
@@ -146,9 +148,11 @@ def register(cli: click.Group) -> None:
 
         info = provisioned(node)
         require_answer(info)
+        from forge.functions.remote_stats import StatsRemoteNode
         from forge.runtime.registry import whose
 
         if "pid" in info and whose(info):        # named by the user, yet not theirs: say so before the job runs
             click.echo(f"forge: note: node {info['node']!r} is {whose(info)} (not started from this checkout)",
                        err=True)
-        return run_remote(info["control_url"], os.environ.get(token_env), opts, node_label=info["node"])
+        url, token = info["control_url"], os.environ.get(token_env)
+        return run_with_node(lambda: StatsRemoteNode(url, token=token), opts, node_label=info["node"] or url)

@@ -59,7 +59,7 @@ def register(cli: click.Group) -> None:
         from forge.cli.interrupt import exit_at_once_until_draining
 
         exit_at_once_until_draining("while the node starts")
-        specs = [load_function(t)[0] for t in targets]
+        specs = [load_function(t) for t in targets]
         opts = ServeOptions(host=host, port=port, token=token, max_concurrency=max_concurrency,
                             default_deadline_s=deadline_s, ready_file=ready_file,
                             max_body_bytes=int(max_body_mb * 2**20),

@@ -13,13 +13,6 @@ from typing import Iterable, Optional
 from forge.config import kvmath
 from forge.config.models import Card, Contract
 
-# The runtime starts one engine worker per replica (forge/node/local.py, from engine_plans) and the broker sees
-# each as an engine of its card (`cpu0.r1`). With False (a runtime of one engine per card) a node with replicas
-# validates and plans, the transformers factory refuses a card plan of N > 1 replicas (one_engine), and
-# `forge bench sweep` lists N > 1 as skipped. A Ray agent still runs one engine actor per card.
-RUNTIME_RUNS_REPLICAS = True
-
-
 @dataclass(frozen=True)
 class CardPlan:
     card: Card

@@ -21,10 +21,6 @@ class Registry:
     sections: dict[str, type[BaseModel]] = field(default_factory=dict)
     rules: tuple[Callable, ...] = ()
 
-    def section_key(self) -> tuple:
-        """A hashable identity of the sections (for caching validators)."""
-        return tuple(sorted((k, id(m)) for k, m in self.sections.items()))
-
 
 def build(backends: Iterable[tuple], sections: Iterable[tuple], rules: Iterable[tuple]) -> Registry:
     """A Registry from the tuples the register-style hooks produced; refuses clashing registrations."""
@@ -55,7 +51,7 @@ def build(backends: Iterable[tuple], sections: Iterable[tuple], rules: Iterable[
 def from_plugins() -> Registry:
     """The registry as the installed plugins define it: each registered Backend's name, section and rules, then the
     node-wide rules of forge_validation_rules."""
-    from forge.engines.backends import registered
+    from forge.backends import registered
     from forge.plugins import collect
 
     backends = list(registered().values())

@@ -8,7 +8,7 @@ from forge.config.plan import CardPlan
 
 def working_memory(plan: CardPlan) -> list[tuple[str, int]]:
     """(what, bytes) for one engine of this plan; empty where its backend registers nothing."""
-    from forge.engines.backends import get
+    from forge.backends import get
 
     backend = get(plan.contract.backend)
     if backend is None or backend.working_memory is None:

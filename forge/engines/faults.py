@@ -21,7 +21,7 @@ from typing import Any, Optional, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from forge.engines.backends import Backend
+from forge.backends import Backend
 from forge.engines.instant import section_of
 from forge.engines.interface import Engine, EngineBusy, EngineFailed, EngineRequest, EngineResult, IterationStats
 from forge.engines.interface import Progress
@@ -173,7 +173,7 @@ def _factory(contract, plan) -> FaultyEngine:
     where = display_path(contract.source) if contract.source else f"contract {contract.contract}"
     if faults is None:
         raise ForgeError(f"{where}::$.faults: backend faults needs a `faults:` section naming the inner backend")
-    from forge.engines.backends import factories as backend_factories
+    from forge.backends import factories as backend_factories
 
     factories = backend_factories()
     if faults.wraps not in factories:

@@ -28,7 +28,7 @@ from typing import Any, Optional, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from forge.engines.backends import Backend
+from forge.backends import Backend
 from forge.engines.instant_steps import StepBatcher
 from forge.engines.interface import (Engine, EngineBusy, EngineFailed, EngineRequest, EngineResult, IterationStats,
                                      Progress)

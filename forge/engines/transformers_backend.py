@@ -2,12 +2,12 @@
 paged KV cache), on CPU or on one GPU.
 
 This module is a pluggy plugin and must import without torch/transformers: the heavy imports happen inside the
-factory (forge/engines/hf/). It registers the backend as one object (forge.engines.backends.Backend) with its
+factory (forge/engines/hf/). It registers the backend as one object (forge.backends.Backend) with its
 contract section, `transformers:` (forge/engines/hf/section.py).
 """
 from __future__ import annotations
 
-from forge.engines.backends import Backend
+from forge.backends import Backend
 from forge.engines.hf import attention_memory, graph_shapes, tunables
 from forge.engines.hf.section import BACKEND, TransformersSection
 from forge.engines.hf.sizing import cb_config_kwargs, dtype_of, section_of

@@ -29,7 +29,7 @@ from forge.config.plan import CardPlan
 from forge.engines import trtllm_mapping as tm
 from forge.engines.trtllm_release import Release, release_from_models
 from forge.engines.trtllm_section import TrtllmSection
-from forge.engines.backends import Backend
+from forge.backends import Backend
 from forge.engines.interface import (REFUSED, Engine, EngineBusy, EngineFailed, EngineRequest, EngineResult,
                                      IterationStats, Progress)
 from forge.errors import ConfigError, EngineUnavailable, Problem

@@ -2,7 +2,7 @@
 device defaults). This module is a pluggy plugin and must import without vLLM: the factory imports it."""
 from __future__ import annotations
 
-from forge.engines.backends import Backend
+from forge.backends import Backend
 from forge.engines.vllm import mapping
 from forge.engines.vllm.section import VllmSection
 from forge.engines.vllm.tunables import vllm_tunables

@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from forge import constants
-from forge.config.load import LoadedNode
 from forge.errors import ForgeError
 from forge.functions.errorbudget import MaxErrors
 from forge.functions.loader import load_function
@@ -34,20 +33,6 @@ class JobOptions:
     max_errors: Optional[MaxErrors] = None
 
 
-def run_embedded(loaded: LoadedNode, opts: JobOptions, *, grouping: bool = True,
-                 card_transport: str = "process") -> int:
-    from forge.node.local import LocalNode
-
-    return run_with_node(lambda: LocalNode(loaded, grouping=grouping, card_transport=card_transport), opts,
-                         node_label=loaded.node.node)
-
-
-def run_remote(url: str, token: Optional[str], opts: JobOptions, *, node_label: str = "") -> int:
-    from forge.functions.remote_stats import StatsRemoteNode
-
-    return run_with_node(lambda: StatsRemoteNode(url, token=token), opts, node_label=node_label or url)
-
-
 def run_with_node(make_node: Callable[[], Any], opts: JobOptions, *, node_label: str = "") -> int:
     """Load the function and open the job's input, ledger and output (everything that can refuse the job answers
     before any engine loads; a run already complete answers at once), then start the node `make_node()` builds
@@ -55,7 +40,7 @@ def run_with_node(make_node: Callable[[], Any], opts: JobOptions, *, node_label:
     The node's stats feed the report."""
     from forge.functions.store import open_store
 
-    spec, digest = load_function(opts.target)
+    spec = load_function(opts.target)
     stats = RunStats()
     store = open_store(opts, function_name=spec.name, function_file=spec.fn.__code__.co_filename, node=node_label,
                        stats=stats)
@@ -67,7 +52,7 @@ def run_with_node(make_node: Callable[[], Any], opts: JobOptions, *, node_label:
         async def main() -> int:
             try:
                 await node.start()
-                return await _run(spec, digest, node, opts, node_label=node.name, engine_stats=node.engine_stats,
+                return await _run(spec, node, opts, node_label=node.name, engine_stats=node.engine_stats,
                                   broker_stats=node.broker_stats, store=store, stats=stats)
             finally:
                 await node.stop()
@@ -90,15 +75,9 @@ def _already_complete(store, opts: JobOptions) -> int:
     return constants.EXIT_ERROR_ROWS if c.written_errors else constants.EXIT_OK     # what the output holds
 
 
-async def _run(spec, digest: str, node: Any, opts: JobOptions, *, node_label: str, engine_stats, broker_stats,
-               store=None, stats: Optional[RunStats] = None) -> int:
-    from forge.functions.store import open_store
-
-    stats = stats or RunStats()
+async def _run(spec, node: Any, opts: JobOptions, *, node_label: str, engine_stats, broker_stats, store,
+               stats: RunStats) -> int:
     stats.started_at = time.time()          # the run's clock starts once the node is up
-    if store is None:
-        store = open_store(opts, function_name=spec.name, function_file=spec.fn.__code__.co_filename,
-                           node=node_label, stats=stats)
     metrics = None
     try:
         if opts.metrics_port is not None:

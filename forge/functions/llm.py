@@ -65,7 +65,7 @@ class NodeLLM(LLM):
         key = None
         if choice is None and json_schema is None:
             # A job asks with the same few settings for every record: each distinct set is made and checked once
-            # (a GenerateParams is frozen; ~3 us per call, docs/benchmarks.md "Cutting the node's CPU per task").
+            # (a GenerateParams is frozen; ~3 us per call, docs/benchmarks.md "Control plane").
             # The types are part of the key, so True is not taken for 1 nor 1 for 1.0.
             key = (type(max_tokens), max_tokens, type(temperature), temperature, type(top_p), top_p,
                    type(top_k), top_k, type(seed), seed, stop, type(include_stop_str_in_output),

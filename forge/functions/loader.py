@@ -17,12 +17,11 @@ def parse_target(target: str) -> tuple[Path, str | None]:
     return Path(path), (name or None)
 
 
-def load_function(target: str) -> tuple[FunctionSpec, str]:
-    """The function's spec and a hash of its file (the ledger refuses to resume with another function)."""
+def load_function(target: str) -> FunctionSpec:
+    """The function's spec (the ledger hashes the function's file itself: forge/ledger/resume.py)."""
     path, name = parse_target(target)
     if not path.is_file():
         raise ForgeError(f"{path}: no such function file")
-    source = path.read_bytes()
     mod_name = f"forge_user_{hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:12]}"
     spec = importlib.util.spec_from_file_location(mod_name, path)
     if spec is None or spec.loader is None:
@@ -55,8 +54,7 @@ def load_function(target: str) -> tuple[FunctionSpec, str]:
         raise ForgeError(f"{path}: no @forge.function in this file")
     else:
         raise ForgeError(f"{path}: several functions ({', '.join(sorted(found))}); name one as {path}:NAME")
-    digest = hashlib.sha256(source + chosen.name.encode()).hexdigest()
-    return chosen, digest
+    return chosen
 
 
 def _one_line(e: BaseException) -> str:

@@ -4,7 +4,7 @@ A frame is a 4-byte big-endian length and a pickle (protocol 5). The node sends 
 worker answers (call id, ok, value), in any order, so a long poll (collect) and a submit share one socket.
 Both ends run on asyncio streams: a write never blocks the loop (a worker that stops reading costs the node
 buffered bytes bounded by the link's credit, and the call's timeout), and end of file is seen at once.
-Why this and not multiprocessing's Pipe: docs/benchmarks.md ("Card transport") has the measurement."""
+Why this and not multiprocessing's Pipe: docs/benchmarks.md ("Control plane", the card transport) has the measurement."""
 from __future__ import annotations
 
 import asyncio

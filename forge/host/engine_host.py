@@ -39,7 +39,7 @@ PROTOCOL = frozenset({"hello", "tokenizer_copy", "encode", "submit", "collect", 
 
 def build_engine(plan: CardPlan) -> Any:
     """The card's engine, built by its backend's factory from exactly its contract and plan."""
-    from forge.engines.backends import factory
+    from forge.backends import factory
 
     make = factory(plan.contract.backend, card=plan.engine_id)
     try:

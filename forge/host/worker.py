@@ -64,7 +64,7 @@ def main(fd: int) -> None:
         host = EngineHost(spec.plan, node=spec.node, stall_window_s=spec.stall_window_s, node_tokenizer=for_node)
         host.lifeline = {"pdeathsig": pdeathsig, "parent": spec.parent_pid}
         # The engine is loaded: freeze it out of the cyclic collector, which otherwise walks the model's objects
-        # in every full pass while the generation thread waits for the GIL (docs/benchmarks.md, issue 14 perf).
+        # in every full pass while the generation thread waits for the GIL (docs/benchmarks.md, "Control plane").
         tune_for_throughput()
     except ForgeError as e:
         error = str(e)

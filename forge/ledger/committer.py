@@ -46,21 +46,11 @@ class Committer:
     def queued(self) -> int:
         return len(self._queue)
 
-    def put_attempt(self, index: int) -> None:
-        self._put((_ATTEMPT, index, None, False, 16))
-
-    def put_row(self, index: int, line: str, is_error: bool) -> None:
-        self._put((_ROW, index, line, is_error, len(line) + 64))
-
     async def aput_attempt(self, index: int) -> None:
         await self._aput((_ATTEMPT, index, None, False, 16))
 
     async def aput_row(self, index: int, line: str, is_error: bool) -> None:
         await self._aput((_ROW, index, line, is_error, len(line) + 64))
-
-    def _put(self, item: tuple) -> None:
-        while not self._try_put(item, wait_s=_PUT_POLL_S):
-            pass
 
     async def _aput(self, item: tuple) -> None:
         # Never block the event loop on a full queue: park on a future the committer resolves
@@ -74,10 +64,8 @@ class Committer:
                 return
             await asyncio.wait([space], timeout=_PUT_POLL_S)
 
-    def _try_put(self, item: tuple, wait_s: float = 0.0, waiter: tuple | None = None) -> bool:
+    def _try_put(self, item: tuple, waiter: tuple | None = None) -> bool:
         with self._cond:
-            if wait_s and self._full():
-                self._cond.wait(wait_s)
             self._raise_if_failed()
             if self._stopping:
                 raise ForgeError("internal: a row was handed to the ledger after the run was closed")

@@ -26,7 +26,7 @@ from forge.records import parquet_out
 from forge.records.bitmap import IndexBitmap
 from forge.records.guard import (parquet_is_forge_output, refuse_foreign, refuse_overlaps,
                                  require_regular_or_absent)
-from forge.records.reader import PARQUET_SUFFIXES, InputError, RecordSource
+from forge.records.reader import PARQUET_SUFFIXES, RecordSource
 from forge.records.writer import OutputWriter, Reconciliation, encode_error, encode_result
 
 _CHUNK = 2048
@@ -81,21 +81,8 @@ class Run:
     def is_settled(self, index: int) -> bool:
         return index in self.settled
 
-    def start_attempt(self, index: int) -> None:
-        """Count a function invocation for `index` (batched; retries show up as attempts > 1)."""
-        self._committer().put_attempt(index)
-
-    def put_result(self, index: int, result: object) -> None:
-        line, is_error = encode_result(index, result)
-        self._committer().put_row(index, line, is_error)
-
-    def put_error(self, index: int, type_: str, message: str) -> None:
-        self._committer().put_row(index, encode_error(index, type_, message), True)
-
-    def put_input_error(self, index: int, error: InputError) -> None:
-        self.put_error(index, error.type, error.message)
-
     async def aput_attempt(self, index: int) -> None:
+        """Count a function invocation for `index` (batched; retries show up as attempts > 1)."""
         await self._committer().aput_attempt(index)
 
     async def aput_result(self, index: int, result: object) -> bool:

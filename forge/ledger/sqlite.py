@@ -45,7 +45,7 @@ _WRITTEN = ("INSERT INTO records (idx, state, is_error) VALUES (?, 'written', ?)
             "ON CONFLICT (idx) DO UPDATE SET state = 'written', is_error = excluded.is_error, row = NULL")
 # The same two writes as plain UPDATEs of rows that exist. In a running job they nearly always do (the attempt row
 # went in first), and an UPDATE by rowid costs SQLite about half of what the upsert's failed INSERT + UPDATE does
-# (docs/benchmarks.md, "Cutting the node's CPU per task"). Where fewer rows changed than were given (an input
+# (docs/benchmarks.md, "Control plane"). Where fewer rows changed than were given (an input
 # error settled without an attempt row, a row already written), the upserts above run for the whole batch.
 _SETTLE_EXISTING = "UPDATE records SET state = ?, is_error = ?, row = ? WHERE idx = ? AND state != 'written'"
 _WRITTEN_EXISTING = "UPDATE records SET state = 'written', is_error = ?, row = NULL WHERE idx = ?"

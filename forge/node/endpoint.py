@@ -16,7 +16,7 @@ from fastapi import APIRouter, FastAPI, HTTPException, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from forge.errors import ForgeError
-from forge.functions.api import GenerateParams
+from forge.requests import GenerateParams
 from forge.runtime.http_errors import error_body, install_error_handlers, scrub_paths
 from forge.runtime.stops import StopRule, apply_stop, tokenizer_of
 

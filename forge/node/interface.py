@@ -14,7 +14,7 @@ import abc
 from typing import NamedTuple, Optional, Sequence
 
 from forge.errors import ForgeError
-from forge.functions.api import GenerateParams, Generation
+from forge.requests import GenerateParams, Generation
 from forge.stats import BrokerStats, EngineStats
 
 

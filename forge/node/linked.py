@@ -18,7 +18,6 @@ from typing import Optional, Sequence
 from forge.broker import Broker, BrokerCore, BrokerRequest, NoEngineFits
 from forge.engines.interface import Guide
 from forge.errors import ForgeError, NodeDown, RequestRejected
-from forge.functions.api import GenerateParams, Generation, plain_token_ids, prompt_problem
 from forge.gc_tuning import tune_for_throughput
 from forge.link.encoder import EncodeFailed, Encoder
 from forge.link.link import EngineLink, geometry_of
@@ -26,7 +25,8 @@ from forge.link.transport import Transport
 from forge.node.down import EnginesOut
 from forge.node.guided import guided_output_problem
 from forge.node.interface import Answer, Node
-from forge.requests import REFUSED, RequestOptions
+from forge.requests import (REFUSED, GenerateParams, Generation, RequestOptions, plain_token_ids,
+                            prompt_problem)
 from forge.runtime.prompt_bounds import check_text_prompt
 from forge.runtime.schema_check import schema_problem
 from forge.stats import BrokerStats, EngineStats

@@ -57,7 +57,7 @@ class LocalNode(LinkedNode):
         with its own setup. start() waits for them. Idempotent."""
         if self.transports:
             return
-        from forge.engines.backends import factory
+        from forge.backends import factory
 
         for p in self.plans:        # refuse an unknown backend before starting anything
             factory(p.contract.backend, card=p.card_id)

@@ -18,8 +18,8 @@ import httpx
 
 from forge import constants
 from forge.errors import ForgeError, NodeDown, RequestRejected
-from forge.functions.api import GenerateParams, Generation
 from forge.node.interface import Answer, Node
+from forge.requests import GenerateParams, Generation
 from forge.runtime.awake import pause_clock
 
 CONNECT_RETRIES = 3

@@ -34,7 +34,7 @@ def _reject_constant(name: str) -> float:
 
 
 # One decoder for every line: json.loads with a keyword builds a new JSONDecoder (and its scanner) per call,
-# about a third of the reader's time per record (docs/benchmarks.md, "Cutting the node's CPU per task").
+# about a third of the reader's time per record (docs/benchmarks.md, "Control plane").
 _DECODER = json.JSONDecoder(parse_constant=_reject_constant)
 
 

@@ -34,7 +34,7 @@ def encode_error(index: int, type_: str, message: str) -> str:
 
 
 # One encoder for every row: json.dumps with keywords builds a new JSONEncoder per call (docs/benchmarks.md,
-# "Cutting the node's CPU per task"); encode() gives the same text.
+# "Control plane"); encode() gives the same text.
 _RESULT_ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False)
 
 
@@ -221,7 +221,7 @@ def _parse_row(head: bytes, f, start: int, end: int) -> tuple[int, bool] | None:
         row = json.loads(raw)
     except (ValueError, RecursionError):
         return None
-    if (not isinstance(row, dict) or not type(row.get("index")) is int or row["index"] < 0
+    if (not isinstance(row, dict) or type(row.get("index")) is not int or row["index"] < 0
             or len(row) != 2 or not ({"result", "error"} & row.keys())):
         return None
     return row["index"], "error" in row

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 from forge.errors import RequestRejected
-from forge.functions.api import prompt_problem
+from forge.requests import prompt_problem
 
 OFF_LOOP_CHARS = 16_384          # longer text prompts are tokenized in a worker thread
 FALLBACK_TOKEN_CHARS = 64        # for a tokenizer that does not show its vocabulary

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Optional
 
-from forge.functions.api import Generation
+from forge.requests import Generation
 
 
 @dataclass(frozen=True)

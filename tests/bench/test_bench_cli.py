@@ -3,20 +3,13 @@ PNG reports for the three modes, the tier sweep and the control plane."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.forge_cli import forge, invoke
 
 
-def forge(*args, timeout=120):
-    return subprocess.run([sys.executable, "-m", "forge", *map(str, args)], cwd=ROOT, capture_output=True,
-                          text=True, timeout=timeout)
-
-
+@pytest.mark.slow
 @pytest.mark.engine
 @pytest.mark.timeout(300)
 def test_quick_mode_writes_every_report(tmp_path):
@@ -60,6 +53,7 @@ def test_quick_mode_writes_every_report(tmp_path):
     assert "no model" in (tmp_path / "control-plane.md").read_text()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_control_plane_runs_the_full_path_with_the_instant_engine(tmp_path):
     proc = forge("bench", "control-plane", "--records", 1500, "--repeat", 1, "--out", tmp_path)
@@ -83,7 +77,7 @@ def test_control_plane_runs_the_full_path_with_the_instant_engine(tmp_path):
       "--direct-process", "child"), "--direct-process: this node has several cards"),
 ])
 def test_bad_invocations_get_one_line(tmp_path, args, message):
-    proc = forge(*args, "--out", tmp_path, timeout=60)
+    proc = invoke(*args, "--out", tmp_path)
     assert proc.returncode != 0
     assert message in proc.stderr, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tests.bench.test_bench_cli import forge
+from tests.forge_cli import forge, invoke
 
 
 @pytest.mark.parametrize("name, content", [("control-plane.md", "# my notes\n"),
@@ -22,7 +22,7 @@ def test_a_folder_holding_files_bench_did_not_write_is_refused(tmp_path, name, c
         target.write_text(content)
         keep = target
     before = keep.read_bytes()
-    proc = forge("bench", "control-plane", "--records", 200, "--repeat", 1, "--out", tmp_path, timeout=60)
+    proc = invoke("bench", "control-plane", "--records", 200, "--repeat", 1, "--out", tmp_path)
     assert proc.returncode == 1, proc.stderr[-2000:]
     assert proc.stderr.strip().splitlines() == [
         f"forge: {target}: exists and was not written by forge bench; forge never writes over a file it did "
@@ -30,6 +30,7 @@ def test_a_folder_holding_files_bench_did_not_write_is_refused(tmp_path, name, c
     assert keep.read_bytes() == before
 
 
+@pytest.mark.slow
 def test_a_folder_bench_wrote_is_written_again(tmp_path):
     for _ in range(2):
         proc = forge("bench", "control-plane", "--records", 200, "--repeat", 1, "--out", tmp_path, timeout=60)

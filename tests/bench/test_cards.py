@@ -3,22 +3,16 @@ model): the real CLI in a subprocess, the real node, broker, ledger; plus the pu
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from forge.bench.cards import summarize
 from forge.bench.cpu_nodes import speeds_of, step_ms_for, write_cpu_node
+from tests.forge_cli import forge, invoke
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKLOAD = "docs/bench/workloads/cpu-steps.yaml"
-
-
-def forge(*args, timeout=240):
-    return subprocess.run([sys.executable, "-m", "forge", *map(str, args)], cwd=ROOT, capture_output=True,
-                          text=True, timeout=timeout)
 
 
 def run(mode: str, scope: str, rep: int, tok_s: float, per_card: dict) -> dict:
@@ -58,10 +52,11 @@ def test_cpu_nodes_are_deterministic_and_speeds_set_the_step_cost(tmp_path):
     assert a.read_text() == b.read_text()
     assert sorted(p.name for p in a.parent.iterdir()) == ["cpu-3to1.yaml", "cpu-steps-12ms.yaml", "cpu-steps-4ms.yaml"]
     assert "step_cpu_ms: 12.0" in (a.parent / "cpu-steps-12ms.yaml").read_text()
-    proc = forge("validate", a)
+    proc = invoke("validate", a)
     assert proc.returncode == 0, proc.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_a_two_card_node_runs_each_card_alone_then_together(tmp_path):
     node = write_cpu_node(tmp_path / "nodes", "cpu-2", [2.0, 6.0])
@@ -102,12 +97,12 @@ def test_a_two_card_node_runs_each_card_alone_then_together(tmp_path):
 ])
 def test_several_card_refusals_are_one_line(tmp_path, args, message):
     node = write_cpu_node(tmp_path / "nodes", "cpu-2", [4.0, 4.0])
-    proc = forge("bench", "run", WORKLOAD, "--node", node, "--records", 10, *args, "--out", tmp_path / "out",
-                 timeout=60)
+    proc = invoke("bench", "run", WORKLOAD, "--node", node, "--records", 10, *args, "--out", tmp_path / "out")
     assert proc.returncode != 0 and message in proc.stderr, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_scaling_writes_one_report_of_every_cell(tmp_path):
     proc = forge("bench", "scaling", "--cards", "1,2", "--transports", "thread", "--records", 50, "--repeat", 1,
@@ -123,6 +118,6 @@ def test_scaling_writes_one_report_of_every_cell(tmp_path):
     assert [cp["card_transport"] for cp in data["control_plane"]] == ["thread"]
     assert data["control_plane"][0]["runs"][0]["completed"] == 1000
     for name in ("cpu-1.yaml", "cpu-2.yaml", "cpu-3to1.yaml"):
-        assert forge("validate", tmp_path / "nodes" / name).returncode == 0
+        assert invoke("validate", tmp_path / "nodes" / name).returncode == 0
     md = (tmp_path / "scaling.md").read_text()
     assert "together ÷ (N × alone)" in md and "not measured" in md and "forge bench scaling" in md

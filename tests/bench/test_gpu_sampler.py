@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import json
 import logging
-import subprocess
-import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -20,6 +18,7 @@ from forge.bench import gpu_sampler
 from forge.bench.cpu_nodes import write_cpu_node
 from forge.bench.gpu_sampler import GpuSampler, cell, gpus_of
 from forge.bench.report import gpu_util_line, mode_rows
+from tests.forge_cli import forge
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -156,13 +155,13 @@ def gpu_declared_node(folder: Path, cards: int) -> Path:
     return path
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_a_real_bench_run_records_gpu_util_or_says_why_not(tmp_path):
     node = gpu_declared_node(tmp_path / "nodes", 2)
     args = ["bench", "run", "docs/bench/workloads/cpu-steps.yaml", "--node", node, "--records", 20, "--warmup", 2,
             "--modes", "forge", "--out", tmp_path / "out"]
-    proc = subprocess.run([sys.executable, "-m", "forge", *map(str, args)], cwd=ROOT, capture_output=True, text=True,
-                          timeout=170)
+    proc = forge(*args, timeout=170)
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     data = json.loads((tmp_path / "out" / "bench.json").read_text())
     md = (tmp_path / "out" / "bench.md").read_text()

@@ -6,11 +6,12 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
+
+from tests.forge_cli import forge, forge_argv, forge_env
 
 pytestmark = pytest.mark.engine
 pytest.importorskip("torch")
@@ -22,11 +23,6 @@ QUICK = ROOT / "forge" / "bench" / "quick.yaml"
 # skipped here anyway): a short sweep.
 SHORT = ["--skip", "transformers.attn_implementation", "--skip", "transformers.compile_level",
          "--skip", "transformers.scheduler", "--skip", "limits.max_batch_size"]
-
-
-def forge(*args, timeout=240):
-    return subprocess.run([sys.executable, "-m", "forge", *map(str, args)], cwd=ROOT, capture_output=True,
-                          text=True, timeout=timeout)
 
 
 def sweep_json(out: Path) -> dict:
@@ -90,8 +86,8 @@ def test_a_deadline_and_a_candidate_limit_cut_and_the_report_says_so(tmp_path):
 def test_sigterm_ends_the_running_candidate_and_writes_the_report(tmp_path):
     psutil = pytest.importorskip("psutil")
     out = tmp_path / "s"
-    proc = subprocess.Popen([sys.executable, "-m", "forge", "bench", "sweep", "tiny-llama-cpu", "--workload", str(QUICK),
-                             "--records", "48", *SHORT, "--tokens", "768", "--out", str(out)], cwd=ROOT,
+    proc = subprocess.Popen(forge_argv("bench", "sweep", "tiny-llama-cpu", "--workload", QUICK, "--records", 48, *SHORT,
+                                       "--tokens", 768, "--out", out), cwd=ROOT, env=forge_env(),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 120

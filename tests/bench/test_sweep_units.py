@@ -2,8 +2,6 @@
 and why, how winners combine, and that a written tier is a file `forge validate` accepts."""
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,6 +12,7 @@ from forge.bench.tierfile import load_tier, write_contract, write_tier
 from forge.config.load import load_node, load_paths
 from forge.config.registry import from_plugins
 from forge.errors import UsageError
+from tests.forge_cli import invoke
 
 ROOT = Path(__file__).resolve().parents[2]
 H200 = ROOT / "docs" / "bench" / "h200"
@@ -34,7 +33,7 @@ def by_key(cands):
 
 
 def test_transformers_declares_its_switches_through_its_backend_object(gpu_loaded):
-    from forge.engines.backends import registered
+    from forge.backends import registered
 
     assert sorted(name for name, b in registered().items() if b.tunables is not None) == ["transformers", "vllm"]
     plan = gpu_loaded.plans[0]
@@ -50,7 +49,7 @@ def test_transformers_declares_its_switches_through_its_backend_object(gpu_loade
     assert [c.value for c in dims[5].choices] == [4096, 16384] and [c.value for c in dims[6].choices] == [64, 256]
 
 
-def test_one_change_at_a_time_with_reasons_for_what_cannot_run(cpu_plan, gpu_loaded, monkeypatch):
+def test_one_change_at_a_time_with_reasons_for_what_cannot_run(cpu_plan, gpu_loaded):
     sections = from_plugins().sections
     dims = dimensions(cpu_plan, mode="forge", overrides={}, skip=())
     cands = by_key(single_changes(cpu_plan, dims, [], sections))
@@ -63,10 +62,6 @@ def test_one_change_at_a_time_with_reasons_for_what_cannot_run(cpu_plan, gpu_loa
                                                                           "limits.max_num_tokens=1024"]
     direct = by_key(single_changes(cpu_plan, dimensions(cpu_plan, mode="direct", overrides={}, skip=()), [], sections))
     assert "the direct engine is one engine" in direct["card.replicas=2"].reason
-    monkeypatch.setattr("forge.config.plan.RUNTIME_RUNS_REPLICAS", False)      # a runtime of one engine per card
-    off = dimensions(cpu_plan, mode="forge", overrides={}, skip=())
-    assert "needs card worker processes" in by_key(single_changes(cpu_plan, off, [], sections))["card.replicas=2"].reason
-    monkeypatch.setattr("forge.config.plan.RUNTIME_RUNS_REPLICAS", True)
     gpu = gpu_loaded.plans[0]
     on = by_key(single_changes(gpu, dimensions(gpu, mode="forge", overrides={}, skip=()), [], sections))
     assert on["card.replicas=2"].status == "pending" and on["transformers.use_cuda_graph=true"].status == "pending"
@@ -174,8 +169,7 @@ def test_a_written_contract_validates_anywhere_its_paths_rebased(tmp_path, gpu_l
     assert "max_batch_size: 256" in text and "free_gpu_memory_fraction" not in text
     got = load_paths([path])
     assert got.ok, [p.render() for p in got.problems]
-    out = subprocess.run([sys.executable, "-m", "forge", "validate", str(path)], cwd=ROOT, capture_output=True,
-                         text=True, timeout=60)
+    out = invoke("validate", path)
     assert out.returncode == 0, out.stdout + out.stderr
     c = got.contracts["h200-llama-1p5b"]
     assert c.resolve(c.artifact.checkpoint) == (H200 / "llama-1p5b").resolve()

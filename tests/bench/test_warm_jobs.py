@@ -100,6 +100,7 @@ def test_engine_stats_wait_out_a_long_poll_of_stale_snapshots():
     assert got[0].engine_steps == 141
 
 
+@pytest.mark.slow
 @pytest.mark.engine
 @pytest.mark.timeout(240)
 def test_direct_runs_its_warm_jobs_through_the_manager_its_window_uses(tmp_path):
@@ -107,13 +108,11 @@ def test_direct_runs_its_warm_jobs_through_the_manager_its_window_uses(tmp_path)
     its window then uses, before the window, and left out of the window's counts."""
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    import subprocess
-    import sys
+    from tests.forge_cli import forge
 
     def bench(out, *extra):
-        proc = subprocess.run([sys.executable, "-m", "forge", "bench", "run", "forge/bench/quick.yaml", "--modes",
-                               "direct", "--direct", "longest", "--records", "12", "--out", str(out), *extra],
-                              cwd=ROOT, capture_output=True, text=True, timeout=200)
+        proc = forge("bench", "run", "forge/bench/quick.yaml", "--modes", "direct", "--direct", "longest", "--records",
+                     12, "--out", out, *extra, timeout=200)
         assert proc.returncode == 0, proc.stderr[-3000:]
         return json.loads((out / "bench.json").read_text())["results"]
 

@@ -125,7 +125,7 @@ def test_one_engine_admits_no_shorter_request_ahead_of_a_longer_one_that_did_not
     # KV for two long requests and one short one: a broker of one engine stops at the long class, which still has
     # work, so its requests start (and end) together and the short one waits for the next take; with several
     # engines the take fills down the classes as before. Measured on the CPU tier of the 8B fast tier's geometry:
-    # forge 134 -> 133 engine steps, transformers' own API 133 (docs/benchmarks.md, "The tenth session")
+    # forge 134 -> 133 engine steps, transformers' own API 133 (docs/broker.md, "Output classes")
     def batch(engines):
         core = BrokerCore(engines, grouping=True)
         for k in range(3):

@@ -8,8 +8,6 @@ rebuilds it on its card), c's agent stopped (SIGTERM) midway through a job, and 
 (SIGKILL) taking its engine with it."""
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import os
 import signal
@@ -27,23 +25,11 @@ pytest.importorskip("transformers")
 
 from forge.cluster.names import NAMESPACE  # noqa: E402
 from tests.cluster.harness import FIXTURES, REPO, LocalCluster  # noqa: E402
+from tests.forge_cli import invoke  # noqa: E402
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(240)]
 TAG = str(FIXTURES / "functions" / "tag.py")
 LONG = "Alice was beginning to get very tired of sitting by her sister on the bank, and of having nothing to do. " * 5
-
-
-def forge_cli(*args: str) -> tuple[int, str, str]:
-    import forge.cli
-
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            forge.cli.main(list(args))
-            rc = 0
-        except SystemExit as e:
-            rc = e.code
-    return rc, out.getvalue(), err.getvalue()
 
 
 def write_records(path: Path, n_short: int, n_long: int = 0) -> Path:
@@ -81,7 +67,7 @@ def lc(tmp_path_factory):
 
 
 def test_status_lists_nodes_cards_tiers_and_health(lc):
-    rc, out, err = forge_cli("status", "--cluster", lc.address, "--json")
+    rc, out, err = invoke("status", "--cluster", lc.address, "--json")
     assert rc == 0, err
     rows = {r["node"]: r for r in json.loads(out)}
     assert set(rows) == {"a", "b", "c"}
@@ -105,7 +91,7 @@ def test_engines_are_placed_by_tier_and_hold_their_card(lc):
 def test_job_spreads_across_nodes_and_long_prompts_go_to_the_long_tier(lc, tmp_path):
     data = write_records(tmp_path / "in.jsonl", n_short=240, n_long=12)   # a backlog: every engine takes work
     out = tmp_path / "out.jsonl"
-    rc, _, err = forge_cli("deploy", TAG, "--cluster", lc.address, "--input", str(data), "--output", str(out),
+    rc, _, err = invoke("deploy", TAG, "--cluster", lc.address, "--input", str(data), "--output", str(out),
                            "--progress", "off")
     assert rc == 0, err
     rows = read_output(out)
@@ -154,7 +140,7 @@ def test_a_reprovisioned_node_serves_the_next_job(lc, tmp_path):
     lc.add(FIXTURES / "nodes" / "c.yaml", wait=True)
     data = write_records(tmp_path / "in.jsonl", n_short=400)
     out = tmp_path / "out.jsonl"
-    rc, _, err = forge_cli("deploy", TAG, "--cluster", lc.address, "--input", str(data), "--output", str(out),
+    rc, _, err = invoke("deploy", TAG, "--cluster", lc.address, "--input", str(data), "--output", str(out),
                            "--progress", "off")
     assert rc == 0, err
     rows = read_output(out)
@@ -167,7 +153,7 @@ def test_a_crashing_engine_is_rebuilt_on_its_card_and_the_job_loses_nothing(lc, 
     first = engine_info("d")["incarnation"]
     data = write_records(tmp_path / "in.jsonl", n_short=600)
     out = tmp_path / "out.jsonl"
-    rc, _, err = forge_cli("deploy", TAG, "--cluster", lc.address, "--input", str(data), "--output", str(out),
+    rc, _, err = invoke("deploy", TAG, "--cluster", lc.address, "--input", str(data), "--output", str(out),
                            "--progress", "off")
     assert rc == 0, err
     rows = read_output(out)
@@ -217,6 +203,6 @@ def test_engines_do_not_outlive_their_agent(lc):
             break
         time.sleep(0.1)
     assert not os.path.exists(f"/proc/{pid}"), "engine outlived its agent"
-    rc, out, err = forge_cli("status", "--cluster", lc.address, "--json")
+    rc, out, err = invoke("status", "--cluster", lc.address, "--json")
     rows = {r["node"]: r for r in json.loads(out)}
     assert rows["b"]["state"].startswith("no agent") and rows["a"]["state"] == "up"

@@ -1,28 +1,35 @@
-"""`forge validate`, `forge schema`, `forge provision --dry-run` as a user runs them (subprocesses)."""
+"""`forge validate`, `forge schema`, `forge provision --dry-run`: their refusals, plans and exit codes, in this
+process (tests/forge_cli.py::invoke runs `forge.cli.main` as the `forge` command does); the first test runs the
+command as a user does, in a process of its own."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
 from tests.config.conftest import REPO, node, trt_contract
+from tests.forge_cli import forge as forge_process
+from tests.forge_cli import invoke
 
 CASES = REPO / "tests" / "cases"
 
 
 def forge(*args, cwd=REPO, env=None):
-    full_env = {**os.environ, "FORGE_LOAD_PLUGINS": "", **(env or {})}
-    full_env.pop("FORGE_DEBUG", None)
-    proc = subprocess.run([sys.executable, "-m", "forge", *map(str, args)], cwd=cwd, env=full_env,
-                          capture_output=True, text=True, timeout=60)
+    proc = invoke(*args, cwd=cwd, env=env)
     assert "Traceback" not in proc.stdout + proc.stderr
     return proc
 
 
+@pytest.mark.slow
 def test_examples_are_valid():
+    proc = forge_process("validate", "node_descriptions/", "engine_contracts/", timeout=60)
+    assert "Traceback" not in proc.stdout + proc.stderr
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout == ""
+    assert "5 node(s), 6 contract(s): valid (0 error(s), 0 warning(s))" in proc.stderr
+
+
+def test_examples_are_valid_in_process():
     proc = forge("validate", "node_descriptions/", "engine_contracts/")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout == ""

@@ -1,16 +1,7 @@
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-
-
-def forge(*args, env=None, timeout=240, **kw) -> subprocess.CompletedProcess:
-    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-    return subprocess.run([sys.executable, "-m", "forge", *map(str, args)], cwd=REPO, env=full_env,
-                          capture_output=True, text=True, timeout=timeout, **kw)
+from tests.forge_cli import REPO, forge  # noqa: F401 - the e2e tests' CLI, shared by the whole suite
 
 
 def write_records(path: Path, rows) -> Path:

@@ -2,26 +2,20 @@
 a result that cannot be serialised is a failed record, not a done one; everything that can refuse a job is
 checked before any engine loads; a finished rerun answers at once; a changed function is refused with a path
 that keeps the finished rows."""
+import functools
 import json
-import subprocess
-import sys
 
 import pytest
 
-from tests.reliability._rel import NODES, assert_complete, env, read_rows, write_echo_input
+from tests.forge_cli import forge as forge_process
+from tests.reliability._rel import NODES, assert_complete, read_rows, write_echo_input
 
 FIXTURES = __import__("pathlib").Path(__file__).resolve().parent / "fixtures"
 REPO = FIXTURES.parents[2]
 
 
-def forge(*args, cwd=REPO) -> subprocess.CompletedProcess:
-    """`forge ARGS` with -X importtime: `.torch_loaded` says whether an engine library was imported."""
-    r = subprocess.run([sys.executable, "-X", "importtime", "-m", "forge", *map(str, args)], cwd=cwd, env=env(),
-                       capture_output=True, text=True, timeout=180)
-    imported = {line.rsplit("|", 1)[-1].strip() for line in r.stderr.splitlines() if line.startswith("import time:")}
-    r.torch_loaded = "torch" in imported
-    r.message = "\n".join(line for line in r.stderr.splitlines() if not line.startswith("import time:"))
-    return r
+# `forge ARGS` with -X importtime: `.torch_loaded` says whether an engine library was imported.
+forge = functools.partial(forge_process, importtime=True, timeout=180)
 
 
 def test_a_result_that_cannot_be_serialised_is_counted_failed(tmp_path):

@@ -1,6 +1,7 @@
 """A provisioned node as a newcomer meets it: a busy port and a taken name are refused in one line before any
 engine loads; `forge status` keeps the URL whole at 80 columns and says plainly when a node was killed;
 `forge deploy` to a node that is gone or stuck says what to do. Real processes, real signals, real HTTP."""
+import functools
 import json
 import os
 import signal
@@ -17,14 +18,8 @@ from tests.e2e.helpers import REPO, forge
 pytestmark = pytest.mark.engine
 
 
-def forge_no_engine(*args, env) -> subprocess.CompletedProcess:
-    """`forge ARGS` with -X importtime: the result says whether torch (any engine) was imported."""
-    r = subprocess.run([sys.executable, "-X", "importtime", "-m", "forge", *map(str, args)], cwd=REPO,
-                       env={**os.environ, **env}, capture_output=True, text=True, timeout=120)
-    imported = {line.rsplit("|", 1)[-1].strip() for line in r.stderr.splitlines() if line.startswith("import time:")}
-    r.torch_loaded = "torch" in imported
-    r.message = "\n".join(line for line in r.stderr.splitlines() if not line.startswith("import time:"))
-    return r
+# `forge ARGS` with -X importtime: the result says whether torch (any engine) was imported.
+forge_no_engine = functools.partial(forge, importtime=True, timeout=120)
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""A backend is one object (forge.engines.backends.Backend) registered through one hook; built-ins and third parties
+"""A backend is one object (forge.backends.Backend) registered through one hook; built-ins and third parties
 alike. What each built-in declares, and what the registry refuses."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import types
 import pytest
 
 from forge import plugins
-from forge.engines import backends
+from forge import backends
 from forge.errors import ForgeError
 from forge.hookspecs import hookimpl
 
@@ -27,7 +27,7 @@ def test_every_built_in_is_one_object():
 def test_the_plugin_modules_import_without_engine_libraries():
     import subprocess
 
-    code = ("import sys; from forge.engines.backends import registered; registered(); "
+    code = ("import sys; from forge.backends import registered; registered(); "
             "print([m for m in ('torch', 'transformers', 'vllm', 'tensorrt_llm') if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "[]", out.stderr

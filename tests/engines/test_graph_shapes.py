@@ -1,6 +1,6 @@
 """transformers.graph_shape_cache (forge/engines/hf/graph_shapes.py): the file, its merge, and the capture at load.
 
-The capture itself needs CUDA graphs (a GPU; measured in docs/benchmarks.md, "The tenth session on the H200"). Here
+The capture itself needs CUDA graphs (a GPU; measured in docs/benchmarks.md, "forge ÷ direct on one card"). Here
 it runs on the real CPU engine's batch processor with the two flags a graph tier sets turned on and the forward
 replaced by a recorder of the key each prepared batch gets: what is checked is that a listed shape is prepared
 under exactly that key (the key the engine looks its graph up by), and the skips and the cache's state after."""

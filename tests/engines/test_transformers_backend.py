@@ -286,7 +286,7 @@ def test_backend_module_imports_without_torch():
 
 
 def test_registered_as_one_backend_object():
-    from forge.engines.backends import get
+    from forge.backends import get
     from forge.engines.transformers_backend import TransformersSection, _factory
 
     b = get("transformers")

@@ -13,6 +13,7 @@ import pytest
 from forge.errors import ForgeError
 from forge.ledger import default_ledger_path, make_run_key, open_run, staging_path
 from forge.records import encode_result, open_records
+from tests.ledger.runs import put_all
 
 N = 6
 
@@ -28,9 +29,7 @@ def job(tmp_path):
 
 def _complete(output, key, inp, **kw):
     run = open_run(output, run_key=key, total=N, input_path=inp, **kw)
-    for i in range(N):
-        if not run.is_settled(i):
-            run.put_result(i, {"v": i})
+    put_all(run, [(i, {"v": i}) for i in range(N) if not run.is_settled(i)])
     return run.close()
 
 
@@ -112,7 +111,7 @@ def test_a_torn_row_without_a_ledger_is_refused_but_cut_on_resume(job):
     tmp, inp, key = job
     out = tmp / "out.jsonl"
     run = open_run(out, run_key=key, total=N, input_path=inp)
-    run.put_result(0, {"v": 0})
+    put_all(run, [(0, {"v": 0})])
     run.close()
     with open(out, "ab") as f:
         f.write(b'{"index": 1, "res')                  # a kill in the middle of a write
@@ -128,7 +127,7 @@ def test_garbage_after_this_runs_rows_is_never_cut(job):
     tmp, inp, key = job
     out = tmp / "out.jsonl"
     run = open_run(out, run_key=key, total=N, input_path=inp)
-    run.put_result(0, {"v": 0})
+    put_all(run, [(0, {"v": 0})])
     run.close()
     with open(out, "ab") as f:
         f.write(b"a line someone appended\n")

@@ -13,6 +13,7 @@ import pytest
 from forge.errors import ForgeError
 from forge.ledger import Ledger, LedgerMismatch, default_ledger_path, make_run_key, open_run, staging_path
 from forge.records import OutputWriter, encode_result, open_records
+from tests.ledger.runs import put_all
 
 N = 20
 
@@ -34,9 +35,7 @@ def _finish(output, key, **kw):
     """Resume and complete the run the way the runner does; returns (report, regenerated indices)."""
     run = open_run(output, run_key=key, total=N, **kw)
     todo = [i for i in range(N) if not run.is_settled(i)]
-    for i in todo:
-        run.start_attempt(i)
-        run.put_result(i, {"v": i})
+    put_all(run, [(i, {"v": i}) for i in todo], attempts=True)
     report = run.close()
     return report, todo
 
@@ -115,8 +114,7 @@ def test_ledger_behind_the_output_after_a_power_loss_adopts_the_rows(job):
 def test_ctrl_c_close_drains_what_was_handed_over(job):
     output, key = job
     run = open_run(output, run_key=key, total=N)
-    for i in range(0, N, 2):
-        run.put_result(i, {"v": i})
+    put_all(run, [(i, {"v": i}) for i in range(0, N, 2)])
     run.close()                     # the runner's finally: on KeyboardInterrupt
     assert len(output.read_text().splitlines()) == N // 2
     report, regenerated = _finish(output, key)
@@ -206,9 +204,7 @@ def test_a_failing_disk_stops_the_run_with_one_clear_line(job, monkeypatch):
     monkeypatch.setattr(OutputWriter, "append", full)
     run = open_run(output, run_key=key, total=N)
     with pytest.raises(ForgeError, match="out.jsonl: cannot write the output: No space left on device"):
-        for i in range(N):
-            run.put_result(i, {"v": i})
-            run.committer._thread.join(0.01)
+        put_all(run, [(i, {"v": i}) for i in range(N)], between=lambda: run.committer._thread.join(0.01))
         run.close()
     with pytest.raises(ForgeError, match="No space left"):
         run.close()
@@ -223,8 +219,7 @@ def test_parquet_output_is_made_when_the_run_completes(job):
     output, key = job
     output = output.with_suffix(".parquet")
     run = open_run(output, run_key=key, total=N)
-    for i in range(N - 1):
-        run.put_result(i, {"v": i})
+    put_all(run, [(i, {"v": i}) for i in range(N - 1)])
     run.close()
     assert not output.exists() and staging_path(output).exists()        # incomplete: staging only
     report, regenerated = _finish(output, key)
@@ -234,16 +229,14 @@ def test_parquet_output_is_made_when_the_run_completes(job):
     run = open_run(output, run_key=key, total=N)
     assert run.report.complete and all(run.is_settled(i) for i in range(N))
     with pytest.raises(ForgeError, match="already complete"):
-        run.put_result(0, {})
+        put_all(run, [(0, {})])
     assert run.close().complete and run.counts().written == N
 
 
 def test_commits_are_batched_and_starts_are_counted(tmp_path):
     output = tmp_path / "out.jsonl"
     run = open_run(output, run_key={"k": 1}, total=5000, info={"node": "local"})
-    for i in range(5000):
-        run.start_attempt(i)
-        run.put_result(i, i)
+    put_all(run, [(i, i) for i in range(5000)], attempts=True)
     run.close()
     # 10000 queue items + 5000 written marks, at most 2048 + marks per transaction
     assert run.stats.rows_committed == 15000 and run.stats.commits <= 100   # not one per row

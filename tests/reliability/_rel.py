@@ -7,11 +7,13 @@ import os
 import signal
 import sqlite3
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 from typing import Optional, Sequence
+
+from tests.forge_cli import forge as forge_process
+from tests.forge_cli import forge_argv, forge_env  # noqa: F401 - forge_argv: the suite's modules import it from here
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -24,14 +26,7 @@ TRACEBACK_MARKERS = ("Traceback (most recent call last)", "internal error")
 
 
 def env(**extra: str) -> dict[str, str]:
-    e = {**os.environ, "PYTHONPATH": str(REPO), "FORGE_LOAD_PLUGINS": "", "PYTHONUNBUFFERED": "1"}
-    e.pop("FORGE_DEBUG", None)
-    e.update(extra)
-    return e
-
-
-def forge_argv(*args) -> list[str]:
-    return [sys.executable, "-m", "forge", *(str(a) for a in args)]
+    return forge_env(extra)
 
 
 def run_argv(target, inp: Path, out: Path, node: Optional[Path] = NODES / "instant.yaml", *extra) -> list[str]:
@@ -43,8 +38,7 @@ def run_argv(target, inp: Path, out: Path, node: Optional[Path] = NODES / "insta
 
 def forge(*args, timeout: float = 120, cwd: Path = REPO, env_extra: Optional[dict] = None,
           preexec_fn=None) -> subprocess.CompletedProcess:
-    return subprocess.run(forge_argv(*args), cwd=cwd, env=env(**(env_extra or {})), capture_output=True, text=True,
-                          timeout=timeout, preexec_fn=preexec_fn)
+    return forge_process(*args, cwd=cwd, env=env_extra, timeout=timeout, preexec_fn=preexec_fn)
 
 
 def start(argv: Sequence[str], *, stderr_path: Path, cwd: Path = REPO, env_extra: Optional[dict] = None,

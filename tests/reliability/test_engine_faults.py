@@ -4,7 +4,6 @@ process) that dies; user code that tries to exit. Each run ends in a defined sta
 rerun finishes the output with every record exactly once."""
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from pathlib import Path
@@ -118,28 +117,22 @@ def test_engine_that_freezes_for_good_is_taken_back_then_the_node_stops(tmp_path
     """The same job path as `forge run` (store, ledger, runner, node) in this process, with a 0.5 s stall window
     instead of the default 30 s so it fits the default run; the CLI with the real window is a --long test."""
     from forge.config.load import load_node
-    from forge.functions.job import JobOptions, _run as run_job
-    from forge.functions.loader import load_function
+    from forge.functions.job import JobOptions, run_with_node
     from forge.node.local import LocalNode
 
     inp = write_echo_input(tmp_path / "in.jsonl", 2000)
     out = tmp_path / "out.jsonl"
     opts = JobOptions(target=str(ECHO), input_path=inp, output_path=out, ledger_path=Path(f"{out}.ledger.sqlite"),
                       progress="off", report=False)
-    spec, digest = load_function(opts.target)
+    nodes = []
 
-    async def main() -> tuple[int, list]:
-        node = LocalNode(load_node(NODES / "freeze.yaml"), stall_window_s=0.5)
-        await node.start()
-        try:
-            rc = await run_job(spec, digest, node, opts, node_label=node.name, engine_stats=node.engine_stats,
-                               broker_stats=node.broker_stats)
-            return rc, node.engine_stats()
-        finally:
-            await node.stop()
+    def make_node():
+        nodes.append(LocalNode(load_node(NODES / "freeze.yaml"), stall_window_s=0.5))
+        return nodes[0]
 
     t0 = time.monotonic()
-    rc, stats = asyncio.run(main())
+    rc = run_with_node(make_node, opts)
+    stats = nodes[0].engine_stats()
     took = time.monotonic() - t0
     err = capsys.readouterr().err
     assert rc == EXIT_INCOMPLETE, err

@@ -65,7 +65,7 @@ def test_function_files_load_or_are_refused_with_one_line(tmp_path_factory, sour
     path.write_bytes(raw)
     target = f"{path}:f" if named else str(path)
     try:
-        spec, _ = load_function(target)
+        spec = load_function(target)
     except ForgeError as e:
         message = str(e)
         assert len(message.splitlines()) == 1, message

@@ -8,7 +8,6 @@ import resource
 
 import pytest
 
-from forge.errors import ForgeError
 from tests.reliability._rel import (ECHO, assert_complete, assert_no_traceback, forge, read_rows, resume_report,
                                     run_argv, write_echo_input)
 

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from tests.reliability._rel import assert_no_traceback, forge, record_figures, run_argv, write_echo_input
+from tests.reliability._rel import assert_no_traceback, forge, record_figures, run_argv
 
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")

@@ -4,7 +4,6 @@ a file the run did not create; their names are checked against the input like an
 subprocesses on the instant node; every refusal is exit 1 and one line."""
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest

@@ -10,7 +10,7 @@ pytest.importorskip("transformers")
 
 from _rt_harness import Harness, contract, instant, plan  # noqa: E402
 from forge.engines.interface import Sampling  # noqa: E402
-from forge.engines.backends import factories  # noqa: E402
+from forge.backends import factories  # noqa: E402
 from forge.requests import RequestOptions  # noqa: E402
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(90)]

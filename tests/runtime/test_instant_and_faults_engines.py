@@ -12,7 +12,7 @@ from forge.config.models import Card
 from forge.engines.instant import ByteTokenizer, InstantEngine, InstantSection, JsonTokenizer, synthetic_output
 from forge.engines.interface import EngineBusy, EngineFailed, EngineRequest, Guide
 from forge.errors import ForgeError
-from forge.engines.backends import factories as backend_factories
+from forge.backends import factories as backend_factories
 
 pytestmark = pytest.mark.timeout(20)
 

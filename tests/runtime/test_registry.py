@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from forge.errors import ForgeError, UsageError
+from forge.errors import ForgeError
 from forge.runtime import registry
 
 HOLDER = textwrap.dedent("""

@@ -23,7 +23,7 @@ class ServedNode:
         from forge.serve.app import ServeOptions
 
         self.loaded = load_node(default_node_path())
-        self.specs = [load_function(str(REPO / t))[0] for t in targets]
+        self.specs = [load_function(str(REPO / t)) for t in targets]
         self.opts = ServeOptions(port=0, **opts)
         self.node = self.loop = self.stop = self.url = None
         self.error = None

@@ -26,9 +26,7 @@ REPO = Path(__file__).resolve().parents[2]
 ROW = re.compile(r"^cpu0\s+tiny-llama-cpu\s+(ok|DOWN)\s+([\d,]+|…)\s+([\d,]+|…)", re.M)
 
 
-def forge(*args, env: dict, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "forge", *args], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=timeout)
+from tests.forge_cli import forge  # noqa: E402 - after the engine checks above
 
 
 @contextlib.contextmanager
@@ -133,8 +131,10 @@ def test_live_view_in_a_real_terminal_and_ctrl_c_exits_0(node, tmp_path):
     def tmux(*args) -> str:
         # env given explicitly: under pytest, readline may have exported COLUMNS=80 at the C level (unseen
         # in os.environ), which tmux would hand to the pane and rich would obey over the real 160 columns.
+        # COLUMNS / LINES dropped too: a pytest-xdist worker has them in os.environ (the node's env copies it).
         return subprocess.run(["tmux", "-L", sock, *args], capture_output=True, text=True, timeout=10,
-                              check=True, env=node["env"]).stdout
+                              check=True, env={k: v for k, v in node["env"].items()
+                                               if k not in ("COLUMNS", "LINES")}).stdout
 
     exit_file = tmp_path / "exit-status"
     top = shlex.join([sys.executable, "-m", "forge", "top", "--interval", "0.5"])

@@ -15,7 +15,7 @@ from forge.engines.interface import EngineBusy, EngineRequest, Guide, Sampling
 
 @pytest.fixture(scope="module")
 def engine():
-    from forge.engines.backends import factory
+    from forge.backends import factory
 
     plan = load_node(PACKAGED_NODES["local-vllm"]).plans[0]
     e = factory("vllm", card="cpu0")(plan.contract, plan)

@@ -16,7 +16,7 @@ Two tensors a tier's geometry alone decides, both beside the weights and the KV 
   query tokens x the KV tokens the step reads x 4 bytes, for one layer at a time. A step reads the KV of every
   request it runs, so the worst case is the token budget against a pool's worth of KV (or the slots at full length,
   if fewer). On one H200 the 1.5B tier (32 heads, budget 8,192, a 294,912-token pool) died at its first large step
-  asking for 49.75 GiB (docs/benchmarks.md, call B). sdpa and flash never hold the scores of a whole step. Reads the
+  asking for 49.75 GiB (docs/benchmarks.md, "Engine tiers"). sdpa and flash never hold the scores of a whole step. Reads the
   checkpoint's config.json for the number of query heads (the contract names only the KV heads); a config it cannot
   read is left to the checkpoint checks."""
 from __future__ import annotations

@@ -3,7 +3,7 @@
 The manager runs its generation loop in its own thread. Requests are added without streaming, as transformers'
 own API runs them: the loop hands over one output per request, when it ends (streaming would have the loop
 build and queue an output for every running request at every step, and this engine's poll take each of them,
-all under the GIL the loop is bound by: measured in docs/benchmarks.md, "Closing forge ÷ direct"). Token
+all under the GIL the loop is bound by: measured in docs/benchmarks.md, "forge ÷ direct on one card"). Token
 progress (the runtime's liveness signal) is read from the loop's request states at most every LIVE_COUNT_S,
 and a cancelled request's tokens so far from its state. Each attempt gets its own manager id (`<request_id>#<n>`): a request cancelled and
 resubmitted under the same id never meets its earlier self inside the manager (which drains new requests before

@@ -3,7 +3,7 @@
 With use_cuda_graph, transformers captures a graph the first time a padded batch shape comes up, keyed by (query
 tokens, KV tokens read, longest key); its own warmup() captures only the largest. Each capture took 0.1-0.5 s on
 the H200 tiers, and a fresh engine's first job paid for every shape it met: a third of the 1.5B fast tier's window,
-in forge and in transformers' own API alike (docs/benchmarks.md, "The ninth session on the H200"). The shapes a tier
+in forge and in transformers' own API alike (docs/benchmarks.md, "forge ÷ direct on one card"). The shapes a tier
 meets repeat from job to job (same budget, padding and pool), so a tier can keep them in a folder its contract
 names: at load every shape in its file there is captured before the card reports ready (bounded by
 CAPTURE_LIMIT_S), and at stop the shapes the engine holds are merged into the file, so the next load captures what

@@ -26,7 +26,7 @@ SECTION_FLASH = ("flash_attention_2", "flash_attention_3")     # the flash value
 GPU_ONLY = {"use_cuda_graph": "CUDA graphs", "async_batching": "async batching (CUDA streams)"}
 COMPILE_LEVELS = (1, 2, 3)
 GRAPH_Q_PADDINGS = (Q_PADDING_PRESET, 128, 256)   # 128: a third fewer shapes on forge's 8B schedule for ~2 % more
-                                                  # query tokens (docs/benchmarks.md "The seventh session on the H200")
+                                                  # query tokens (docs/benchmarks.md, "forge ÷ direct on one card")
 
 
 def pads_queries(section) -> bool:

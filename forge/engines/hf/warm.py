@@ -3,8 +3,8 @@
 A fresh process pays one-time costs in its first steps at a new size: the CUDA caching allocator grows to its
 peak, the kernels' per-shape choices are made. transformers' own `warmup()` runs steps only when it captures CUDA
 graphs or compiles, and a card worker is a fresh process for every engine, so without this a job's first
-seconds would pay them (direct, run repeatedly in one process, pays them once; docs/benchmarks.md, "Closing
-forge ÷ direct"). Two rounds of synthetic requests: prompts that fill one step's token budget, then one short
+seconds would pay them (direct, run repeatedly in one process, pays them once; docs/benchmarks.md, "forge
+÷ direct on one card"). Two rounds of synthetic requests: prompts that fill one step's token budget, then one short
 request per slot decoding a few tokens. Bounded; a warm-up cut short is reported, never fatal."""
 from __future__ import annotations
 

@@ -1,1 +1,0 @@
-/opt/torch/.venv/bin/python3 -m forge.bench.direct_child /tmp/forge-bench-results/timeline-1p5b/work/direct-1-longest128.in.pickle /tmp/forge-bench-results/timeline-1p5b/work/direct-1-longest128.out.pickle 

@@ -1,1 +1,0 @@
-python3 docs/bench/h200/replay_timeline.py /tmp/forge-bench-results/timeline-8b/work/direct-1-longest128.in.pickle /tmp/forge-bench-results/timeline-8b/timeline/591.jsonl 256 /tmp/forge-bench-results/timeline-8b/replay-4-forge.json 

@@ -1,1 +1,0 @@
-python3 -m forge bench run docs/bench/workloads/gpu-mixed.yaml --node docs/bench/h200/node-llama-1p5b-fast.yaml --records 512 --out /tmp/forge-bench-results/cached-1p5b-fast --modes direct,forge --direct longest --card-transport process --repeat 3 

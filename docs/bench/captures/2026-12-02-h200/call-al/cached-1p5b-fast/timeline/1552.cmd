@@ -1,1 +1,0 @@
-/opt/torch/.venv/bin/python3 -B -m forge.host 51 

@@ -1,1 +1,0 @@
-python3 -m forge bench run docs/bench/workloads/gpu-mixed.yaml --node docs/bench/h200/node-llama-8b-fast.yaml --records 256 --out /tmp/forge-bench-results/cached-8b-3 --modes direct,forge --direct longest --card-transport process --repeat 3 

@@ -1,0 +1,84 @@
+"""Running forge's CLI in tests, one way each.
+
+- `invoke(...)`: in this process, through click's CliRunner isolation and `forge.cli.main` (so its error
+  handling: one line, the exit code). For refusals and usage errors, where no process is needed.
+- `forge(...)`: `python -m forge ...` in a subprocess, as a user runs it. For whatever needs a real process:
+  signals, a card worker, what an interpreter imports (`importtime=True`), exit at interpreter level.
+- `forge_argv(...)` and `forge_env(...)`: the same command line and environment, for tests that start the
+  process themselves (Popen) and talk to it while it runs.
+
+Both paths run with the repository root as the working directory, FORGE_LOAD_PLUGINS empty (no third-party
+plugins) and FORGE_DEBUG unset (a traceback is a failure, not a debug aid); the test's own FORGE_HOME
+(tests/conftest.py) is inherited.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def forge_env(extra: Optional[dict] = None) -> dict[str, str]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+           "FORGE_LOAD_PLUGINS": "", "PYTHONUNBUFFERED": "1"}
+    env.pop("FORGE_DEBUG", None)
+    env.update(extra or {})
+    return env
+
+
+def forge_argv(*args, importtime: bool = False) -> list[str]:
+    return [sys.executable, *(["-X", "importtime"] if importtime else []), "-m", "forge", *map(str, args)]
+
+
+def forge(*args, cwd: Path = REPO, env: Optional[dict] = None, timeout: float = 240, importtime: bool = False,
+          **kw) -> subprocess.CompletedProcess:
+    """`forge ARGS` in a subprocess. With importtime, `.imported` is the set of modules it imported, `.torch_loaded`
+    whether torch was among them, and `.message` its stderr without the importtime lines."""
+    r = subprocess.run(forge_argv(*args, importtime=importtime), cwd=cwd, env=forge_env(env), capture_output=True,
+                       text=True, timeout=timeout, **kw)
+    if importtime:
+        lines = r.stderr.splitlines()
+        r.imported = {line.rsplit("|", 1)[-1].strip() for line in lines if line.startswith("import time:")}
+        r.torch_loaded = "torch" in r.imported            # any engine library pulls torch in
+        r.message = "\n".join(line for line in lines if not line.startswith("import time:"))
+    return r
+
+
+@dataclass
+class Invoked:
+    returncode: int
+    stdout: str
+    stderr: str
+
+    def __iter__(self):               # rc, out, err = invoke(...)
+        return iter((self.returncode, self.stdout, self.stderr))
+
+
+def invoke(*args, env: Optional[dict] = None, cwd: Path = REPO) -> Invoked:
+    """`forge ARGS` in this process: its exit code, stdout and stderr, as the subprocess would give them."""
+    from click.testing import CliRunner
+
+    import forge.cli
+
+    runner = CliRunner()
+    extra = {"FORGE_LOAD_PLUGINS": "", "FORGE_DEBUG": None, **(env or {})}
+    before = Path.cwd()
+    os.chdir(cwd)
+    try:
+        with runner.isolation(env=extra) as (out, err, _):
+            try:
+                forge.cli.main([str(a) for a in args])
+                code = 0
+            except SystemExit as e:
+                code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            stdout, stderr = out.getvalue().decode(), err.getvalue().decode()
+    finally:
+        os.chdir(before)
+    return Invoked(code, stdout, stderr)

@@ -1,0 +1,177 @@
+"""forge's packages import only downward, and no two of them import each other (docs/architecture.md's table).
+
+Every `import` and `from ... import` in forge/, at module level or inside a function (a lazy import is still a
+dependency), is read from the source with ast; each names a unit: a package under forge/ (`forge/node/...` is
+`node`) or a top-level module (`forge/requests.py` is `requests`). A unit may import units of a lower layer and
+nothing above its own; a new upward import, or a circle between units, fails here with the file and line.
+
+    python -m pytest -q tests/test_layers.py
+"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+FORGE = Path(__file__).resolve().parent.parent / "forge"
+
+# Lowest first. A unit may import its own layer's *other* units only where no circle results (checked below).
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("errors", "constants", "stats", "prefix_blocks", "hookspecs", "embedded", "fit"),   # plain values, no behaviour
+    ("plugins", "gc_tuning", "backends"),       # backends: the registered Backend objects
+    ("tunables", "config"),                        # formats, load, checks, plan
+    ("engines", "hardware", "records"),            # backends (plugins), the hardware probe, record I/O
+    ("requests", "ledger", "metrics", "report", "broker", "runtime"),
+    ("host",),                                     # the card worker: admission around one engine
+    ("link",),                                     # node <-> host
+    ("node",),
+    ("functions",),                                # what a function author sees, the job loop
+    ("serve", "cluster", "bench", "top"),          # the products built on a node and the functions
+    ("cli",),
+    ("__main__",),
+)
+
+# The few imports that go up on purpose, each with its reason. Nothing else may.
+ALLOWED_UPWARD: dict[tuple[str, str], str] = {
+    # `import forge; forge.function, forge.LLM, forge.Generation`: the package's public names for function
+    # authors, resolved lazily (PEP 562 __getattr__) on first use, so `import forge` itself stays cheap.
+    ("forge", "functions"): "the package facade's lazy re-export of the function-author API",
+}
+
+RANK = {unit: i for i, layer in enumerate(LAYERS) for unit in layer}
+
+
+def unit_of_path(path: Path) -> str:
+    rel = path.relative_to(FORGE)
+    if len(rel.parts) == 1:
+        return "forge" if rel.name == "__init__.py" else rel.stem
+    return rel.parts[0]
+
+
+def module_name(path: Path) -> str:
+    rel = path.relative_to(FORGE.parent).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def unit_of_module(dotted: str) -> str:
+    parts = dotted.split(".")
+    if len(parts) == 1:
+        return "forge"
+    return parts[1]
+
+
+def imports_of(path: Path) -> list[tuple[str, int]]:
+    """(unit imported, line) for every forge import in one file; relative imports resolved."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    here = module_name(path)
+    package = here if path.name == "__init__.py" else here.rpartition(".")[0]
+    found: list[tuple[str, int]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name == "forge" or alias.name.startswith("forge."):
+                    found.append((unit_of_module(alias.name), node.lineno))
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[:len(base) - (node.level - 1)]
+                dotted = ".".join(base + ([node.module] if node.module else []))
+            else:
+                dotted = node.module or ""
+            if not (dotted == "forge" or dotted.startswith("forge.")):
+                continue
+            if dotted == "forge":                       # `from forge import constants`: the names are the units
+                for alias in node.names:
+                    sub = alias.name
+                    is_unit = (FORGE / sub).is_dir() or (FORGE / f"{sub}.py").is_file()
+                    found.append((sub if is_unit else "forge", node.lineno))
+            else:
+                found.append((unit_of_module(dotted), node.lineno))
+    return found
+
+
+def edges() -> dict[tuple[str, str], list[str]]:
+    """(importer unit, imported unit) -> where, for every import between two different units."""
+    out: dict[tuple[str, str], list[str]] = {}
+    for path in sorted(FORGE.rglob("*.py")):
+        src = unit_of_path(path)
+        for dst, line in imports_of(path):
+            if dst != src:
+                out.setdefault((src, dst), []).append(f"{path.relative_to(FORGE.parent)}:{line}")
+    return out
+
+
+def test_every_unit_of_forge_has_a_layer():
+    units = {unit_of_path(p) for p in FORGE.rglob("*.py")} - {"forge"}
+    missing = sorted(units - set(RANK))
+    assert not missing, f"add these to LAYERS in tests/test_layers.py (and docs/architecture.md's table): {missing}"
+
+
+def test_no_package_imports_upward():
+    bad = []
+    for (src, dst), where in sorted(edges().items()):
+        if (src, dst) in ALLOWED_UPWARD:
+            continue
+        if src == "forge" or RANK.get(dst, -1) > RANK.get(src, len(LAYERS)):
+            bad.append(f"{src} -> {dst} (layer {RANK.get(src)} imports layer {RANK.get(dst)}): {', '.join(where)}")
+    assert not bad, "upward imports between forge's packages:\n" + "\n".join(bad)
+
+
+def test_no_import_circle_between_packages():
+    graph: dict[str, set[str]] = {}
+    for (src, dst) in edges():
+        if (src, dst) not in ALLOWED_UPWARD:
+            graph.setdefault(src, set()).add(dst)
+    # Tarjan's strongly connected components: any component of two or more units is a circle.
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    circles: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                circles.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    assert not circles, f"import circles between forge's packages: {circles}"
+
+
+def test_the_check_sees_an_upward_import(tmp_path, monkeypatch):
+    """The test above can fail: a node module that imports the functions package is reported."""
+    fake = tmp_path / "forge"
+    (fake / "node").mkdir(parents=True)
+    (fake / "functions").mkdir()
+    (fake / "__init__.py").write_text("")
+    (fake / "node" / "__init__.py").write_text("")
+    (fake / "functions" / "__init__.py").write_text("")
+    (fake / "node" / "bad.py").write_text("def f():\n    from forge.functions.api import GenerateParams\n")
+    monkeypatch.setattr(__import__(__name__, fromlist=["FORGE"]), "FORGE", fake)
+    assert edges() == {("node", "functions"): ["forge/node/bad.py:2"]}
+    try:
+        test_no_package_imports_upward()
+    except AssertionError as e:
+        assert "node -> functions" in str(e) and "forge/node/bad.py:2" in str(e)
+    else:
+        raise AssertionError("an upward import was not reported")
