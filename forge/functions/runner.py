@@ -127,15 +127,19 @@ async def run_records(*, spec: FunctionSpec, node: Any, records, sink, stats: Ru
             hurry.set()
             raise
 
-    def count_failure() -> None:
-        stats.failed += 1
+    def check_budget() -> None:
+        """Whenever a record settles, success or failure: a share needs MAX_ERRORS_MIN_SAMPLE settled, and when
+        every record starts at once the failures (which return at once) may all settle before that; a check made
+        only on a failure would then never come. Past the limit the function is judged broken: no record starts
+        and the ones in flight go back to the ledger now (like a second Ctrl-C), the same command resumes."""
         if max_errors is None or outcome.fatal is not None:
             return
         settled = stats.done + stats.failed
-        started = settled + stats.in_flight - 1          # in flight: the others (this record is counted failed)
+        started = settled + stats.in_flight - 1          # in flight: the others (this record is counted settled)
         if max_errors.exceeded(stats.failed, settled, started):
             outcome.fatal = f"{max_errors.describe(stats.failed, started)}; the function looks broken: see its error rows"
             stop.set()
+            hurry.set()
 
     async def work() -> None:
         while True:
@@ -147,8 +151,9 @@ async def run_records(*, spec: FunctionSpec, node: Any, records, sink, stats: Ru
             stats.in_flight += 1
             try:
                 if not isinstance(record, dict):          # an input line that could not be read
-                    count_failure()
+                    stats.failed += 1
                     await sink.error(index, record.type, record.message)
+                    check_budget()                        # after its row is handed to the sink: it is kept
                     continue
                 await sink.started(index)
                 try:
@@ -162,13 +167,14 @@ async def run_records(*, spec: FunctionSpec, node: Any, records, sink, stats: Ru
                     continue
                 except BaseException as e:  # the record fails, the run goes on (even sys.exit in user code)
                     row = error_row(index, e)["error"]
-                    count_failure()
+                    stats.failed += 1
                     await sink.error(index, row["type"], row["message"])
                 else:
                     if await sink.result(index, result) is False:   # not serialisable: an error row went in
-                        count_failure()
+                        stats.failed += 1
                     else:
                         stats.done += 1
+                check_budget()
             finally:
                 stats.in_flight -= 1
 
