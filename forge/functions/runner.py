@@ -20,6 +20,7 @@ from forge.functions.api import FunctionSpec, GenerateParams, Generation
 from forge.functions.errorbudget import MaxErrors
 from forge.functions.llm import NodeLLM
 from forge.gc_tuning import tune_for_throughput
+from forge.runtime.loopwatch import LoopWatch
 from forge.stats import RunStats
 
 READ_CHUNK = 256            # records parsed per slice of reader work
@@ -98,7 +99,11 @@ async def run_records(*, spec: FunctionSpec, node: Any, records, sink, stats: Ru
             hurry.set()
             notice(f"forge: {name} again: stopping now; {stats.in_flight:,} record(s) in flight go back to the ledger")
 
-    if install_signals:
+    # Signals are read by a watchdog thread, not by loop callbacks: a function blocking the loop in synchronous
+    # code must not make Ctrl-C wait for it (forge/runtime/loopwatch.py); it also names such a function.
+    watch = LoopWatch(loop, on_signal) if install_signals else None
+    if watch is not None and not watch.start():
+        watch = None
         for sig in (signal.SIGINT, signal.SIGTERM):
             try:
                 loop.add_signal_handler(sig, on_signal, sig.name)
@@ -227,7 +232,9 @@ async def run_records(*, spec: FunctionSpec, node: Any, records, sink, stats: Ru
                 t.cancel()
         await asyncio.gather(tick, read, stop_wait, hurry_wait, *([closer] if closer else []), *workers,
                              return_exceptions=True)
-        if install_signals:
+        if watch is not None:
+            watch.close()
+        elif install_signals:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 try:
                     loop.remove_signal_handler(sig)
