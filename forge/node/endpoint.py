@@ -10,10 +10,10 @@ import asyncio
 import hmac
 import ipaddress
 import json
-from typing import Any, Awaitable, Optional, Sequence, Union
+from typing import Any, Awaitable, ClassVar, Optional, Sequence, Union
 
 from fastapi import APIRouter, FastAPI, HTTPException, Request
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, create_model, model_validator
 
 from forge.errors import ForgeError
 from forge.functions.api import GenerateParams
@@ -33,6 +33,10 @@ def control_body_limit(node: Any) -> int:
 
 class GenerateItem(BaseModel):
     model_config = ConfigDict(extra="forbid")
+    # The most prompt tokens any card of the node takes: longer token ids are that item's error from their length
+    # alone, before one of them is validated (4M ids took seconds of the node's loop, /health included).
+    max_prompt_tokens: ClassVar[int] = 2**31 - 1
+    _refused: Optional[str] = PrivateAttr(None)
     prompt: Union[str, list[int]]
     max_tokens: int = Field(gt=0)
     temperature: float = Field(0.0, ge=0)
@@ -49,10 +53,31 @@ class GenerateItem(BaseModel):
     stop: Optional[list[str]] = Field(None, max_length=16)      # cut here, counted with the node's tokenizer
     include_stop_str_in_output: bool = False
 
+    @model_validator(mode="wrap")
+    @classmethod
+    def _bound_prompt(cls, data: Any, handler):
+        prompt = data.get("prompt") if isinstance(data, dict) else None
+        if not isinstance(prompt, list) or len(prompt) <= cls.max_prompt_tokens:
+            return handler(data)
+        item = handler({**data, "prompt": []})
+        item._refused = (f"prompt: {len(prompt):,} token ids; no card here takes more than "
+                         f"{cls.max_prompt_tokens:,} (its max_input_len)")
+        return item
+
 
 class GenerateBatch(BaseModel):
     model_config = ConfigDict(extra="forbid")
     requests: list[GenerateItem] = Field(min_length=1, max_length=MAX_BATCH_REQUESTS)
+
+
+def batch_for(node: Any) -> type:
+    """GenerateBatch whose items refuse prompts longer than the node's largest max_input_len from their length."""
+    limit = max((int(c["limits"]["max_input_len"]) for c in node.describe().get("cards", [])), default=0)
+    if limit <= 0:
+        return GenerateBatch
+    item = type("GenerateItem", (GenerateItem,), {"__module__": __name__, "max_prompt_tokens": limit})
+    return create_model("GenerateBatch", __base__=GenerateBatch, __module__=__name__,
+                        requests=(list[item], Field(min_length=1, max_length=MAX_BATCH_REQUESTS)))
 
 
 def is_loopback(host: str) -> bool:
@@ -149,9 +174,10 @@ def control_router(node: Any) -> APIRouter:
                 "broker": {**asdict(b), "padding_ratio": b.padding_ratio, "prefix_reuse_ratio": b.prefix_reuse_ratio},
                 "open_requests": node.open_requests(), "abandoned": node.abandoned}
 
-    @router.post("/v1/generate")
     async def generate(batch: GenerateBatch, request: Request) -> dict:
         async def one(item: GenerateItem) -> dict:
+            if item._refused is not None:
+                return {"error": {"type": "RequestRejected", "message": item._refused}}
             try:
                 params = GenerateParams(max_tokens=item.max_tokens, temperature=item.temperature, top_p=item.top_p,
                                         top_k=item.top_k, seed=item.seed,
@@ -183,6 +209,8 @@ def control_router(node: Any) -> APIRouter:
             raise HTTPException(status_code=499, detail="client disconnected") from None
         return {"results": results}
 
+    generate.__annotations__["batch"] = batch_for(node)     # a class made here: a string annotation could not name it
+    router.post("/v1/generate")(generate)
     return router
 
 

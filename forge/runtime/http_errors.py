@@ -97,6 +97,8 @@ def install_error_handlers(app: FastAPI) -> None:
             message = f"method {request.method} is not allowed on {request.url.path}"
         elif status == 413:
             message = too_large(request.scope)
+        elif status == 400 and isinstance(exc.__cause__, RecursionError):     # FastAPI's json.loads gave up
+            message = "the body is not valid JSON here: it is nested too deeply to parse"
         else:
             message = str(exc.detail) if exc.detail else http.HTTPStatus(status).phrase
         return error_response(status, None, message, headers=getattr(exc, "headers", None))
