@@ -21,7 +21,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 log = logging.getLogger("forge.http")
 MAX_MESSAGE_CHARS = 2000
 KIND_BY_STATUS = {400: "invalid_request_error", 401: "Unauthorized", 404: "invalid_request_error",
-                  405: "invalid_request_error", 413: "request_too_large", 422: "invalid_request_error",
+                  405: "invalid_request_error", 408: "request_timeout", 413: "request_too_large", 422: "invalid_request_error",
                   429: "overloaded", 499: "client_closed", 503: "unavailable", 504: "deadline_exceeded"}
 _PATH = re.compile(r"(?<![\w.:/~-])/(?:[^\s/'\"()\[\]{}<>:,;=|]+/)+[^\s/'\"()\[\]{}<>:,;=|]*")
 _ROUTES = ("/v1/", "/health", "/docs", "/openapi.json", "/metrics")
