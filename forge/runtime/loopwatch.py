@@ -48,17 +48,16 @@ def _say(line: str) -> None:
         pass
 
 
-def where(frame) -> str:
-    """'function (file:line)' of the innermost frame outside forge and the libraries, else of the innermost."""
-    inner = frame
+def where(frame) -> tuple[str, bool]:
+    """('function (file:line)', True) for the innermost frame outside forge and the libraries (a user's code),
+    else ('function (file:line)' of the innermost frame, False)."""
     f = frame
     while f is not None:
         path = os.path.abspath(f.f_code.co_filename)
         if not path.startswith(_LIBRARY_DIRS) and not f.f_code.co_filename.startswith("<"):
-            inner = f
-            break
+            return f"{f.f_code.co_name} ({display_path(f.f_code.co_filename)}:{f.f_lineno})", True
         f = f.f_back
-    return f"{inner.f_code.co_name} ({display_path(inner.f_code.co_filename)}:{inner.f_lineno})"
+    return f"{frame.f_code.co_name} ({display_path(frame.f_code.co_filename)}:{frame.f_lineno})", False
 
 
 class LoopWatch:
@@ -129,11 +128,16 @@ class LoopWatch:
 
     # ------------------------------------------------------------------ on the watchdog's thread
     def _watch(self) -> None:
+        last = time.monotonic()
         while not self._closing.is_set():
             try:
                 ready, _, _ = select.select([self._rsock], [], [], BEAT_S)
             except (OSError, ValueError):
                 return
+            now = time.monotonic()
+            if now - last > ANSWER_S:        # this thread did not run either: the process was stopped (SIGSTOP),
+                self._beat = max(self._beat, now)   # not its loop blocked: the loop gets a fresh start
+            last = now
             if ready:
                 try:
                     data = self._rsock.recv(64)
@@ -161,9 +165,10 @@ class LoopWatch:
         elif silent >= REPORT_S and not self._stall_named:
             self._stall_named = True
             self.blocked_reports += 1
-            self._say(f"forge: the event loop has been blocked for {silent:.0f} s in {self._blocker()}: synchronous "
-                      "code in a function stops every record, the node and Ctrl-C; await it instead "
-                      "(asyncio.sleep, asyncio.to_thread)")
+            at, user = self._where()
+            self._say(f"forge: the event loop has been blocked for {silent:.0f} s in {at}" + (
+                ": synchronous code in a function stops every record, the node and Ctrl-C; await it instead "
+                "(asyncio.sleep, asyncio.to_thread)" if user else ""))
         since, sig = self._last_signal
         if self._taken >= self._sent or now - since < ANSWER_S or silent < ANSWER_S:
             return
@@ -178,9 +183,12 @@ class LoopWatch:
             self._say(f"forge: {sig.name}: the event loop is blocked in {self._blocker()}; no new record starts once "
                       f"it returns; {again} to stop now (records in flight stay in the ledger)")
 
-    def _blocker(self) -> str:
+    def _where(self) -> tuple[str, bool]:
         frame = sys._current_frames().get(self._loop_thread)
-        return where(frame) if frame is not None else "a function"
+        return where(frame) if frame is not None else ("a function", True)
+
+    def _blocker(self) -> str:
+        return self._where()[0]
 
 
 def _noop(signum, frame) -> None:
