@@ -31,6 +31,7 @@ from forge.errors import display_path
 BEAT_S = 0.1            # the loop's heartbeat
 ANSWER_S = 0.5          # a signal the loop has not taken this long is answered from the watchdog
 REPORT_S = 2.0          # a loop blocked this long is named
+STOPPED_S = 1.0         # the watchdog itself did not run this long: the whole process was stopped, not its loop
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 EXIT_CODE = {signal.SIGINT: 130, signal.SIGTERM: 143}
 
@@ -78,7 +79,8 @@ class LoopWatch:
         self._sent = self._taken = 0              # signals seen by the watchdog / taken by the loop
         self._last_signal: tuple[float, int] = (0.0, 0)
         self._warned_unanswered = 0               # the signal count already answered from the watchdog
-        self._stall_named = False
+        self._named_beat = -1.0                   # the heartbeat of the stall last named
+        self._resumed = 0.0                       # when the process last woke from a stop (SIGSTOP)
         self.blocked_reports = 0
 
     # ------------------------------------------------------------------ on the loop's thread
@@ -135,8 +137,8 @@ class LoopWatch:
             except (OSError, ValueError):
                 return
             now = time.monotonic()
-            if now - last > ANSWER_S:        # this thread did not run either: the process was stopped (SIGSTOP),
-                self._beat = max(self._beat, now)   # not its loop blocked: the loop gets a fresh start
+            if now - last > STOPPED_S:       # this thread did not run either: the process was stopped (SIGSTOP),
+                self._resumed = now          # not its loop blocked: the loop's silence counts from now
             last = now
             if ready:
                 try:
@@ -159,11 +161,10 @@ class LoopWatch:
 
     def _check(self) -> None:
         now = time.monotonic()
-        silent = now - self._beat
-        if silent < ANSWER_S:
-            self._stall_named = False
-        elif silent >= REPORT_S and not self._stall_named:
-            self._stall_named = True
+        beat = self._beat
+        silent = now - max(beat, self._resumed)
+        if silent >= REPORT_S and self._named_beat != beat:     # once per stall: until the loop beats again
+            self._named_beat = beat
             self.blocked_reports += 1
             at, user = self._where()
             self._say(f"forge: the event loop has been blocked for {silent:.0f} s in {at}" + (
