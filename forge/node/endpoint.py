@@ -15,6 +15,7 @@ from typing import Any, Awaitable, ClassVar, Optional, Sequence, Union
 from fastapi import APIRouter, FastAPI, HTTPException, Request
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, create_model, model_validator
 
+from forge import constants
 from forge.errors import ForgeError
 from forge.functions.api import GenerateParams
 from forge.runtime.http_errors import error_body, install_error_handlers, scrub_paths
@@ -33,8 +34,9 @@ def control_body_limit(node: Any) -> int:
 
 class GenerateItem(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    # The most prompt tokens any card of the node takes: longer token ids are that item's error from their length
-    # alone, before one of them is validated (4M ids took seconds of the node's loop, /health included).
+    # The most prompt tokens any card of the node takes: longer token ids (or more choices than any engine takes)
+    # are that item's error from their length alone, before one of them is validated (4M ids took seconds of the
+    # node's loop, /health included).
     max_prompt_tokens: ClassVar[int] = 2**31 - 1
     _refused: Optional[str] = PrivateAttr(None)
     prompt: Union[str, list[int]]
@@ -56,13 +58,19 @@ class GenerateItem(BaseModel):
     @model_validator(mode="wrap")
     @classmethod
     def _bound_prompt(cls, data: Any, handler):
-        prompt = data.get("prompt") if isinstance(data, dict) else None
-        if not isinstance(prompt, list) or len(prompt) <= cls.max_prompt_tokens:
+        if not isinstance(data, dict):
             return handler(data)
-        item = handler({**data, "prompt": []})
-        item._refused = (f"prompt: {len(prompt):,} token ids; no card here takes more than "
-                         f"{cls.max_prompt_tokens:,} (its max_input_len)")
-        return item
+        prompt, choice = data.get("prompt"), data.get("choice")
+        if isinstance(prompt, list) and len(prompt) > cls.max_prompt_tokens:
+            item = handler({**data, "prompt": []})
+            item._refused = (f"prompt: {len(prompt):,} token ids; no card here takes more than "
+                             f"{cls.max_prompt_tokens:,} (its max_input_len)")
+            return item
+        if isinstance(choice, list) and len(choice) > constants.MAX_GUIDE_CHOICES:
+            item = handler({**data, "choice": None})
+            item._refused = f"choice has {len(choice):,} options; at most {constants.MAX_GUIDE_CHOICES:,} are taken"
+            return item
+        return handler(data)
 
 
 class GenerateBatch(BaseModel):

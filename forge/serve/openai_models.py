@@ -8,6 +8,7 @@ from typing import Any, ClassVar, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from forge import constants
 from forge.serve.openai_params import CHAT, COMPLETIONS, refusal, screen
 
 MAX_CHOICES = 256        # prompts x n in one request: each is one generation in the broker
@@ -92,6 +93,12 @@ class _Common(BaseModel):
     @classmethod
     def _bound_sizes(cls, data: dict) -> None:
         """Refuse, from lengths alone, a field no tier could take (before its items are validated)."""
+        so = data.get("structured_outputs")
+        for name, choice in (("guided_choice", data.get("guided_choice")),
+                             ("structured_outputs.choice", so.get("choice") if isinstance(so, dict) else None)):
+            if isinstance(choice, list) and len(choice) > constants.MAX_GUIDE_CHOICES:
+                raise refusal(name, f"{name}: {len(choice):,} options; at most {constants.MAX_GUIDE_CHOICES:,} "
+                                    "are taken")
 
     @model_validator(mode="after")
     def _coherent(self):
@@ -137,6 +144,7 @@ class CompletionRequest(_Common):
 
     @classmethod
     def _bound_sizes(cls, data: dict) -> None:
+        super()._bound_sizes(data)
         prompt, limit = data.get("prompt"), cls.max_prompt_tokens
         if not isinstance(prompt, list) or not prompt:
             return
@@ -207,6 +215,7 @@ class ChatRequest(_Common):
 
     @classmethod
     def _bound_sizes(cls, data: dict) -> None:
+        super()._bound_sizes(data)
         messages, limit = data.get("messages"), cls.max_prompt_tokens
         if not isinstance(messages, list):
             return
