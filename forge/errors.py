@@ -53,7 +53,12 @@ class EngineUnavailable(ForgeError):
 
 
 class RequestRejected(ForgeError):
-    """A request that no engine on the node can take as asked (geometry, closed node)."""
+    """A request that no engine on the node can take as asked (geometry, closed node). `param`: the request field
+    to change, where one is to blame (an HTTP answer names it)."""
+
+    def __init__(self, message: str = "", *, param: "str | None" = None):
+        super().__init__(message)
+        self.param = param
 
 
 class NodeDown(ForgeError):

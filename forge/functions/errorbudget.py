@@ -2,8 +2,9 @@
 
 A count (`--max-errors 50`: stop once more than 50 records failed in this run) or a share (`--max-errors 5%`: stop
 once more than 5% of the records this run started failed, counted only after MAX_ERRORS_MIN_SAMPLE of them settled,
-so the first few records cannot stop a run by bad luck). The stop is like a node going down: records not started stay
-in the ledger, the exit code says incomplete, and the same command resumes."""
+so the first few records cannot stop a run by bad luck). The runner asks whenever a record settles, success or
+failure (the failures may all settle before the sample fills). The stop is like a second Ctrl-C: records not started
+and those in flight stay in the ledger, the exit code says incomplete, and the same command resumes."""
 from __future__ import annotations
 
 import re

@@ -20,6 +20,7 @@ from forge.functions.api import FunctionSpec, GenerateParams, Generation
 from forge.functions.errorbudget import MaxErrors
 from forge.functions.llm import NodeLLM
 from forge.gc_tuning import tune_for_throughput
+from forge.runtime.loopwatch import LoopWatch
 from forge.stats import RunStats
 
 READ_CHUNK = 256            # records parsed per slice of reader work
@@ -106,7 +107,11 @@ async def run_records(*, spec: FunctionSpec, node: Any, records, sink, stats: Ru
             hurry.set()
             notice(f"forge: {name} again: stopping now; {stats.in_flight:,} record(s) in flight go back to the ledger")
 
-    if install_signals:
+    # Signals are read by a watchdog thread, not by loop callbacks: a function blocking the loop in synchronous
+    # code must not make Ctrl-C wait for it (forge/runtime/loopwatch.py); it also names such a function.
+    watch = LoopWatch(loop, on_signal) if install_signals else None
+    if watch is not None and not watch.start():
+        watch = None
         for sig in (signal.SIGINT, signal.SIGTERM):
             try:
                 loop.add_signal_handler(sig, on_signal, sig.name)
@@ -135,15 +140,19 @@ async def run_records(*, spec: FunctionSpec, node: Any, records, sink, stats: Ru
             hurry.set()
             raise
 
-    def count_failure() -> None:
-        stats.failed += 1
+    def check_budget() -> None:
+        """Whenever a record settles, success or failure: a share needs MAX_ERRORS_MIN_SAMPLE settled, and when
+        every record starts at once the failures (which return at once) may all settle before that; a check made
+        only on a failure would then never come. Past the limit the function is judged broken: no record starts
+        and the ones in flight go back to the ledger now (like a second Ctrl-C), the same command resumes."""
         if max_errors is None or outcome.fatal is not None:
             return
         settled = stats.done + stats.failed
-        started = settled + stats.in_flight - 1          # in flight: the others (this record is counted failed)
+        started = settled + stats.in_flight - 1          # in flight: the others (this record is counted settled)
         if max_errors.exceeded(stats.failed, settled, started):
             outcome.fatal = f"{max_errors.describe(stats.failed, started)}; the function looks broken: see its error rows"
             stop.set()
+            hurry.set()
 
     async def work() -> None:
         while True:
@@ -155,8 +164,9 @@ async def run_records(*, spec: FunctionSpec, node: Any, records, sink, stats: Ru
             stats.in_flight += 1
             try:
                 if not isinstance(record, dict):          # an input line that could not be read
-                    count_failure()
+                    stats.failed += 1
                     await sink.error(index, record.type, record.message)
+                    check_budget()                        # after its row is handed to the sink: it is kept
                     continue
                 await sink.started(index)
                 try:
@@ -170,13 +180,14 @@ async def run_records(*, spec: FunctionSpec, node: Any, records, sink, stats: Ru
                     continue
                 except BaseException as e:  # the record fails, the run goes on (even sys.exit in user code)
                     row = error_row(index, e)["error"]
-                    count_failure()
+                    stats.failed += 1
                     await sink.error(index, row["type"], row["message"])
                 else:
                     if await sink.result(index, result) is False:   # not serialisable: an error row went in
-                        count_failure()
+                        stats.failed += 1
                     else:
                         stats.done += 1
+                check_budget()
             finally:
                 stats.in_flight -= 1
 
@@ -229,7 +240,9 @@ async def run_records(*, spec: FunctionSpec, node: Any, records, sink, stats: Ru
                 t.cancel()
         await asyncio.gather(tick, read, stop_wait, hurry_wait, *([closer] if closer else []), *workers,
                              return_exceptions=True)
-        if install_signals:
+        if watch is not None:
+            watch.close()
+        elif install_signals:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 try:
                     loop.remove_signal_handler(sig)

@@ -53,9 +53,13 @@ def build_engine(plan: CardPlan) -> Any:
 
 class EngineHost:
     def __init__(self, plan: CardPlan, *, node: str, engine_id: Optional[str] = None,
-                 stall_window_s: float = constants.STALL_WINDOW_S, node_tokenizer: Callable[[Any], Any] = None):
+                 stall_window_s: float = constants.STALL_WINDOW_S, node_tokenizer: Callable[[Any], Any] = None,
+                 session_lease_s: Optional[float] = SESSION_LEASE_S):
         """Builds the engine (blocking: call it off any event loop that must stay responsive). node_tokenizer
-        turns the engine's tokenizer into what `tokenizer_copy()` hands a node (default: the tokenizer itself)."""
+        turns the engine's tokenizer into what `tokenizer_copy()` hands a node (default: the tokenizer itself).
+        session_lease_s: a link session silent this long is dropped; None where the node's death is seen otherwise
+        (a worker process: end of file on its socket, its parent gone) and silence only means the node's loop is
+        busy, which must not cost the node its work here (a function blocking the node's loop for minutes)."""
         t0 = time.monotonic()
         self.engine = build_engine(plan)
         self.load_s = time.monotonic() - t0
@@ -69,6 +73,7 @@ class EngineHost:
         self.incarnation = uuid.uuid4().hex[:12]
         self.started_at = time.time()
         self._node_tokenizer = node_tokenizer
+        self.session_lease_s = session_lease_s
         self.feed: Optional[Feed] = None
         self._rt: Optional[AdmissionRuntime] = None
         self._tasks: list[asyncio.Task] = []
@@ -87,8 +92,9 @@ class EngineHost:
                                     deliver=self._deliver, tokenizer_key=self.tokenizer_key,
                                     stall_window_s=self.stall_window_s)
         loop = asyncio.get_running_loop()
-        self._tasks = [loop.create_task(self._run(), name=f"admission-{self.engine_id}"),
-                       loop.create_task(self._expire(), name=f"sessions-{self.engine_id}")]
+        self._tasks = [loop.create_task(self._run(), name=f"admission-{self.engine_id}")]
+        if self.session_lease_s is not None:
+            self._tasks.append(loop.create_task(self._expire(self.session_lease_s), name=f"sessions-{self.engine_id}"))
 
     async def _run(self) -> None:
         await self._rt.run()
@@ -99,10 +105,10 @@ class EngineHost:
         """The engine is gone and its work went back to the links, which see the failure in their next collect.
         Nothing more here; the Ray actor ends its process instead, so that Ray restarts it."""
 
-    async def _expire(self) -> None:
+    async def _expire(self, lease_s: float) -> None:
         while True:
-            await asyncio.sleep(SESSION_LEASE_S / 4)
-            for sid in self.feed.expire(SESSION_LEASE_S):
+            await asyncio.sleep(lease_s / 4)
+            for sid in self.feed.expire(lease_s):
                 log.warning("engine %s: link session %s went silent; its work here is dropped", self.engine_id, sid)
 
     def _deliver(self, req, result) -> None:

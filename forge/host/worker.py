@@ -61,7 +61,10 @@ def main(fd: int) -> None:
         from forge.host.engine_host import EngineHost
         from forge.host.tokenizer import for_node
 
-        host = EngineHost(spec.plan, node=spec.node, stall_window_s=spec.stall_window_s, node_tokenizer=for_node)
+        # No session lease: this worker's one peer is its parent over a socket pair, whose death is end of file
+        # here (and the lifeline); its silence is a busy loop (a function blocking it), not a lost link.
+        host = EngineHost(spec.plan, node=spec.node, stall_window_s=spec.stall_window_s, node_tokenizer=for_node,
+                          session_lease_s=None)
         host.lifeline = {"pdeathsig": pdeathsig, "parent": spec.parent_pid}
         # The engine is loaded: freeze it out of the cyclic collector, which otherwise walks the model's objects
         # in every full pass while the generation thread waits for the GIL (docs/benchmarks.md, "Control plane").

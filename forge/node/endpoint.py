@@ -10,11 +10,12 @@ import asyncio
 import hmac
 import ipaddress
 import json
-from typing import Any, Awaitable, Optional, Sequence, Union
+from typing import Any, Awaitable, ClassVar, Optional, Sequence, Union
 
 from fastapi import APIRouter, FastAPI, HTTPException, Request
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, create_model, model_validator
 
+from forge import constants
 from forge.errors import ForgeError
 from forge.requests import GenerateParams
 from forge.runtime.http_errors import error_body, install_error_handlers, scrub_paths
@@ -33,9 +34,14 @@ def control_body_limit(node: Any) -> int:
 
 class GenerateItem(BaseModel):
     model_config = ConfigDict(extra="forbid")
+    # The most prompt tokens any card of the node takes: longer token ids (or more choices than any engine takes)
+    # are that item's error from their length alone, before one of them is validated (4M ids took seconds of the
+    # node's loop, /health included).
+    max_prompt_tokens: ClassVar[int] = 2**31 - 1
+    _refused: Optional[str] = PrivateAttr(None)
     prompt: Union[str, list[int], None] = None
     # instead of a prompt: chat messages, made a prompt with the node's chat template (llm.chat on forge deploy)
-    messages: Optional[list[dict]] = Field(None, max_length=1024)
+    messages: Optional[list[dict]] = Field(None, max_length=constants.MAX_CHAT_MESSAGES)
     max_tokens: int = Field(gt=0)
     temperature: float = Field(0.0, ge=0)
     top_p: float = Field(1.0, gt=0, le=1)
@@ -51,10 +57,42 @@ class GenerateItem(BaseModel):
     stop: Optional[list[str]] = Field(None, max_length=16)      # cut here, counted with the node's tokenizer
     include_stop_str_in_output: bool = False
 
+    @model_validator(mode="wrap")
+    @classmethod
+    def _bound_prompt(cls, data: Any, handler):
+        if not isinstance(data, dict):
+            return handler(data)
+        prompt, choice = data.get("prompt"), data.get("choice")
+        if isinstance(prompt, list) and len(prompt) > cls.max_prompt_tokens:
+            item = handler({**data, "prompt": []})
+            item._refused = (f"prompt: {len(prompt):,} token ids; no card here takes more than "
+                             f"{cls.max_prompt_tokens:,} (its max_input_len)")
+            return item
+        messages = data.get("messages")
+        if isinstance(messages, list) and len(messages) > constants.MAX_CHAT_MESSAGES:
+            item = handler({**data, "messages": []})
+            item._refused = f"messages: {len(messages):,} chat messages; at most {constants.MAX_CHAT_MESSAGES:,} are taken"
+            return item
+        if isinstance(choice, list) and len(choice) > constants.MAX_GUIDE_CHOICES:
+            item = handler({**data, "choice": None})
+            item._refused = f"choice has {len(choice):,} options; at most {constants.MAX_GUIDE_CHOICES:,} are taken"
+            return item
+        return handler(data)
+
 
 class GenerateBatch(BaseModel):
     model_config = ConfigDict(extra="forbid")
     requests: list[GenerateItem] = Field(min_length=1, max_length=MAX_BATCH_REQUESTS)
+
+
+def batch_for(node: Any) -> type:
+    """GenerateBatch whose items refuse prompts longer than the node's largest max_input_len from their length."""
+    limit = max((int(c["limits"]["max_input_len"]) for c in node.describe().get("cards", [])), default=0)
+    if limit <= 0:
+        return GenerateBatch
+    item = type("GenerateItem", (GenerateItem,), {"__module__": __name__, "max_prompt_tokens": limit})
+    return create_model("GenerateBatch", __base__=GenerateBatch, __module__=__name__,
+                        requests=(list[item], Field(min_length=1, max_length=MAX_BATCH_REQUESTS)))
 
 
 def is_loopback(host: str) -> bool:
@@ -151,9 +189,10 @@ def control_router(node: Any) -> APIRouter:
                 "broker": {**asdict(b), "padding_ratio": b.padding_ratio, "prefix_reuse_ratio": b.prefix_reuse_ratio},
                 "open_requests": node.open_requests(), "abandoned": node.abandoned}
 
-    @router.post("/v1/generate")
     async def generate(batch: GenerateBatch, request: Request) -> dict:
         async def one(item: GenerateItem) -> dict:
+            if item._refused is not None:
+                return {"error": {"type": "RequestRejected", "message": item._refused}}
             try:
                 params = GenerateParams(max_tokens=item.max_tokens, temperature=item.temperature, top_p=item.top_p,
                                         top_k=item.top_k, seed=item.seed,
@@ -192,6 +231,8 @@ def control_router(node: Any) -> APIRouter:
             raise HTTPException(status_code=499, detail="client disconnected") from None
         return {"results": results}
 
+    generate.__annotations__["batch"] = batch_for(node)     # a class made here: a string annotation could not name it
+    router.post("/v1/generate")(generate)
     return router
 
 

@@ -198,6 +198,10 @@ class LinkedNode(EnginesOut, Node):
             raise ForgeError(f"card {eid}: the request was cancelled")
         if guide is not None:
             problem = guided_output_problem(text, guide)
+            if problem is not None and finish == "length":     # the caller's budget, not the engine, ended it
+                raise RequestRejected(f"card {eid}: the guided answer was cut at max_tokens {params.max_tokens} "
+                                      f"before it completed its guide ({problem}); raise max_tokens",
+                                      param="max_tokens")
             if problem is not None:
                 raise ForgeError(f"card {eid}: guided output failed its check: {problem}")
         gen = Generation(text=text, output_tokens=len(ids), input_tokens=n_in, finish_reason=finish, card=eid,

@@ -21,7 +21,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 log = logging.getLogger("forge.http")
 MAX_MESSAGE_CHARS = 2000
 KIND_BY_STATUS = {400: "invalid_request_error", 401: "Unauthorized", 404: "invalid_request_error",
-                  405: "invalid_request_error", 413: "request_too_large", 422: "invalid_request_error",
+                  405: "invalid_request_error", 408: "request_timeout", 413: "request_too_large", 422: "invalid_request_error",
                   429: "overloaded", 499: "client_closed", 503: "unavailable", 504: "deadline_exceeded"}
 _PATH = re.compile(r"(?<![\w.:/~-])/(?:[^\s/'\"()\[\]{}<>:,;=|]+/)+[^\s/'\"()\[\]{}<>:,;=|]*")
 _ROUTES = ("/v1/", "/health", "/docs", "/openapi.json", "/metrics")
@@ -97,6 +97,8 @@ def install_error_handlers(app: FastAPI) -> None:
             message = f"method {request.method} is not allowed on {request.url.path}"
         elif status == 413:
             message = too_large(request.scope)
+        elif status == 400 and isinstance(exc.__cause__, RecursionError):     # FastAPI's json.loads gave up
+            message = "the body is not valid JSON here: it is nested too deeply to parse"
         else:
             message = str(exc.detail) if exc.detail else http.HTTPStatus(status).phrase
         return error_response(status, None, message, headers=getattr(exc, "headers", None))

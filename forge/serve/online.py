@@ -83,7 +83,7 @@ def describe_failure(exc: BaseException, node: Any, gate: EndpointGate) -> JSONR
     if isinstance(exc, NodeDown) or (isinstance(exc, RequestRejected) and getattr(node, "closed", False)):
         return error_response(503, "unavailable", str(exc))
     if isinstance(exc, RequestRejected):
-        return error_response(400, "invalid_request_error", str(exc))
+        return error_response(400, "invalid_request_error", str(exc), param=getattr(exc, "param", None))
     if isinstance(exc, ForgeError):       # the first line: engines may append their internal state
         return error_response(500, "engine_error", (str(exc).splitlines() or [type(exc).__name__])[0])
     from forge.functions.runner import error_row

@@ -24,7 +24,7 @@ from forge.runtime.stops import StopRule
 from forge.serve.chat import prompt_from_messages, stream_pieces
 from forge.serve.limits import EndpointGate, deadline_s
 from forge.serve.online import answer, describe_failure, error_response
-from forge.serve.openai_models import ChatRequest, CompletionRequest, _Common
+from forge.serve.openai_models import ChatRequest, CompletionRequest, _Common, bounded_to_node
 
 FINISH = {"eos": "stop", "stop": "stop", "length": "length"}
 # A guided output that reached max_tokens is still whole: the guide closed it (the JSON parses and matches its schema,
@@ -46,6 +46,11 @@ class BadRequest(ValueError):
         super().__init__(message)
         self.param = param
 
+
+
+def max_input_len(node: Any) -> int:
+    """The most prompt tokens any card of the node takes."""
+    return max((int(c["limits"]["max_input_len"]) for c in node.describe()["cards"]), default=1)
 
 
 def tier_limits(node: Any) -> dict[str, int]:
@@ -91,6 +96,8 @@ def guide_params(req: _Common) -> tuple[Optional[tuple[str, ...]], Optional[dict
 def openai_router(node: Any, gates: dict[str, EndpointGate], *, default_deadline_s: float) -> APIRouter:
     router = APIRouter(tags=["openai"])
     tiers = tier_limits(node)
+    Completion = bounded_to_node(CompletionRequest, max_input_len(node))
+    Chat = bounded_to_node(ChatRequest, max_input_len(node))
 
     def model_card(model: str) -> dict:
         return {"id": model, "object": "model", "created": int(node.started_at or 0), "owned_by": f"forge:{node.name}",
@@ -107,7 +114,6 @@ def openai_router(node: Any, gates: dict[str, EndpointGate], *, default_deadline
                                   f"{', '.join(sorted(tiers))})", param="model")
         return model_card(model_id)
 
-    @router.post("/v1/completions")
     async def completions(req: CompletionRequest, request: Request, x_forge_deadline: Optional[str] = Header(None)):
         echo: list[str] = []
         if req.echo:
@@ -118,13 +124,17 @@ def openai_router(node: Any, gates: dict[str, EndpointGate], *, default_deadline
         return await _generate(request, req, req.prompts, "text_completion", gates["completions"], x_forge_deadline,
                                echo)
 
-    @router.post("/v1/chat/completions")
     async def chat_completions(req: ChatRequest, request: Request, x_forge_deadline: Optional[str] = Header(None)):
         try:
             prompt = prompt_from_messages(node, [m.model_dump(include={"role", "content"}) for m in req.messages])
         except ValueError as e:
             return error_response(400, "invalid_request_error", str(e), param="messages")
         return await _generate(request, req, [prompt], "chat.completion", gates["chat"], x_forge_deadline, [])
+
+    # The bodies bounded to this node (a class made here: string annotations could not name it)
+    completions.__annotations__["req"], chat_completions.__annotations__["req"] = Completion, Chat
+    router.post("/v1/completions")(completions)
+    router.post("/v1/chat/completions")(chat_completions)
 
     async def _generate(request: Request, req: _Common, prompts: list, kind: str, gate: EndpointGate, header,
                         echo: list[str]):
@@ -155,7 +165,7 @@ def openai_router(node: Any, gates: dict[str, EndpointGate], *, default_deadline
         head = {"id": rid, "created": int(time.time()), "model": req.model}
 
         async def one(online, prompt, i: int):
-            p = params if req.seed is None or i == 0 else replace(params, seed=_wrap_seed(req.seed + i))
+            p = params if req.seed is None or i == 0 else replace(params, seed=choice_seed(req.seed, i))
             return await online.complete(prompt, p, stop)
 
         async def work(online, slot):
@@ -242,8 +252,10 @@ def _usage(out: list[tuple[Generation, Optional[str]]], n: int) -> dict:
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
-def _wrap_seed(seed: int) -> int:
-    return seed if seed < 2**64 else seed - 2**64
+def choice_seed(seed: int, i: int) -> int:
+    """Choice i's seed: the client's seed (checked as sent) plus i, wrapped within the engines' range [0, 2**63):
+    seed 2**63 - 1 with n=2 must not fail on a seed the client never sent."""
+    return (seed + i) % 2**63
 
 
 def _decode(node: Any, ids: list[int]) -> str:

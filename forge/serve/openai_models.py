@@ -8,10 +8,12 @@ from typing import Any, ClassVar, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from forge import constants
 from forge.serve.openai_params import CHAT, COMPLETIONS, refusal, screen
 
 MAX_CHOICES = 256        # prompts x n in one request: each is one generation in the broker
 MAX_STOPS = 16
+UNBOUNDED = 2**31 - 1    # a model's max_prompt_tokens before the router bounds it to its node (bounded_to_node)
 
 
 class StreamOptions(BaseModel):
@@ -57,6 +59,10 @@ class StructuredOutputs(BaseModel):
 class _Common(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
     endpoint: ClassVar[str]
+    # The most prompt tokens any tier of the node takes (its largest max_input_len): a field that can only hold
+    # more is refused from its length alone, before a single item of it is validated. Validating 4M token ids
+    # (or 200k messages) one by one took seconds on the server's event loop, /health included (issue 29).
+    max_prompt_tokens: ClassVar[int] = UNBOUNDED
 
     model: str
     max_tokens: Optional[int] = Field(None, gt=0)
@@ -79,7 +85,20 @@ class _Common(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _screen(cls, data: Any) -> Any:
-        return screen(data, cls.endpoint, set(cls.model_fields))
+        data = screen(data, cls.endpoint, set(cls.model_fields))
+        if isinstance(data, dict):
+            cls._bound_sizes(data)
+        return data
+
+    @classmethod
+    def _bound_sizes(cls, data: dict) -> None:
+        """Refuse, from lengths alone, a field no tier could take (before its items are validated)."""
+        so = data.get("structured_outputs")
+        for name, choice in (("guided_choice", data.get("guided_choice")),
+                             ("structured_outputs.choice", so.get("choice") if isinstance(so, dict) else None)):
+            if isinstance(choice, list) and len(choice) > constants.MAX_GUIDE_CHOICES:
+                raise refusal(name, f"{name}: {len(choice):,} options; at most {constants.MAX_GUIDE_CHOICES:,} "
+                                    "are taken")
 
     @model_validator(mode="after")
     def _coherent(self):
@@ -107,6 +126,8 @@ def _schema_of(value: Union[dict, str], param: str) -> dict:
         schema = json.loads(value)
     except ValueError as e:
         raise refusal(param, f"{param}: not a JSON Schema object, nor the text of one ({e})") from None
+    except RecursionError:
+        raise refusal(param, f"{param}: the text is nested too deeply to be a JSON Schema") from None
     if not isinstance(schema, dict):
         raise refusal(param, f"{param}: a JSON Schema must be an object")
     return schema
@@ -120,6 +141,25 @@ class CompletionRequest(_Common):
     prompt: Prompt
     echo: Optional[bool] = None
     best_of: Optional[int] = Field(None, ge=1)
+
+    @classmethod
+    def _bound_sizes(cls, data: dict) -> None:
+        super()._bound_sizes(data)
+        prompt, limit = data.get("prompt"), cls.max_prompt_tokens
+        if not isinstance(prompt, list) or not prompt:
+            return
+        if not isinstance(prompt[0], (list, str)):           # one prompt of token ids
+            if len(prompt) > limit:
+                raise refusal("prompt", f"prompt: {len(prompt):,} token ids; no model here takes more than "
+                                        f"{limit:,} (its max_input_len)")
+            return
+        if len(prompt) > MAX_CHOICES:
+            raise refusal("prompt", f"prompt: {len(prompt):,} prompts is more than {MAX_CHOICES} choices in one "
+                                    "request")
+        for i, p in enumerate(prompt):
+            if isinstance(p, list) and len(p) > limit:
+                raise refusal("prompt", f"prompt {i}: {len(p):,} token ids; no model here takes more than "
+                                        f"{limit:,} (its max_input_len)")
 
     @model_validator(mode="after")
     def _prompts(self):
@@ -172,3 +212,23 @@ class ChatRequest(_Common):
     endpoint: ClassVar[str] = CHAT
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: Optional[int] = Field(None, gt=0)
+
+    @classmethod
+    def _bound_sizes(cls, data: dict) -> None:
+        super()._bound_sizes(data)
+        messages, limit = data.get("messages"), cls.max_prompt_tokens
+        if not isinstance(messages, list):
+            return
+        parts = len(messages) + sum(len(m["content"]) for m in messages
+                                    if isinstance(m, dict) and isinstance(m.get("content"), list))
+        if parts > limit:                    # every message (every content part) takes a token of the prompt at least
+            raise refusal("messages", f"messages: {len(messages):,} messages ({parts:,} with their content parts); "
+                                      f"no model here takes a prompt of more than {limit:,} tokens, and each takes "
+                                      "one at least")
+
+
+def bounded_to_node(model: type, max_prompt_tokens: int) -> type:
+    """`model` refusing, from their lengths, prompts longer than `max_prompt_tokens` (the node's largest
+    max_input_len): the request body a router over that node validates."""
+    return type(model.__name__, (model,), {"__module__": model.__module__, "__doc__": model.__doc__,
+                                           "max_prompt_tokens": max_prompt_tokens})

@@ -100,3 +100,92 @@ def test_sigterm_drains_the_real_tiny_engine(tmp_path):
     after = _resume(tmp_path, inp, out, 600)
     assert after["report"]["recovered"] == 0 and after["ledger"]["retried"] == 0
     record_figures("sigterm-drain-real", exit_code=rc, exit_s=round(took, 2), written_before_stop=written)
+
+
+# --- a function blocking the event loop (issue 29, row 9) ---------------------------------------------------------
+BLOCKS = '''
+import os
+import time
+
+import forge
+
+
+@forge.function(max_output_tokens=4)
+async def blocker(record: dict, llm: forge.LLM) -> dict:
+    if record["id"] == int(os.environ.get("BLOCK_AT", "-1")):
+        time.sleep(float(os.environ["BLOCK_S"]))          # synchronous: holds the event loop
+    out = await llm.generate(f"Say {record['id']}", max_tokens=2)
+    return {"id": record["id"], "text": out.text}
+'''
+
+
+def _wait_for_text(path, proc, needle: str, timeout_s: float) -> str:
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        text = path.read_text()
+        if needle in text or proc.poll() is not None:
+            return text
+        time.sleep(0.05)
+    return path.read_text()
+
+
+def _blocking_run(tmp, n: int, node, block_at: int, block_s: float):
+    fn = tmp / "block.py"
+    fn.write_text(BLOCKS)
+    inp = tmp / "in.jsonl"
+    inp.write_text("".join(f'{{"id": {i}}}\n' for i in range(n)))
+    out, err = tmp / "out.jsonl", tmp / "run.err"
+    proc = start(run_argv(fn, inp, out, node, "--concurrency", 16), stderr_path=err,
+                 env_extra={"BLOCK_AT": str(block_at), "BLOCK_S": str(block_s)})
+    return fn, inp, out, err, proc
+
+
+def test_ctrl_c_twice_stops_at_once_while_a_function_blocks_the_loop(tmp_path):
+    fn, inp, out, err, proc = _blocking_run(tmp_path, 600, NODES / "slow.yaml", block_at=150, block_s=120)
+    try:
+        text = _wait_for_text(err, proc, "the event loop has been blocked", 60)
+        line = next((x for x in text.splitlines() if "the event loop has been blocked" in x), None)
+        assert line is not None and "in blocker (" in line and "block.py:11)" in line, text   # function, file:line
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        text = _wait_for_text(err, proc, "SIGINT: the event loop is blocked in blocker", 5)
+        answered = time.monotonic() - t0
+        assert "SIGINT: the event loop is blocked in blocker (" in text and answered < 1.5, (answered, text)
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        rc = proc.wait(timeout=10)
+        took = time.monotonic() - t0
+    finally:
+        kill9(proc)
+    text = err.read_text()
+    assert_no_traceback(text)
+    assert rc == 130 and took < 1.5, (rc, took, text)
+    assert "SIGINT again: stopping now while blocker (" in text and "run the same command again" in text, text
+    before = {r["index"] for r in read_rows(out)} if out.exists() else set()
+    # the same command (the function no longer blocks) resumes and completes; what was committed stays
+    r = start(run_argv(fn, inp, out, NODES / "instant.yaml"), stderr_path=tmp_path / "resume.err")
+    assert r.wait(timeout=120) == 0, (tmp_path / "resume.err").read_text()
+    assert_complete(out, out.with_name(out.name + ".ledger.sqlite"), 600)
+    assert before <= set(range(600)) and len(before) > 0
+    record_figures("blocked-loop-ctrl-c-twice", first_answered_s=round(answered, 2), exit_s=round(took, 2),
+                   rows_before_stop=len(before), exit_code=rc)
+
+
+@pytest.mark.engine
+@pytest.mark.timeout(400)
+def test_a_function_blocking_the_loop_past_the_session_lease_costs_the_card_worker_nothing(tmp_path):
+    """The worker used to drop a link session silent for 60 s, so a node whose own loop was blocked that long
+    lost its in-flight work and restarted its worker (one of its three restarts). Real tiny engine."""
+    # 90 s: past the 60 s lease and the next of the worker's checks (every 15 s)
+    fn, inp, out, err, proc = _blocking_run(tmp_path, 120, None, block_at=40, block_s=90)
+    try:
+        rc = proc.wait(timeout=360)
+    finally:
+        kill9(proc)
+    text = err.read_text()
+    for charged in ("went silent", "worker lost", "restart 1 of", "go back to the broker"):
+        assert charged not in text, text
+    assert_no_traceback(text)
+    assert rc == 0, text
+    assert text.count("the event loop has been blocked") == 1 and "in blocker (" in text, text
+    assert_complete(out, out.with_name(out.name + ".ledger.sqlite"), 120)

@@ -46,6 +46,7 @@ class Server:
     small descriptor limit."""
 
     def __init__(self, tmp: Path, command: str, *args: str, fds: int | None = None):
+        self.command = command
         ready = tmp / f"{command}.url"
         argv = [sys.executable, "-m", "forge", command, *(["--node", str(INSTANT)] if command == "serve" else
                                                           [str(INSTANT), "--metrics-port", "0"]),

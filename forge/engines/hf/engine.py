@@ -347,6 +347,13 @@ class TransformersEngine(Engine):
             tokens, reason = tokens[:-1], "eos"   # output_ids carry text tokens only; the reason says it ended
         if entry.guide is not None:
             why = entry.guide.finish(tokens)      # the guide's own check: never hand out output it did not complete
+            if why is not None and entry.error is None and reason == "length":
+                # max_tokens ran out before the guide could complete (a schema whose shortest answer the
+                # up-front search could not bound): the caller's budget, refused as asked (HTTP 400), not a failure
+                self._ready.append(EngineResult(rid, tokens, REFUSED, error=(
+                    f"max_tokens {entry.request.max_new_tokens} ran out before the guided output was complete ({why}); raise "
+                    "max_tokens or give a schema with a shorter answer")))
+                return
             if why is not None:
                 self._ready.append(EngineResult(rid, tokens, "error", error=f"guided output: {why}"))
                 return
