@@ -44,6 +44,26 @@ def rate_series(t_s: list[float], cumulative: list[float | None]) -> list[float 
     return out[: len(t_s)]
 
 
+def windowed_rate_series(t_s: list[float], cumulative: list[float | None],
+                         window_s: float) -> list[float | None]:
+    """Per-second rate over a trailing window of window_s seconds ending at each point (at least one interval):
+    tokens are counted when a request finishes, so a per-interval rate jumps between bursts and gaps; the mean
+    over a few seconds shows the throughput a reader means. Falls back to the per-interval rate where the
+    window's first point is unknown or the counter reset inside the window."""
+    raw = rate_series(t_s, cumulative)
+    out: list[float | None] = [None]
+    j = 0
+    for i in range(1, len(t_s)):
+        while j < i - 1 and t_s[i] - t_s[j] > window_s:
+            j += 1
+        a, b, dt = cumulative[j], cumulative[i], t_s[i] - t_s[j]
+        window = cumulative[j:i + 1]
+        steady = a is not None and b is not None and dt > 0 and all(
+            x is not None and y is not None and y >= x for x, y in zip(window, window[1:]))
+        out.append((b - a) / dt if steady else raw[i])
+    return out[: len(t_s)]
+
+
 def _ratio(num: float, den: float) -> float | None:
     return num / den if den else None
 
