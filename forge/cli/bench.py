@@ -14,7 +14,8 @@ from pathlib import Path
 import click
 
 from forge.cli.bench_actions import (QUICK_CONTROL_PLANE_RECORDS, QUICK_RECORDS, QUICK_WORKLOAD, parse_ints, peaks_of,
-                                     quick_skips, show_quick_caveat, show_report, do_compare, do_control_plane, do_run, do_scaling, do_sweep)
+                                     quick_skips, show_quick_caveat, show_report, do_compare, do_control_plane, do_run,
+                                     do_scaling, do_sweep)
 from forge.cli.run import card_transport_option
 from forge.errors import UsageError
 
