@@ -14,7 +14,8 @@ from pathlib import Path
 import click
 
 from forge.cli.bench_actions import (QUICK_CONTROL_PLANE_RECORDS, QUICK_RECORDS, QUICK_WORKLOAD, parse_ints, peaks_of,
-                                     quick_skips, show_report, do_compare, do_control_plane, do_run, do_scaling, do_sweep)
+                                     quick_skips, show_quick_caveat, show_report, do_compare, do_control_plane, do_run,
+                                     do_scaling, do_sweep)
 from forge.cli.run import card_transport_option
 from forge.errors import UsageError
 
@@ -222,3 +223,4 @@ def register(cli: click.Group) -> None:
         paths += do_sweep("tiny-llama-cpu", None, out, quick)
         paths += do_control_plane(out, QUICK_CONTROL_PLANE_RECORDS, None, 1)
         show_report(paths)
+        show_quick_caveat(paths, records)

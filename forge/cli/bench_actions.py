@@ -274,6 +274,17 @@ def show_report(paths: list[Path]) -> None:
         click.echo(md.read_text(encoding="utf-8"))
 
 
+def show_quick_caveat(paths: list[Path], records: int) -> None:
+    """What the quick figures are and are not, and where each of its reports is (only the first is printed)."""
+    _say(f"the quick figures are a smoke check, not a measurement: {records} requests of the tiny CPU model, one "
+         "repeat, on whatever else this machine is running; `forge ÷ direct` says forge's path works and roughly "
+         "what it costs at this size, not its throughput on a GPU or a real workload (measure that with "
+         "`forge bench run WORKLOAD.yaml --node NODE.yaml`; measured figures: docs/benchmarks.md)")
+    for p in paths:
+        if p.suffix == ".md":
+            _say(f"report: {p}")
+
+
 def parse_ints(text: str, flag: str) -> list[int]:
     try:
         values = sorted({int(v) for v in text.split(",") if v.strip()})

@@ -116,7 +116,7 @@ async def _run(spec, node: Any, opts: JobOptions, *, node_label: str, engine_sta
         _print_summary(summary)
         if opts.report:
             _write_report(opts.output_path, summary, sampler, run_id=store.run_id,
-                          resumed=store.run.report.resumed)
+                          resumed=store.run.report.resumed, starts=store.run.ledger.starts)
         if verdict:
             print(f"forge: {verdict}", file=sys.stderr)
         return code

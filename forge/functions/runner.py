@@ -58,7 +58,11 @@ class CountingNode:
         return gen
 
     async def embed(self, prompt) -> list[float]:
-        return await self._node.embed(prompt)
+        if not hasattr(self._node, "embed_counted"):
+            return await self._node.embed(prompt)
+        vector, input_tokens = await self._node.embed_counted(prompt)
+        self._stats.input_tokens += input_tokens       # an embed reads its prompt and writes no token
+        return vector
 
 
 def error_row(index: int, exc: BaseException) -> dict:

@@ -49,10 +49,14 @@ class Node(abc.ABC):
         return (await self.submit(prompt, params)).generation
 
     async def embed(self, prompt: str | Sequence[int]) -> list[float]:
+        return (await self.embed_counted(prompt))[0]
+
+    async def embed_counted(self, prompt: str | Sequence[int]) -> tuple[list[float], int]:
+        """The embedding and the prompt tokens the engine read for it (a job counts them as tokens in)."""
         answer = await self.submit(prompt, GenerateParams(max_tokens=1, embed=True))
         if answer.hidden is None:
             raise ForgeError(f"card {answer.generation.card}: its backend returns no hidden state")
-        return list(answer.hidden)
+        return list(answer.hidden), answer.generation.input_tokens
 
     # ------------------------------------------------------------------ observation
     def engine_stats(self) -> list[EngineStats]:

@@ -38,6 +38,30 @@ def _segment(report: dict) -> dict:
             "interrupted": s.get("interrupted")}
 
 
+UNREPORTED = "no report: the start ended without writing one (killed, or stopped before it ran)"
+
+
+def add_unreported_starts(report: dict, starts: int) -> dict:
+    """The ledger counts every start of a run; a start killed outright (SIGKILL, power) wrote no report, so the
+    reports merged so far miss it. Put one row back for each missing start, just before this one, with the rows
+    those starts left in the output (known from the ledger: what this start found settled, less what the
+    reported starts settled)."""
+    runs = report.get("runs") or [_segment(report)]
+    missing = starts - len(runs)
+    if missing <= 0:
+        return report
+    earlier, this = runs[:-1], runs[-1]
+    found = report["totals"].get("skipped") or 0        # rows settled when this start began
+    reported = sum((r.get("done") or 0) + (r.get("failed") or 0) for r in earlier)
+    left = max(found - reported, 0)
+    rows = [{"started_at_unix_s": None, "created_at": None, "wall_s": None,
+             "done": left if missing == 1 else None, "failed": None, "input_tokens": None, "output_tokens": None,
+             "interrupted": UNREPORTED}] + [{"started_at_unix_s": None, "created_at": None, "wall_s": None,
+                                               "done": None, "failed": None, "input_tokens": None,
+                                               "output_tokens": None, "interrupted": UNREPORTED}] * (missing - 1)
+    return {**report, "runs": earlier + rows + [this]}
+
+
 def _prefix_hits(card: dict) -> Optional[float]:
     if card.get("prefix_hit_tokens") is not None:
         return card["prefix_hit_tokens"]

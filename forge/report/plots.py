@@ -14,11 +14,12 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, PercentFormatter
 
 from forge.errors import ForgeError, UsageError, display_path
-from forge.report.report import REPORT_FORMAT, REPORT_VERSION, rate_series
+from forge.report.report import REPORT_FORMAT, REPORT_VERSION, rate_series, windowed_rate_series
 
 COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf"]
 STAGE_COLORS = {"producer": "#7f7f7f", "broker": "#1f3b73", "writer": "#bcbd22"}
 DPI = 110
+TOKENS_PER_S_WINDOW_S = 5.0     # the tokens/s plot: mean over this trailing window (bursts of finishing requests)
 
 
 def load_report(path: str | os.PathLike) -> dict[str, Any]:
@@ -120,15 +121,18 @@ def _tokens_per_s(report, x, xlabel, path: Path) -> None:
         col = card["series"]
         delivered = [None if a is None or b is None else a + b
                      for a, b in zip(col["input_tokens"], col["output_tokens"])]
-        rates = rate_series(t, delivered)
+        rates = windowed_rate_series(t, delivered, TOKENS_PER_S_WINDOW_S)
         total = [tot + (r or 0.0) for tot, r in zip(total, rates)]
         color = COLORS[i % len(COLORS)]
-        # a rate belongs to the interval before its point: drawn as a step, one interval (a short run) still shows
-        ax.plot(x, _nan(rates), color=color, lw=1.4, label=_card_label(card), drawstyle="steps-pre")
+        # a short run's one or two rates belong to the intervals before their points: drawn as steps, they show
+        few = sum(r is not None for r in rates) < 3
+        ax.plot(x, _nan(rates), color=color, lw=1.4, label=_card_label(card),
+                drawstyle="steps-pre" if few else "default")
         _mark_events(ax, x, rates, col, color, f"{card['node']}/{card['card']}")
     if len(cards) > 1:
-        ax.plot(x, [math.nan] + total[1:], color="black", lw=1.2, ls="--", label="all cards", drawstyle="steps-pre")
-    ax.set_title(_title(report, "Delivered tokens/s per card (input + output)"))
+        ax.plot(x, [math.nan] + total[1:], color="black", lw=1.2, ls="--", label="all cards")
+    ax.set_title(_title(report, f"Delivered tokens/s per card (input + output), mean over a trailing "
+                                f"{TOKENS_PER_S_WINDOW_S:g} s window"))
     ax.set_ylabel("tokens/s")
     ax.set_xlabel(xlabel)
     ax.set_ylim(bottom=0)

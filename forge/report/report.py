@@ -44,6 +44,26 @@ def rate_series(t_s: list[float], cumulative: list[float | None]) -> list[float 
     return out[: len(t_s)]
 
 
+def windowed_rate_series(t_s: list[float], cumulative: list[float | None],
+                         window_s: float) -> list[float | None]:
+    """Per-second rate over a trailing window of window_s seconds ending at each point (at least one interval):
+    tokens are counted when a request finishes, so a per-interval rate jumps between bursts and gaps; the mean
+    over a few seconds shows the throughput a reader means. Falls back to the per-interval rate where the
+    window's first point is unknown or the counter reset inside the window."""
+    raw = rate_series(t_s, cumulative)
+    out: list[float | None] = [None]
+    j = 0
+    for i in range(1, len(t_s)):
+        while j < i - 1 and t_s[i] - t_s[j] > window_s:
+            j += 1
+        a, b, dt = cumulative[j], cumulative[i], t_s[i] - t_s[j]
+        window = cumulative[j:i + 1]
+        steady = a is not None and b is not None and dt > 0 and all(
+            x is not None and y is not None and y >= x for x, y in zip(window, window[1:]))
+        out.append((b - a) / dt if steady else raw[i])
+    return out[: len(t_s)]
+
+
 def _ratio(num: float, den: float) -> float | None:
     return num / den if den else None
 
@@ -153,11 +173,12 @@ def _previous(json_path: Path, run_id: str | None) -> dict[str, Any] | None:
 
 
 def write_report(target: str | os.PathLike, summary: dict[str, Any], sampler: Sampler, *,
-                 final_sample: bool = True, run_id: str | None = None, resumed: bool = False) -> tuple[Path, Path]:
+                 final_sample: bool = True, run_id: str | None = None, resumed: bool = False,
+                 starts: int | None = None) -> tuple[Path, Path]:
     """Write the JSON and Markdown reports beside `target` (an output file or a run directory).
     By default it first takes the sampler's final point, so the series end where the run did. `run_id`
     names the run (its ledger's identity); a `resumed` run's report continues the one its earlier starts
-    wrote (forge/report/merge.py). Plots already rendered beside the report are rendered again."""
+    wrote (forge/report/merge.py), and `starts` (the ledger's count) puts back the starts that wrote none. Plots already rendered beside the report are rendered again."""
     if final_sample:
         sampler.sample(force=True)
     report = build_report(summary, sampler)
@@ -169,6 +190,10 @@ def write_report(target: str | os.PathLike, summary: dict[str, Any], sampler: Sa
         from forge.report.merge import merge_reports
 
         report = merge_reports(prev, report)
+    if resumed and starts is not None:     # the ledger's count of starts: one killed outright wrote no report
+        from forge.report.merge import add_unreported_starts
+
+        report = add_unreported_starts(report, starts)
     json_path.parent.mkdir(parents=True, exist_ok=True)
     _atomic_write(json_path, json.dumps(report, indent=1, default=str) + "\n")
     _atomic_write(md_path, render_markdown(report, display_path(json_path)))

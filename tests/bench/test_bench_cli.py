@@ -19,6 +19,10 @@ def test_quick_mode_writes_every_report(tmp_path):
     # that imports torch and transformers again: ~5 s each on the 2-core machine, more under load.
     proc = forge("bench", "quick", "--out", tmp_path, "--records", 8, timeout=280)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    # what the quick figure is and is not, and where each report is (only the first is printed whole)
+    assert "the quick figures are a smoke check, not a measurement" in proc.stderr
+    for name in ("bench.md", "sweep.md", "control-plane.md"):
+        assert f"forge bench: report: {tmp_path / name}" in proc.stderr, name
     for name in ("bench.json", "bench.md", "bench.png", "sweep.json", "sweep.md", "sweep.png",
                  "control-plane.json", "control-plane.md"):
         assert (tmp_path / name).is_file() and (tmp_path / name).stat().st_size > 0, name
