@@ -74,12 +74,19 @@ def compact_plan_table(loaded):
     return Group(*lines)
 
 
-def engine_argument_lines(loaded) -> list[str]:
+def engine_argument_lines(loaded, *, wide: bool = False, width: int = 80) -> list[str]:
     """Per card, the exact arguments forge will hand its engine (for each backend that declares them): what the
-    contract became, before anything loads. One JSON object per card, keys sorted."""
+    contract became, before anything loads. --wide: one JSON object per card, keys sorted; else one `name: value`
+    line per argument (nested configs as dotted names), wrapped to the screen's width."""
     import json
+    import textwrap
 
     from forge.backends import get
+
+    def flat(prefix: str, value) -> list[tuple[str, object]]:
+        if isinstance(value, dict) and value:
+            return [kv for k in sorted(value) for kv in flat(f"{prefix}.{k}" if prefix else str(k), value[k])]
+        return [(prefix, value)]
 
     out = []
     for p in loaded.plans:
@@ -87,11 +94,19 @@ def engine_argument_lines(loaded) -> list[str]:
         if backend is None or backend.engine_arguments is None:
             continue
         args = backend.engine_arguments(p.contract, p)
-        out.append(f"card {p.card_id} ({p.contract.contract}, backend {p.contract.backend}) engine arguments: "
-                   + json.dumps(args, sort_keys=True, default=str))
-        if backend.environment is not None:
-            out.append(f"card {p.card_id} environment (set; null: cleared): "
-                       + json.dumps(backend.environment(), sort_keys=True))
+        env = backend.environment() if backend.environment is not None else None
+        head = f"card {p.card_id} ({p.contract.contract}, backend {p.contract.backend})"
+        if wide:
+            out.append(f"{head} engine arguments: " + json.dumps(args, sort_keys=True, default=str))
+            if env is not None:
+                out.append(f"{head} environment (set; null: cleared): " + json.dumps(env, sort_keys=True))
+            continue
+        out.append(f"{head} engine arguments:")
+        rows = flat("", args) + [(f"env {k}", v) for k, v in sorted((env or {}).items())]
+        for name, value in rows:
+            text = f"{name}: {json.dumps(value, default=str)}"
+            out += textwrap.wrap(text, width=width, initial_indent="  ", subsequent_indent="      ",
+                                 break_long_words=True, break_on_hyphens=False)
     return out
 
 
@@ -149,7 +164,7 @@ def register(cli: click.Group) -> None:
 
             console = screen.console(wide)
             console.print(screen.fitting(console, plan_table(loaded), lambda: compact_plan_table(loaded)))
-            for line in engine_argument_lines(loaded):
+            for line in engine_argument_lines(loaded, wide=wide, width=max(40, console.width)):
                 click.echo(line)
             if cluster is not None:
                 import json

@@ -14,7 +14,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, PercentFormatter
 
 from forge.errors import ForgeError, UsageError, display_path
-from forge.report.report import REPORT_FORMAT, REPORT_VERSION, rate_series, windowed_rate_series
+from forge.report.report import REPORT_FORMAT, REPORT_VERSION, windowed_rate_series
 
 COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf"]
 STAGE_COLORS = {"producer": "#7f7f7f", "broker": "#1f3b73", "writer": "#bcbd22"}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from typing import Optional
 
 MAX_REQUEST_HEAD_BYTES = 64 * 1024     # request line + headers (h11 refuses more with 400)
 
@@ -50,7 +51,9 @@ class QuietServer:
         self.connections = ConnectionBook(limits or ConnectionLimits(), backlog=config.pop("backlog", 2048))
         config.update(backlog=self.connections.backlog)
         config.setdefault("h11_max_incomplete_event_size", MAX_REQUEST_HEAD_BYTES)
-        self.server = Quiet(uvicorn.Config(ErrorShape(JsonBodies(app)), host=host, port=port, log_level="warning",
+        limit = body_limit(app)
+        self.server = Quiet(uvicorn.Config(ErrorShape(JsonBodies(limited_body(app, limit)), max_body_size=limit),
+                                           host=host, port=port, log_level="warning",
                                            lifespan="off", access_log=False,
                                            http=limited_protocol(AutoHTTPProtocol, self.connections), **config))
 
@@ -82,3 +85,24 @@ class QuietServer:
 
 class NotServing(Exception):
     """The server ended before it could serve; the message is its reason."""
+
+
+def body_limit(app) -> Optional[int]:
+    """The app's body limit as built (`FastAPI(max_body_size=...)`): Starlette keeps it as an attribute, FastAPI
+    0.13x passes unknown arguments to `app.extra` and applies no limit itself."""
+    limit = getattr(app, "max_body_size", None)
+    if limit is None:
+        limit = (getattr(app, "extra", None) or {}).get("max_body_size")
+    return limit
+
+
+def limited_body(app, limit: Optional[int]):
+    """`app` behind Starlette's body-size limit (413 while a body without Content-Length streams past it), where
+    the app did not already put it there; ErrorShape answers a declared Content-Length over it from the header."""
+    if limit is None or getattr(app, "max_body_size", None) is not None:
+        return app
+    try:
+        from starlette.middleware.body_limit import RequestBodyLimitMiddleware
+    except ImportError:        # an older Starlette: the app's own limit applies (it keeps max_body_size)
+        return app
+    return RequestBodyLimitMiddleware(app, max_body_size=limit)

@@ -114,12 +114,22 @@ class ErrorShape:
     """Outermost ASGI wrapper: an error answer that is not JSON (Starlette's plain-text 413 from the body limit,
     which replaces whatever the app answered when Content-Length is over the limit) is re-sent in the shape."""
 
-    def __init__(self, app: Any):
-        self.app = app
+    def __init__(self, app: Any, *, max_body_size: Optional[int] = None):
+        self.app, self.max_body_size = app, max_body_size
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
+        if self.max_body_size is not None and _declared_length(scope) > self.max_body_size:
+            # answered from the header, the body never read: Starlette's own limit (1.x) checks Content-Length
+            # only once the app reads the body, so a client announcing 400 MB and sending nothing held the request
+            # open until the body deadline
+            body = json.dumps(error_body(413, None, too_large({"starlette.max_body_size": self.max_body_size})))
+            await send({"type": "http.response.start", "status": 413,
+                        "headers": [(b"content-type", b"application/json"), (b"connection", b"close"),
+                                    (b"content-length", str(len(body)).encode())]})
+            await send({"type": "http.response.body", "body": body.encode()})
+            return
         held: dict[str, Any] = {}
 
         async def shaped(message):
@@ -148,6 +158,14 @@ class ErrorShape:
             await send(message)
 
         await self.app(scope, receive, shaped)
+
+
+def _declared_length(scope) -> int:
+    """The request's Content-Length, or -1 (none, or not a number: the server's parser answers that)."""
+    for k, v in scope.get("headers") or ():
+        if k == b"content-length":
+            return int(v) if v.isdigit() and len(v) <= 19 else -1
+    return -1
 
 
 def too_large(scope) -> str:

@@ -81,20 +81,27 @@ def test_provision_dry_run_prints_the_plan_per_card():
     ("local", "transformers", {"dtype": "float32", "attn_implementation": "sdpa"}),
 ])
 def test_provision_dry_run_prints_each_cards_engine_arguments(node, backend, expected):
-    """The exact arguments forge hands the card's engine, one JSON object per card (and vLLM's environment)."""
+    """The exact arguments forge hands the card's engine: with --wide one JSON object per card (and vLLM's
+    environment); at 80 columns one `name: value` line per argument."""
     import json
 
-    proc = forge("provision", node, "--dry-run")
+    proc = forge("provision", node, "--dry-run", "--wide")
     assert proc.returncode == 0, proc.stderr
     prefix = f"card cpu0 (tiny-llama-{'vllm' if backend == 'vllm' else 'cpu'}, backend {backend}) engine arguments: "
     (line,) = [ln for ln in proc.stdout.splitlines() if ln.startswith(prefix)]
     args = json.loads(line[len(prefix):])
     assert {k: args[k] for k in expected} == expected
     if backend == "vllm":
-        (env,) = [ln for ln in proc.stdout.splitlines() if ln.startswith("card cpu0 environment")]
+        (env,) = [ln for ln in proc.stdout.splitlines() if ln.startswith("card cpu0 (tiny-llama-vllm, backend vllm) "
+                                                                        "environment")]
         assert json.loads(env.split("): ", 1)[1])["VLLM_CPU_KVCACHE_SPACE"] is None
     else:
         assert args["continuous_batching_config"]["num_blocks"] == 512
+    narrow = forge("provision", node, "--dry-run", env={"COLUMNS": "80"})
+    lines = narrow.stdout.splitlines()
+    assert prefix.rstrip() in lines and all(len(ln) <= 80 for ln in lines)
+    for k, v in expected.items():
+        assert f"  {k}: {json.dumps(v)}" in lines
 
 
 def test_provision_dry_run_shows_replicas_and_their_engines():

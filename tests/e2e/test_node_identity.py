@@ -108,9 +108,9 @@ def test_one_name_per_machine_status_at_80_columns_and_kill_9(home, tmp_path):
 # that names nothing there is a refusal, exit 1 (README's table).
 @pytest.mark.parametrize("args, expected", [
     (("run", "functions/summarize.py", "--node", "nothere"),
-     "forge: --node nothere: not a file, nor a node shipped with forge (local); give a node description (NODE.yaml)"),
+     "forge: --node nothere: not a file, nor a node shipped with forge (local, local-vllm); give a node description (NODE.yaml)"),
     (("provision", "nothere"),
-     "forge: nothere: not a file, nor a node shipped with forge (local); give a node description (NODE.yaml)"),
+     "forge: nothere: not a file, nor a node shipped with forge (local, local-vllm); give a node description (NODE.yaml)"),
     (("run", "functions/summarize.py", "--node", "http://127.0.0.1:1"),
      "forge: --node http://127.0.0.1:1: `forge run` provisions its node in this process from a description; to use "
      "the node provisioned at that URL, run `forge deploy --node URL`"),

@@ -223,7 +223,8 @@ def test_backend_module_imports_no_engine_library():
 
 
 def test_backend_is_registered_as_trtllm():
-    from forge import backends, trtllm_backend
+    from forge import backends
+    from forge.engines import trtllm_backend
     b = backends.get("trtllm")
     assert (b.factory, b.section, b.rules) == (trtllm_backend.create_engine, trtllm_backend.TrtllmSection,
                                                (trtllm_backend.trtllm_contract_rule,))

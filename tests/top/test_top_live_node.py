@@ -33,7 +33,9 @@ from tests.forge_cli import forge  # noqa: E402 - after the engine checks above
 def provisioned(home: Path):
     """A node brought up as users do (`forge provision node_descriptions/local.yaml`) on free ports,
     registered in its own FORGE_HOME; stopped with SIGINT (drain, unregister) on the way out."""
-    env = {**os.environ, "FORGE_HOME": str(home), "FORGE_LOAD_PLUGINS": ""}
+    # COLUMNS pinned: these tests read the whole table (a pytest-xdist worker inherits whatever width its
+    # terminal had; the 80-column form is tests/e2e/test_screens_fit.py's)
+    env = {**os.environ, "FORGE_HOME": str(home), "FORGE_LOAD_PLUGINS": "", "COLUMNS": "160"}
     env.pop("FORGE_TOKEN", None)
     ready = home / "ready"
     proc = subprocess.Popen([sys.executable, "-m", "forge", "provision", "node_descriptions/local.yaml", "--port", "0",
