@@ -16,7 +16,7 @@ FORGE = Path(__file__).resolve().parent.parent / "forge"
 
 # Lowest first. A unit may import its own layer's *other* units only where no circle results (checked below).
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("errors", "constants", "stats", "prefix_blocks", "hookspecs", "embedded", "fit"),   # plain values, no behaviour
+    ("errors", "constants", "stats", "prefix_blocks", "hookspecs", "embedded", "fit", "atomic"),   # plain values, no behaviour
     ("plugins", "gc_tuning", "backends"),       # backends: the registered Backend objects
     ("tunables", "config"),                        # formats, load, checks, plan
     ("engines", "hardware", "records"),            # backends (plugins), the hardware probe, record I/O

@@ -11,6 +11,7 @@ from typing import Optional
 
 from matplotlib.figure import Figure
 
+from forge.atomic import replace_text, save_figure
 from forge.bench.env import hardware_line, software_line
 from forge.bench.gpu_sampler import INTERVAL_S, cell as gpu_cell
 from forge.errors import ForgeError, display_path
@@ -47,7 +48,7 @@ def check_out_folder(out: Path) -> None:
 
 def write_json(path: Path, data: dict) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=2, sort_keys=False, default=str) + "\n", encoding="utf-8")
+    replace_text(path, json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
     return path
 
 
@@ -55,7 +56,7 @@ def write_report(out: Path, stem: str, data: dict, markdown: str) -> list[Path]:
     """A report's two files in `out`: STEM.json (the data) and STEM.md (`markdown`, made from it)."""
     md = out / f"{stem}.md"
     paths = [write_json(out / f"{stem}.json", data), md]
-    md.write_text(markdown, encoding="utf-8")
+    replace_text(md, markdown)
     return paths
 
 
@@ -177,7 +178,7 @@ def bench_plot(data: dict, path: Path) -> Path:
                  f"{_fmt(rt['forge_over_direct'], '.3f')}, forge÷fifo {_fmt(rt['forge_over_fifo'], '.3f')}",
                  fontsize=10)
     fig.tight_layout()
-    fig.savefig(path)
+    save_figure(fig, path)
     return path
 
 
@@ -281,7 +282,7 @@ def cards_plot(data: dict, path: Path) -> Path:
     fig.suptitle(f"{data['workload']['spec']['workload']} on {len(ids)} cards ({data.get('card_transport', 'thread')})",
                  fontsize=10)
     fig.tight_layout()
-    fig.savefig(path)
+    save_figure(fig, path)
     return path
 
 

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
+from forge.atomic import save_figure
 from forge.bench.bounds import bounds_line
 from forge.bench.candidates import fmt
 from forge.bench.report import DPI, _fmt, header, write_report
@@ -83,7 +84,7 @@ def sweep_plot(data: dict, path: Path) -> Path:
     ax.set_title(f"sweep: {data['contract']} (one run each; the confirm step decides)", fontsize=9)
     ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path)
+    save_figure(fig, path)
     return path
 
 

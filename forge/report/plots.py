@@ -13,6 +13,7 @@ from typing import Any
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, PercentFormatter
 
+from forge.atomic import save_figure
 from forge.errors import ForgeError, UsageError, display_path
 from forge.report.report import REPORT_FORMAT, REPORT_VERSION, windowed_rate_series
 
@@ -138,7 +139,7 @@ def _tokens_per_s(report, x, xlabel, path: Path) -> None:
     ax.set_ylim(bottom=0)
     _thousands(ax)
     _legend(ax)
-    fig.savefig(path)
+    save_figure(fig, path)
 
 
 def _in_flight_and_queues(report, x, xlabel, path: Path) -> None:
@@ -176,7 +177,7 @@ def _in_flight_and_queues(report, x, xlabel, path: Path) -> None:
         bottom.set_ylabel("items waiting")
     _thousands(bottom)
     _legend(bottom)
-    fig.savefig(path)
+    save_figure(fig, path)
 
 
 def _budget_and_kv(report, x, xlabel, path: Path) -> None:
@@ -201,7 +202,7 @@ def _budget_and_kv(report, x, xlabel, path: Path) -> None:
         ax.set_ylim(0, 1.05)
         ax.yaxis.set_major_formatter(PercentFormatter(1.0))
         _legend(ax)
-    fig.savefig(path)
+    save_figure(fig, path)
 
 
 PLOTS = (("tokens-per-s", _tokens_per_s), ("in-flight-queues", _in_flight_and_queues), ("budget-kv", _budget_and_kv))

@@ -7,11 +7,11 @@ from __future__ import annotations
 import glob
 import json
 import os
-import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from forge.atomic import replace_text
 from forge.errors import display_path
 from forge.report.markdown import render_markdown
 from forge.report.sampler import Sampler
@@ -143,23 +143,6 @@ def build_report(summary: dict[str, Any], sampler: Sampler) -> dict[str, Any]:
     }
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    """Write a fresh temp file (mkstemp: O_EXCL, a name no other file has, in the target folder) and rename it
-    over `path`: never into a file that sits at a guessable temp name (the input, a link to anything)."""
-    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        os.fchmod(fd, 0o644)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp_name, path)
-    except BaseException:
-        try:
-            os.unlink(tmp_name)
-        except OSError:
-            pass
-        raise
-
-
 def _previous(json_path: Path, run_id: str | None) -> dict[str, Any] | None:
     """The report this run continues: the same run (ledger identity), written by an earlier start."""
     if run_id is None:
@@ -195,8 +178,8 @@ def write_report(target: str | os.PathLike, summary: dict[str, Any], sampler: Sa
 
         report = add_unreported_starts(report, starts)
     json_path.parent.mkdir(parents=True, exist_ok=True)
-    _atomic_write(json_path, json.dumps(report, indent=1, default=str) + "\n")
-    _atomic_write(md_path, render_markdown(report, display_path(json_path)))
+    replace_text(json_path, json.dumps(report, indent=1, default=str) + "\n")
+    replace_text(md_path, render_markdown(report, display_path(json_path)))
     _refresh_plots(json_path)
     return json_path, md_path
 
