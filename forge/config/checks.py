@@ -93,6 +93,32 @@ def card_indices_unique(n: Node, file: str) -> list[Problem]:
             for i, card in enumerate(n.cards) if counts[card.index] > 1]
 
 
+def card_cores_distinct(n: Node, file: str) -> list[Problem]:
+    """A card's cores are named once, no more of them than the host has, and two CPU cards never share one (a core
+    shared by two CPU cards makes their speeds each other's)."""
+    out: list[Problem] = []
+    owner: dict[int, int] = {}
+    for i, card in enumerate(n.cards):
+        if card.cores is None:
+            continue
+        at = f"$.cards[{i}].cores"
+        twice = sorted(c for c, k in Counter(card.cores).items() if k > 1)
+        if twice:
+            out.append(Problem(file, at, f"core {twice[0]} is named {Counter(card.cores)[twice[0]]} times"))
+        if len(set(card.cores)) > n.host.cpu_cores:
+            out.append(Problem(file, at, f"{len(set(card.cores))} cores named; the host declares "
+                               f"{n.host.cpu_cores} (host.cpu_cores)"))
+        if card.kind != "cpu":
+            continue
+        for c in sorted(set(card.cores)):
+            if c in owner:
+                out.append(Problem(file, at, f"core {c} is also cpu card {n.cards[owner[c]].index}'s "
+                                   f"($.cards[{owner[c]}].cores): two CPU cards on one core share its speed"))
+                break
+            owner[c] = i
+    return out
+
+
 def ports_distinct(n: Node, file: str) -> list[Problem]:
     if n.metrics.port != 0 and n.metrics.port == n.control.port:
         return [Problem(file, "$.metrics.port", f"port {n.metrics.port} is also the control port")]
@@ -184,7 +210,7 @@ def host_has_cores_for_replicas(n: Node, file: str) -> list[Problem]:
 
 def check_node(n: Node, file: str, contracts: dict[str, Contract], plans: list[CardPlan],
                broken: Iterable[str] = ()) -> list[Problem]:
-    out = card_indices_unique(n, file) + ports_distinct(n, file)
+    out = card_indices_unique(n, file) + card_cores_distinct(n, file) + ports_distinct(n, file)
     out += cards_reference_contracts(n, file, contracts, broken)
     out += cards_match_targets(n, file, contracts)
     out += cards_hold_engines(n, file, plans)

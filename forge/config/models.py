@@ -162,6 +162,10 @@ class Card(Strict):
     replicas: int = Field(
         1, ge=1, le=MAX_REPLICAS, description="engines of this card's contract on the card, each its own process "
         "with its own weights and KV pool (see docs/node-descriptions.md); default 1")
+    cores: Optional[list[Annotated[int, Field(ge=0)]]] = Field(
+        None, min_length=1, description="host core ids this card's engine processes run on (its card worker and "
+        "every process its engine starts); default: every core the node may use. On a CPU host this is what makes "
+        "two CPU cards two devices instead of two processes on the same cores")
 
     @model_validator(mode="after")
     def _cc_for_gpu(self) -> "Card":

@@ -36,6 +36,7 @@ class ProbedCard:
     memory_gib: float                         # total memory (GPU memory, or host RAM for the cpu card)
     compute_capability: Optional[str] = None  # "M.m" for a GPU
     cores: Optional[int] = None               # cpu card: cores this process may run on
+    core_ids: Optional[frozenset[int]] = None  # cpu card: their ids (the affinity mask)
     available_gib: Optional[float] = None     # cpu card: RAM available now
 
 
@@ -76,6 +77,7 @@ def probe_cpu() -> list[ProbedCard]:
     """The host as one cpu card: RAM (total and available, within any cgroup limit) and usable cores."""
     total, available = _host_memory_bytes()
     return [ProbedCard(index=0, kind="cpu", model="cpu", memory_gib=total / GIB, cores=_usable_cores(),
+                       core_ids=_allowed_cores(),
                        available_gib=available / GIB)]
 
 
@@ -103,6 +105,23 @@ def _host_memory_bytes() -> tuple[int, int]:
         used = _cgroup_number(Path("/sys/fs/cgroup/memory.current")) or 0
         total, available = limit, min(available, max(limit - used, 0))
     return total, available
+
+
+def _allowed_cores() -> Optional[frozenset[int]]:
+    return frozenset(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+
+
+def _ranges(cores: frozenset[int]) -> str:
+    """{0, 1, 2, 5} -> '0-2,5' (how Linux writes a core list)."""
+    out, run = [], []
+    for c in sorted(cores):
+        if run and c != run[-1] + 1:
+            out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+            run = []
+        run.append(c)
+    if run:
+        out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+    return ",".join(out)
 
 
 def _usable_cores() -> int:
@@ -174,6 +193,12 @@ def check_node_against_hardware(node: Node, probed: Sequence[ProbedCard]) -> lis
     if node.host.memory_gib > _whole_gib_above(cpu.memory_gib):
         out.append(f"{where}::$.host.memory_gib: declared {node.host.memory_gib:g} GiB; this host has "
                    f"{cpu.memory_gib:.2f} GiB of RAM")
+    allowed = cpu.core_ids
+    for i, card in enumerate(node.cards):
+        outside = sorted(set(card.cores or ()) - allowed) if allowed is not None else []
+        if outside:
+            out.append(f"{where}::$.cards[{i}].cores: core {outside[0]} is not one this process may run on "
+                       f"(allowed: {_ranges(allowed)})")
     if cpu.cores is not None and node.host.cpu_cores > cpu.cores:
         out.append(f"{where}::$.host.cpu_cores: declared {node.host.cpu_cores}; this process may use "
                    f"{cpu.cores} core(s)")

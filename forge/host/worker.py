@@ -49,13 +49,14 @@ def main(fd: int) -> None:
     pdeathsig = die_with_parent()
     sock = socket.socket(fileno=fd)
     spec = _read_spec(sock)
+    if spec.cpu_affinity and hasattr(os, "sched_setaffinity"):
+        # Before any thread starts: the call binds the calling thread, and threads inherit it when they are made.
+        os.sched_setaffinity(0, spec.cpu_affinity)
     watch_parent(spec.parent_pid, what=f"card worker {spec.label}")
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)
     for name, level in spec.log_levels.items():
         logging.getLogger(name).setLevel(level)
-    if spec.cpu_affinity and hasattr(os, "sched_setaffinity"):
-        os.sched_setaffinity(0, spec.cpu_affinity)
     host, error = None, None
     try:
         from forge.host.engine_host import EngineHost

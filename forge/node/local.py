@@ -72,7 +72,8 @@ class LocalNode(LinkedNode):
             return ThreadTransport(plan, node=self.name, stall_window_s=self.stall_window_s)
         from forge.link.process import ProcessTransport
 
-        return ProcessTransport(plan, node=self.name, stall_window_s=self.stall_window_s, cpus=self.worker_cpus)
+        cpus = frozenset(plan.card.cores) if plan.card.cores else self.worker_cpus    # the card's own cores first
+        return ProcessTransport(plan, node=self.name, stall_window_s=self.stall_window_s, cpus=cpus)
 
     async def start(self) -> None:
         """Every card's engine loaded (concurrently, each in its worker) with exactly its contract; then the links."""

@@ -81,3 +81,13 @@ def test_host_memory_and_cores():
 def test_missing_cpu_probe_is_reported():
     lines = check_node_against_hardware(node(gpu()), [H200])
     assert lines == ["<node n1>::$.host: no cpu probe reported this host; its memory and cores cannot be checked"]
+
+
+def test_card_cores_this_process_may_not_run_on():
+    host = ProbedCard(index=0, kind="cpu", model="cpu", memory_gib=125.7, cores=4, available_gib=110.0,
+                      core_ids=frozenset({0, 1, 2, 5}))
+    pinned = Card(index=0, kind="cpu", model="cpu", memory_gib=2.0, engine="e", cores=[1, 5])
+    assert check_node_against_hardware(node(pinned, cores=4), [host]) == []
+    outside = Card(index=1, kind="cpu", model="cpu", memory_gib=2.0, engine="e", cores=[2, 3])
+    assert check_node_against_hardware(node(pinned, outside, cores=4), [host]) == [
+        "<node n1>::$.cards[1].cores: core 3 is not one this process may run on (allowed: 0-2,5)"]
