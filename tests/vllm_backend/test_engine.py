@@ -118,3 +118,15 @@ def test_stats_report_steps_kv_and_prefix_hits(engine):
     assert after.prefix_hit_tokens - before.prefix_hit_tokens >= 32     # at least one whole block reused
     assert after.kv_blocks_used + after.kv_blocks_free == 512
     assert after.preemptions == 0
+
+
+def test_a_request_ended_by_eos_hands_back_text_tokens_only(engine):
+    """vLLM keeps the EOS it stopped at in its ids; forge's output_ids carry text tokens only, as the transformers
+    engine's do (the reason says it ended), so both backends count the same output tokens."""
+    eos = engine.tokenizer.eos_token_id
+    got, _ = run(engine, [EngineRequest("b", prompt(engine, "The Mock Turtle said"), 64),
+                          EngineRequest("e", prompt(engine, "The Mock Turtle said"), 24,
+                                        sampling=Sampling(stop_at_eos=False))])
+    assert got["b"].finish_reason == "eos" and 0 < len(got["b"].output_ids) < 64, got["b"]
+    assert eos not in got["b"].output_ids, got["b"].output_ids
+    assert got["e"].finish_reason == "length" and len(got["e"].output_ids) == 24

@@ -234,6 +234,10 @@ class VllmEngine(Engine):
             if o.finished:
                 reason = FINISH_REASONS.get(str(c.finish_reason) if c is not None else "error", "error")
                 self._forget(live.external_id)
+                if reason == "eos" and c.stop_reason is None and live.tokens:
+                    # vLLM keeps the EOS it stopped at in the ids; output_ids carry text tokens only (as the
+                    # transformers engine's do), and the reason says it ended
+                    live.tokens.pop()
                 out.results.append(EngineResult(live.request.request_id, live.tokens, reason,
                                                 error=None if reason != "error" else "vLLM ended the request"))
 
