@@ -151,7 +151,8 @@ class Sweep:
     def _confirm(self) -> None:
         base, best = self.candidates[0], best_of(self.candidates)
         if not self.opts.confirm_repeat:
-            self.confirm = {"status": "skipped", "reason": "--confirm-repeat 0"}
+            self.confirm = {"status": "skipped", "reason": "no confirm asked for (--confirm-repeat 0; `forge bench "
+                            "quick` runs none)"}
         elif base.tokens_per_s is None:
             self.confirm = {"status": "skipped", "reason": "the shipped tier did not complete the workload"}
         elif best is base:
