@@ -5,7 +5,9 @@ there, while every forge run starts a fresh card worker process. With `child`, e
 process (`python -m forge.bench.direct_child IN OUT`): the same plan, requests and warm-up, the model built there,
 the run's ModeResult sent back. So both modes run in a process of their own that was started for the run, and the
 bench's process holds no model or CUDA memory while forge runs: what is left between the modes is what forge adds
-(docs/benchmarks.md, "The tool"). Bounded by CHILD_LIMIT_S; the child dies with the bench."""
+(docs/benchmarks.md, "The tool"). A card that names its cores (cards[].cores) always runs its direct mode here, the
+process bound to them from its start as the card worker is. Bounded by CHILD_LIMIT_S; the child dies with the
+bench."""
 from __future__ import annotations
 
 import os
@@ -45,11 +47,15 @@ def run_direct_in_child(plan: CardPlan, requests: Sequence[BenchRequest], varian
 
 
 def main(inp: str, out: str) -> None:
+    plan, requests, variant, warmup, warm_jobs = pickle.loads(Path(inp).read_bytes())
+    if plan.card.cores and hasattr(os, "sched_setaffinity"):
+        # The card's cores, before torch or the engine is imported (as the card worker binds itself): OpenMP sizes
+        # its team from the cores the process may use when it starts.
+        os.sched_setaffinity(0, set(plan.card.cores))
     from forge.bench.modes import direct_engine
     from forge.host.lifeline import die_with_parent
 
     die_with_parent()
-    plan, requests, variant, warmup, warm_jobs = pickle.loads(Path(inp).read_bytes())
     t0 = time.perf_counter()
     engine = direct_engine(plan)
     build_s = time.perf_counter() - t0

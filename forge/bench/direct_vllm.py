@@ -14,7 +14,9 @@ forge/host/driver.py): on vLLM's CPU platform the thread that built the engine h
 the cores, and on the shared 2-core machine under load (load average 8-14) stepping from it ran the same 96 records
 at 170-177 tok/s against 3,250 tok/s from another thread (and 4,046 with OMP_NUM_THREADS=1): a bound team spinning
 at its barriers while other processes hold its cores. Driven from the building thread the direct mode measured that
-contention, not vLLM.
+contention, not vLLM. A card that names its cores (cards[].cores) runs its direct mode in a process of its own bound
+to them from its start, as its card worker is (forge/bench/direct_child.py): binding threads of the bench's process
+afterwards left OpenMP's team sized for the whole machine on one core (489 s for a 30 s run).
 
 The engine is built once (its load is tens of seconds on a CPU); each run starts from an empty prefix cache
 (`reset_prefix_cache`), so nothing cached by one run helps the next. Greedy sampling with max_tokens set per
@@ -75,20 +77,7 @@ class VllmDirectEngine:
             warm_jobs: Sequence[Sequence[BenchRequest]] = ()) -> ModeResult:
         """One window of `requests` fed as `variant` says, from an empty prefix cache; the warm-up and the warm
         jobs run first through the same engine, outside the window."""
-        box: list = []
-
-        def drive() -> None:
-            try:
-                box.append(self._run(requests, variant, warmup, warm_jobs))
-            except BaseException as exc:     # re-raised in the caller's thread
-                box.append(exc)
-
-        t = threading.Thread(target=drive, name="vllm-direct", daemon=True)
-        t.start()
-        t.join()
-        if isinstance(box[0], BaseException):
-            raise box[0]
-        return box[0]
+        return _in_thread(lambda: self._run(requests, variant, warmup, warm_jobs), "vllm-direct")
 
     def _run(self, requests, variant, warmup, warm_jobs) -> ModeResult:
         llm = self.llm
@@ -151,6 +140,24 @@ class VllmDirectEngine:
                     break
         res.window_s = time.perf_counter() - t0
         return res
+
+
+def _in_thread(fn, name: str):
+    """fn() in a thread of its own; its exception re-raised here."""
+    box: list = []
+
+    def run() -> None:
+        try:
+            box.append(fn())
+        except BaseException as exc:     # re-raised in the caller's thread
+            box.append(exc)
+
+    t = threading.Thread(target=run, name=name, daemon=True)
+    t.start()
+    t.join()
+    if isinstance(box[0], BaseException):
+        raise box[0]
+    return box[0]
 
 
 def built_geometry(llm) -> dict:

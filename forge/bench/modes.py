@@ -107,10 +107,13 @@ def run_modes(bp: BenchPlan) -> tuple[list[BenchRequest], list[ModeResult]]:
         raise UsageError(f"--direct-process: {bp.direct_process!r} (bench | child)")
     if bp.direct_process == "child" and "direct" not in bp.modes:
         raise UsageError("--direct-process child: applies to the direct mode, and --modes has none")
+    # A card bound to its own cores runs its direct mode in a process bound to them from its start, as its worker
+    # is: threads of this process bound afterwards keep OpenMP's team sized for every core (forge/bench/direct_child).
+    in_child = bp.direct_process == "child" or bool(plan.card.cores)
     try:
         for rep in range(bp.repeat):
             for mode in repeat_order(bp.modes, rep):
-                if mode == "direct" and bp.direct_process == "child":
+                if mode == "direct" and in_child:
                     for v in bp.direct_variants:
                         r = run_direct_in_child(plan, requests, v, warmup=warm, workdir=bp.workdir,
                                                 tag=f"{rep + 1}-{v.replace(':', '')}", warm_jobs=warm_jobs)
