@@ -4,7 +4,7 @@ NOT RUN ON A REAL ENGINE. TensorRT-LLM cannot be installed on the machines forge
 module is written against the API as read in TensorRT-LLM's sources (docs/trtllm.md names the files and
 versions) and has never driven a real Executor or LLM. Every setting it passes comes from
 forge.engines.trtllm_mapping.engine_arguments, which is unit-tested; this module only asks the installed
-release what it has (`installed_release`), turns those arguments into objects and logs what was set.
+release what it has (`trtllm_install.installed_release`), turns those arguments into objects and logs what was set.
 
   artifact.checkpoint  -> tensorrt_llm.LLM on the PyTorch backend (the primary path)
   artifact.engine_dir  -> tensorrt_llm.bindings.executor.Executor (releases up to 1.2.x ship it)
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import datetime
-import importlib
 import json
 import logging
 import os
@@ -27,7 +26,8 @@ from typing import Any, Optional, Sequence
 from forge.config.models import Contract
 from forge.config.plan import CardPlan
 from forge.engines import trtllm_mapping as tm
-from forge.engines.trtllm_release import Release, release_from_models
+from forge.engines.trtllm_install import first_line, installed_release, require
+from forge.engines.trtllm_release import Release
 from forge.engines.trtllm_section import TrtllmSection
 from forge.backends import Backend
 from forge.engines.interface import (REFUSED, Engine, EngineBusy, EngineFailed, EngineRequest, EngineResult,
@@ -35,8 +35,6 @@ from forge.engines.interface import (REFUSED, Engine, EngineBusy, EngineFailed, 
 from forge.errors import ConfigError, EngineUnavailable, Problem
 from forge.hookspecs import hookimpl
 
-INSTALL_HINT = ("backend 'trtllm' needs TensorRT-LLM on Linux with an NVIDIA GPU and driver: pip install "
-                "tensorrt-llm (an engine_dir needs a release <= 1.2.x, the last with the Executor API)")
 STATS_WAIT_S = 0.01          # LLM.get_stats waits at most this long for queued stats
 log = logging.getLogger("forge.engines.trtllm")
 
@@ -73,7 +71,7 @@ def create_engine(contract: Contract, plan: CardPlan, *,
         ordinal = tm.cuda_device_ordinal(plan.card.index, os.environ.get("CUDA_VISIBLE_DEVICES"))
     except ValueError as e:
         raise EngineUnavailable(f"backend 'trtllm': {e}") from None
-    _import("tensorrt_llm")      # fails here, in one line, where TensorRT-LLM is missing or broken
+    require("tensorrt_llm")      # fails here, in one line, where TensorRT-LLM is missing or broken
     release = installed_release()
     args = tm.engine_arguments(contract, plan, release, capacity_scheduler_policy=capacity_scheduler_policy,
                                device_ordinal=ordinal)
@@ -88,48 +86,11 @@ def create_engine(contract: Contract, plan: CardPlan, *,
     return LlmApiEngine(contract, tokenizer, args, release)
 
 
-def _optional(module: str) -> Any:
-    try:
-        return importlib.import_module(module)
-    except Exception:   # absent in this release (or broken): the caller treats it as "not offered"
-        return None
-
-
-def installed_release() -> Release:
-    """What the installed TensorRT-LLM offers: its version, the fields of the LLM API's argument models
-    (`model_fields`), whether it ships the Executor, whether its TorchSampler honours a per-request seed."""
-    version = str(getattr(_import("tensorrt_llm"), "__version__", "unknown"))
-    llmapi, llm_args = _optional("tensorrt_llm.llmapi"), _optional("tensorrt_llm.llmapi.llm_args")
-    models = {}
-    for name in ("TorchLlmArgs", "KvCacheConfig", "SchedulerConfig", "CudaGraphConfig", "SamplingParams"):
-        cls = getattr(llmapi, name, None) or getattr(llm_args, name, None)
-        if cls is not None:
-            models[name] = cls
-    executor = _optional("tensorrt_llm.bindings.executor")
-    # per-request seeds came with NVIDIA/TensorRT-LLM#17172, whose TorchSampler keeps them in _SeedManager
-    sampler = _optional("tensorrt_llm._torch.pyexecutor.sampler")
-    return release_from_models(version, models, has_executor=hasattr(executor, "Executor"),
-                               per_request_seed=hasattr(sampler, "_SeedManager"))
-
-
-def _import(module: str) -> Any:
-    try:
-        return importlib.import_module(module)
-    except ImportError as e:
-        raise EngineUnavailable(f"{INSTALL_HINT} ({e})") from None
-    except Exception as e:  # a broken CUDA stack fails in many ways; say which, in one line
-        raise EngineUnavailable(f"TensorRT-LLM is installed but failed to import: {_first_line(e)}") from None
-
-
-def _first_line(e: BaseException) -> str:
-    return (str(e).strip().splitlines() or [type(e).__name__])[0]
-
-
 def _load_tokenizer(contract: Contract) -> Any:
     rel = contract.artifact.tokenizer or contract.artifact.checkpoint
     field = "$.artifact.tokenizer" if contract.artifact.tokenizer else "$.artifact.checkpoint"
     where = tm.contract_where(contract)
-    transformers = _import("transformers")
+    transformers = require("transformers")
     try:
         tok = transformers.AutoTokenizer.from_pretrained(str(contract.resolve(rel)))
     except Exception as e:
@@ -205,7 +166,7 @@ class ExecutorEngine(_TrtllmEngine):
     """An engine directory driven through the Executor API (streaming responses, bounded awaits)."""
 
     def __init__(self, contract: Contract, tokenizer: Any, args: dict[str, Any]):
-        tle = _import("tensorrt_llm.bindings.executor")
+        tle = require("tensorrt_llm.bindings.executor")
         spec = args["kwargs"]
         # the C++ runtime takes SamplingConfig.seed per request: a request's seed is honoured on this path
         super().__init__(contract, tokenizer, args, seed_honoured=True)
@@ -233,7 +194,7 @@ class ExecutorEngine(_TrtllmEngine):
         try:
             self._executor = tle.Executor(engine_dir, tle.ModelType.DECODER_ONLY, config)
         except Exception as e:   # e.g. an engine built by another TensorRT(-LLM) version or for another GPU
-            raise EngineUnavailable(f"TensorRT-LLM could not load {engine_dir}: {_first_line(e)}") from None
+            raise EngineUnavailable(f"TensorRT-LLM could not load {engine_dir}: {first_line(e)}") from None
         self._ids: dict[int, str] = {}          # executor id -> forge request id
         self._by_request: dict[str, int] = {}
         self._tokens: dict[int, list[int]] = {}
@@ -319,7 +280,7 @@ class LlmApiEngine(_TrtllmEngine):
     """A checkpoint on the LLM API's PyTorch backend; requests stream on a private asyncio loop."""
 
     def __init__(self, contract: Contract, tokenizer: Any, args: dict[str, Any], release: Release):
-        llmapi = _import("tensorrt_llm.llmapi")
+        llmapi = require("tensorrt_llm.llmapi")
         super().__init__(contract, tokenizer, args, seed_honoured=release.per_request_seed)
         self.supports_guides = frozenset({"choice", "json_schema", "regex"})
         self._SamplingParams, self._Guided = llmapi.SamplingParams, llmapi.GuidedDecodingParams
@@ -327,14 +288,14 @@ class LlmApiEngine(_TrtllmEngine):
         scheduler = dict(spec.pop("scheduler_config"))
         scheduler["capacity_scheduler_policy"] = getattr(llmapi.CapacitySchedulerPolicy,
                                                          scheduler["capacity_scheduler_policy"])
-        graphs_cls = getattr(llmapi, "CudaGraphConfig", None) or _import("tensorrt_llm.llmapi.llm_args").CudaGraphConfig
+        graphs_cls = getattr(llmapi, "CudaGraphConfig", None) or require("tensorrt_llm.llmapi.llm_args").CudaGraphConfig
         try:
             self._llm = llmapi.LLM(**{k: v for k, v in spec.items() if not k.endswith("_config")},
                                    kv_cache_config=llmapi.KvCacheConfig(**spec["kv_cache_config"]),
                                    scheduler_config=llmapi.SchedulerConfig(**scheduler),
                                    cuda_graph_config=graphs_cls(**spec["cuda_graph_config"]))
         except Exception as e:
-            raise EngineUnavailable(f"TensorRT-LLM could not load {spec['model']}: {_first_line(e)}") from None
+            raise EngineUnavailable(f"TensorRT-LLM could not load {spec['model']}: {first_line(e)}") from None
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="trtllm-llmapi", daemon=True)
         self._thread.start()

@@ -13,7 +13,8 @@ import time
 from pathlib import Path
 
 from forge.errors import ForgeError, display_path
-from forge.ledger.sqlite import Ledger, LedgerDamaged
+from forge.ledger.damage import LedgerDamaged
+from forge.ledger.sqlite import Ledger
 from forge.records import parquet_out
 from forge.records.reader import PARQUET_SUFFIXES
 from forge.records.writer import Reconciliation

@@ -21,7 +21,8 @@ from pathlib import Path
 from forge.errors import ForgeError, display_path
 from forge.ledger.committer import Committer
 from forge.ledger import recovery
-from forge.ledger.sqlite import Ledger, LedgerCounts, LedgerDamaged
+from forge.ledger.damage import LedgerDamaged
+from forge.ledger.sqlite import Ledger, LedgerCounts
 from forge.records import parquet_out
 from forge.records.bitmap import IndexBitmap
 from forge.records.guard import (parquet_is_forge_output, refuse_foreign, refuse_overlaps,

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from forge.errors import ForgeError, display_path
+from forge.ledger.damage import LedgerDamaged, LedgerMismatch, as_forge_error, reads
 from forge.records.bitmap import IndexBitmap
 from forge.stats import LedgerStats
 
@@ -49,53 +50,6 @@ _WRITTEN = ("INSERT INTO records (idx, state, is_error) VALUES (?, 'written', ?)
 # error settled without an attempt row, a row already written), the upserts above run for the whole batch.
 _SETTLE_EXISTING = "UPDATE records SET state = ?, is_error = ?, row = ? WHERE idx = ? AND state != 'written'"
 _WRITTEN_EXISTING = "UPDATE records SET state = 'written', is_error = ?, row = NULL WHERE idx = ?"
-
-
-class LedgerMismatch(ForgeError):
-    """The ledger belongs to another run (function or input changed)."""
-
-
-class LedgerDamaged(ForgeError):
-    """The ledger file cannot be read as the ledger it was (flipped bytes, a torn copy): `why` says what SQLite or
-    the decoder found. open_run rebuilds it from a complete output, or says what to do."""
-
-    def __init__(self, shown: str, why: str) -> None:
-        self.why = why
-        super().__init__(f"{shown}: the ledger is damaged ({why})")
-
-
-_DAMAGE = (sqlite3.DatabaseError, UnicodeDecodeError, ValueError, TypeError, KeyError)
-
-
-def _is_damage(e: BaseException) -> bool:
-    """Content that cannot be what forge wrote. An OperationalError is the file system's (a folder that takes no
-    -wal file, a lock, a full disk), not the file's, unless it is text SQLite could not decode."""
-    if isinstance(e, sqlite3.OperationalError):
-        return "could not decode" in str(e).lower()
-    return isinstance(e, _DAMAGE) and not isinstance(e, ForgeError)
-
-
-def _as_forge_error(shown: str, e: BaseException) -> BaseException:
-    """Damage, or any other SQLite failure, as one line naming the ledger (never an internal error)."""
-    if _is_damage(e):
-        return LedgerDamaged(shown, f"{type(e).__name__}: {e}")
-    if isinstance(e, sqlite3.Error):
-        return ForgeError(f"{shown}: cannot read the ledger: {e}")
-    return e
-
-
-def _reads(method):
-    """Ledger reads: damage found while reading is a LedgerDamaged naming the file."""
-    def wrapper(self, *args, **kwargs):
-        try:
-            return method(self, *args, **kwargs)
-        except Exception as e:
-            mapped = _as_forge_error(self._shown, e)
-            if mapped is not e:
-                raise mapped from None
-            raise
-    wrapper.__name__, wrapper.__doc__ = method.__name__, method.__doc__
-    return wrapper
 
 
 @dataclass(frozen=True)
@@ -136,7 +90,7 @@ class Ledger:
             if hasattr(self, "_db"):
                 self._db.close()
             os.close(self._lock_fd)
-            mapped = _as_forge_error(self._shown, e)
+            mapped = as_forge_error(self._shown, e)
             if mapped is not e:
                 raise mapped from None
             raise
@@ -299,7 +253,7 @@ class Ledger:
         with self._mutex, self._txn():
             self._db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (key, value))
 
-    @_reads
+    @reads
     def get_meta(self, key: str) -> str | None:
         with self._mutex:
             row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
@@ -314,7 +268,7 @@ class Ledger:
             last = page[-1][0]
             yield page
 
-    @_reads
+    @reads
     def _unwritten_page(self, after: int, chunk: int) -> list[tuple[int, str, bool]]:
         with self._mutex:
             page = self._db.execute(
@@ -325,7 +279,7 @@ class Ledger:
                 raise TypeError(f"record {i!r} holds no row to write")
         return [(i, row, bool(err)) for i, row, err in page]
 
-    @_reads
+    @reads
     def indices(self, *states: str, attempts: int | None = None) -> IndexBitmap:
         """Indices in the given states (with exactly `attempts` invocations, when given), streamed into a bitmap
         (never a list of 10M ints)."""
@@ -339,7 +293,7 @@ class Ledger:
                 found.add(i)
         return found
 
-    @_reads
+    @reads
     def counts(self) -> LedgerCounts:
         with self._mutex:
             by_state = dict(self._db.execute("SELECT state, COUNT(*) FROM records GROUP BY state").fetchall())

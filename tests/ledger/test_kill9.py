@@ -91,7 +91,8 @@ def test_sigkill_at_random_points_loses_nothing_and_duplicates_nothing(tmp_path)
             if not finished:
                 proc.send_signal(signal.SIGINT)
             _, err = proc.communicate(timeout=30)
-            assert proc.returncode == (0 if finished else 130), err
+            # a run that ended between poll() and the signal's arrival exits 0, its work done: both are right
+            assert proc.returncode in ((0,) if finished else (0, 130)), err
             interrupts += 1
             after_interrupt.append(run_id + 1)
             continue

@@ -22,6 +22,7 @@ from typing import Any, Optional, Sequence
 
 from forge.config.plan import CardPlan
 from forge.engines.hf import requests as reqs
+from forge.engines.hf.cache_stats import count_prefix_hits, kv_blocks
 from forge.engines.hf.hidden import HiddenWorker
 from forge.engines.hf.sizing import capacity_of
 from forge.engines.interface import (REFUSED, Engine, EngineBusy, EngineFailed, EngineRequest, EngineResult,
@@ -88,7 +89,7 @@ class TransformersEngine(Engine):
         self._info = dict(info, capacity=self._capacity, hidden_pooling=section.hidden_pooling,
                           guides=sorted(self.supports_guides) or no_guides_why)
         self._hidden = HiddenWorker(model, device, section.hidden_pooling, maxsize=self._capacity)
-        self._count_prefix_hits(manager.batch_processor.cache)
+        count_prefix_hits(manager.batch_processor.cache, self._add_prefix_hits)
 
     # ------------------------------------------------------------------ the five calls
     def submit(self, requests: Sequence[EngineRequest]) -> None:
@@ -156,7 +157,7 @@ class TransformersEngine(Engine):
         try:   # read-only snapshot of the loop thread's state; len() of its dicts is atomic
             st.active = len(bp.scheduler.active_requests)
             st.queued += len(bp.scheduler.waiting_requests) + m.input_queue.qsize()
-            st.kv_blocks_free, st.kv_blocks_used = self._kv_blocks(bp.cache)
+            st.kv_blocks_free, st.kv_blocks_used = kv_blocks(bp.cache)
             st.tokens_last_step = int(getattr(bp.inputs_and_outputs, "num_q_tokens", 0) or 0)
         except (RuntimeError, AttributeError):   # the loop changed a structure while we read it: partial snapshot
             pass
@@ -390,21 +391,5 @@ class TransformersEngine(Engine):
             self._failure = dead
             raise EngineFailed(dead)
 
-    def _kv_blocks(self, cache) -> tuple[int, int]:
-        """(free, used) whole-model blocks; blocks kept only for prefix reuse are evictable, so they count free."""
-        total = int(cache.num_blocks)
-        cached = sum(len(a.ledger.cached_blocks) for a in cache.cache_allocators.values())
-        free = min(total, round(cache.compute_free_capacity() * total) + cached)
-        return free, total - free
-
-    def _count_prefix_hits(self, cache) -> None:
-        """Count prompt tokens served from shared blocks: wrap the cache's prefix lookup (the manager exposes no
-        counter). The scheduler calls it once per request that starts prefilling."""
-        lookup = cache.search_prefix_match
-
-        def counted(request_id, prompt_ids):
-            n = lookup(request_id, prompt_ids)
-            self._prefix_hits += n
-            return n
-
-        cache.search_prefix_match = counted
+    def _add_prefix_hits(self, n: int) -> None:
+        self._prefix_hits += n
