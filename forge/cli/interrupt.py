@@ -3,24 +3,66 @@
 While a node starts, its engines load in threads that cannot be interrupted (minutes for a large model):
 Python's own Ctrl-C would wait for them. Until the command installs its own drain (the job runner, the
 node's server do, replacing these handlers), a SIGINT or SIGTERM prints one line and ends the process.
-What was opened so far (a ledger, a node's name) is crash-safe by design and released by the OS."""
+What was opened so far (a ledger, a node's name) is crash-safe by design and released by the OS.
+
+Python runs a signal's handler in the main thread, and only once that thread runs Python again; the kernel may
+deliver the signal to another thread, and then a main thread blocked in a system call (an event loop's wait with
+nothing due) is not woken and the handler waits with it (a Ctrl-C during an engine's load once went unanswered
+for over 10 s). So the C-level handler also writes the signal's number to a socket (`signal.set_wakeup_fd`),
+whichever thread took it, and a thread of its own answers from there."""
 from __future__ import annotations
 
 import os
 import signal
+import socket
 import sys
+import threading
 
 
 def exit_at_once_until_draining(what: str) -> None:
     """Install the handlers; `what` completes "forge: SIGINT <what>: stopping now"."""
+    line = f"forge: {{}} {what}: stopping now\n"
 
-    def stop(signum, _frame) -> None:
-        name = signal.Signals(signum).name
+    def exit_now(signum: int) -> None:
         try:
-            print(f"forge: {name} {what}: stopping now", file=sys.stderr, flush=True)
+            os.write(2, line.format(signal.Signals(signum).name).encode("utf-8", "replace"))
+        except (OSError, ValueError):
+            pass
         finally:
             os._exit(130 if signum == signal.SIGINT else 143)
 
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        if signal.getsignal(sig) is not signal.SIG_IGN:      # a shell's background job ignores Ctrl-C: keep it so
-            signal.signal(sig, stop)
+    def stop(signum, _frame) -> None:
+        try:
+            sys.stderr.flush()
+        except Exception:  # noqa: BLE001 - the exit matters, not what was left in a buffer
+            pass
+        exit_now(signum)
+
+    mine = [sig for sig in (signal.SIGINT, signal.SIGTERM)
+            if signal.getsignal(sig) is not signal.SIG_IGN]    # a shell's background job ignores Ctrl-C: keep it so
+    for sig in mine:
+        signal.signal(sig, stop)
+    if not mine or threading.current_thread() is not threading.main_thread():
+        return
+    rsock, wsock = socket.socketpair()
+    wsock.setblocking(False)
+    signal.set_wakeup_fd(wsock.fileno(), warn_on_full_buffer=False)
+
+    def watch() -> None:
+        while True:
+            try:
+                data = rsock.recv(64)
+            except OSError:
+                return
+            if not data:
+                return
+            for signum in data:
+                # Only while these handlers are installed: a drain installed later has its own wakeup socket.
+                if signum in mine and signal.getsignal(signum) is stop:
+                    exit_now(signum)
+
+    threading.Thread(target=watch, name="forge-exit-at-once", daemon=True).start()
+    _keep.append((rsock, wsock))
+
+
+_keep: list = []        # the wakeup sockets live as long as the process
