@@ -22,8 +22,12 @@ import threading
 def exit_at_once_until_draining(what: str) -> None:
     """Install the handlers; `what` completes "forge: SIGINT <what>: stopping now"."""
     line = f"forge: {{}} {what}: stopping now\n"
+    once = threading.Lock()       # the handler and the watching thread may both see one signal: one line, one exit
 
     def exit_now(signum: int) -> None:
+        if not once.acquire(blocking=False):
+            threading.Event().wait(30)           # the other one is ending the process
+            return
         try:
             os.write(2, line.format(signal.Signals(signum).name).encode("utf-8", "replace"))
         except (OSError, ValueError):
@@ -44,6 +48,9 @@ def exit_at_once_until_draining(what: str) -> None:
         signal.signal(sig, stop)
     if not mine or threading.current_thread() is not threading.main_thread():
         return
+    # A blocked mask is inherited too (Ray's process launcher blocks SIGINT in what it starts): these signals are
+    # forge's to answer, so this thread takes them again, and so does every thread started after it.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, set(mine))
     rsock, wsock = socket.socketpair()
     wsock.setblocking(False)
     signal.set_wakeup_fd(wsock.fileno(), warn_on_full_buffer=False)
