@@ -10,12 +10,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from dataclasses import replace
 from typing import Any
 
 from forge.cluster import guard
 from forge.cluster.names import NAMESPACE, engine_id as cluster_engine_id
 from forge.errors import ForgeError
 from forge.host.engine_host import EngineHost
+from forge.host.protocol import Hello, HostMethod
 from forge.link.transport import Transport
 
 log = logging.getLogger("forge.cluster.actor")
@@ -47,8 +49,8 @@ class EngineActor(EngineHost):
         log.error("engine %s failed (%s); the actor exits so Ray restarts it", self.engine_id, why)
         asyncio.get_running_loop().call_later(FAILED_EXIT_DELAY_S, os._exit, EXIT_ENGINE_FAILED)
 
-    async def hello(self) -> dict:
-        return {**await super().hello(), "guard": self.guard, "ray_node_id": _ray_node_id()}
+    async def hello(self) -> Hello:
+        return replace(await super().hello(), guard=self.guard, ray_node_id=_ray_node_id())
 
 
 class RayTransport(Transport):
@@ -58,33 +60,38 @@ class RayTransport(Transport):
     def __init__(self, actor_name: str, handle: Any):
         self.name, self.handle = actor_name, handle
 
-    async def call(self, method: str, *args: Any, timeout_s: float) -> Any:
-        return await asyncio.wait_for(getattr(self.handle, method).remote(*args), timeout_s)
+    async def call(self, method: HostMethod, *args: Any, timeout_s: float) -> Any:
+        return await _remote(self.handle, method, args, timeout_s)
 
-    async def reconnect(self, why: str, *, engine_failed: bool, incarnation: str) -> dict:
+    async def reconnect(self, why: str, *, engine_failed: bool, incarnation: str) -> Hello:
         died = _actor_died_error()
         while True:
             await asyncio.sleep(REATTACH_INTERVAL_S)
             handle = self.handle
             try:
-                info = await asyncio.wait_for(handle.hello.remote(), HELLO_TIMEOUT_S)
+                info = await _remote(handle, HostMethod.HELLO, (), HELLO_TIMEOUT_S)
             except died:
                 try:                          # its node may have been provisioned again: same name, new actor
                     import ray
 
                     handle = await asyncio.to_thread(ray.get_actor, self.name, namespace=NAMESPACE)
-                    info = await asyncio.wait_for(handle.hello.remote(), HELLO_TIMEOUT_S)
+                    info = await _remote(handle, HostMethod.HELLO, (), HELLO_TIMEOUT_S)
                 except Exception:  # noqa: BLE001 - not (yet) there
                     continue
             except Exception:  # noqa: BLE001 - unavailable, restarting, slow: try again
                 continue
-            if engine_failed and info["incarnation"] == incarnation:
+            if engine_failed and info.incarnation == incarnation:
                 continue                      # the failed actor has not exited yet: wait for its successor
             self.handle = handle
             return info
 
     async def close(self, timeout_s: float) -> None:
         """Engine actors outlive jobs: their agent stops them."""
+
+
+async def _remote(handle: Any, method: HostMethod, args: tuple, timeout_s: float) -> Any:
+    """One call of an engine actor (`handle.method.remote(*args)`), bounded by timeout_s."""
+    return await asyncio.wait_for(getattr(handle, method.value).remote(*args), timeout_s)
 
 
 def _actor_died_error() -> type:

@@ -16,12 +16,15 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from forge import constants
 from forge.cluster.names import (NAMESPACE, engine_actor_name, engine_resources, node_record_name, node_resources)
 from forge.cluster.raynode import RayNodeProcess, node_alive, wait_for_node
 from forge.errors import ForgeError
+
+if TYPE_CHECKING:                       # the agent imports the engine's side only where it starts engines
+    from forge.host.protocol import Hello
 
 ENGINE_MAX_RESTARTS = 3          # Ray restarts a crashed engine actor on its card this many times
 HEARTBEAT_S = 1.0
@@ -61,7 +64,7 @@ class Agent:
         self.owned = False
         self.node_id = ""
         self.engines: dict[str, Any] = {}         # card id -> actor handle
-        self.infos: dict[str, dict] = {}          # card id -> the engine's hello
+        self.infos: dict[str, Hello] = {}         # card id -> the engine's hello
         self.record: Any = None
         self.metrics: Any = None
         self.metrics_url = ""
@@ -139,13 +142,13 @@ class Agent:
         self.metrics = ForgeMetrics()
         _, port = self.metrics.serve(m.host, m.port if metrics_port is None else metrics_port)
         self.metrics_url = f"http://{m.host}:{port}/metrics"
-        cards = ", ".join(f"{cid} {info['tier']}" for cid, info in self.infos.items())
+        cards = ", ".join(f"{cid} {info.tier}" for cid, info in self.infos.items())
         print(f"forge: node {self.name} joined the Ray cluster at {self.address} (Ray node {self.node_id[:12]}): "
               f"{len(self.engines)} engine(s) up in {load_s:.1f} s ({cards}) — metrics {self.metrics_url}", flush=True)
         if ready_file:
             Path(ready_file).write_text(json.dumps({"node": self.name, "address": self.address,
                                                     "ray_node_id": self.node_id, "metrics_url": self.metrics_url,
-                                                    "engines": sorted(i["engine_id"] for i in self.infos.values())}) + "\n")
+                                                    "engines": sorted(i.engine_id for i in self.infos.values())}) + "\n")
 
     # ------------------------------------------------------------------ watching
     def serve(self, stop: threading.Event) -> int:
@@ -170,8 +173,8 @@ class Agent:
         cards = []
         for ref, cid in refs.items():
             info = self.infos[cid]
-            row = {"card": cid, "engine_id": info["engine_id"], "model": info["model"], "tier": info["tier"],
-                   "backend": info["backend"], "state": "unresponsive", "healthy": False}
+            row = {"card": cid, "engine_id": info.engine_id, "model": info.model, "tier": info.tier,
+                   "backend": info.backend, "state": "unresponsive", "healthy": False}
             if ref in ready:
                 try:
                     s = ray.get(ref)

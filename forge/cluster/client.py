@@ -18,6 +18,7 @@ import sys
 from forge.cluster.actor import HELLO_TIMEOUT_S, RayTransport
 from forge.cluster.names import ENGINE_ACTOR_PREFIX, NAMESPACE
 from forge.errors import ForgeError
+from forge.host.protocol import Hello
 from forge.node.linked import LinkedNode
 
 log = logging.getLogger("forge.cluster")
@@ -53,7 +54,9 @@ class ClusterNode(LinkedNode):
                 handles[n] = await asyncio.to_thread(ray.get_actor, n, namespace=NAMESPACE)
             except ValueError:
                 continue                       # gone between listing and lookup
-        infos = await asyncio.gather(*(self._hello(h) for h in handles.values()), return_exceptions=True)
+        wait_s = max(START_TIMEOUT_S, HELLO_TIMEOUT_S)
+        infos = await asyncio.gather(*(RayTransport(name, h).hello(timeout_s=wait_s) for name, h in handles.items()),
+                                     return_exceptions=True)
         found = []
         for (name, handle), info in zip(handles.items(), infos):
             if isinstance(info, BaseException):
@@ -66,18 +69,15 @@ class ClusterNode(LinkedNode):
             raise ForgeError(f"no engine on the Ray cluster at {self.address} answered within {START_TIMEOUT_S:g} s")
         self.attach(found)
 
-    def attach(self, engines: list[tuple[str, object, dict]]) -> None:
+    def attach(self, engines: list[tuple[str, object, Hello]]) -> None:
         """Build the job's broker over these engines (actor name, handle, hello) and start their links."""
         self.attach_links([(RayTransport(name, handle), info) for name, handle, info in engines])
         self._use_encoders(self.tokenizer_keys())
-        nodes = sorted({lk.info["node"] for lk in self.links.values()})
+        nodes = sorted({lk.info.node for lk in self.links.values()})
         print(f"forge: cluster {self.address}: {len(self.links)} engine(s) on {len(nodes)} node(s): "
-              + ", ".join(f"{eid} {lk.info['tier']}" for eid, lk in sorted(self.links.items())), file=sys.stderr,
+              + ", ".join(f"{eid} {lk.info.tier}" for eid, lk in sorted(self.links.items())), file=sys.stderr,
               flush=True)
 
-    async def _hello(self, handle) -> dict:
-        return await asyncio.wait_for(handle.hello.remote(), max(START_TIMEOUT_S, HELLO_TIMEOUT_S))
-
     def describe(self) -> dict:
-        return {"node": self.name, "cards": [{"card": eid, "tier": lk.info["tier"], "state": lk.state}
+        return {"node": self.name, "cards": [{"card": eid, "tier": lk.info.tier, "state": lk.state}
                                              for eid, lk in self.links.items()]}

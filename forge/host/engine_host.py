@@ -1,9 +1,10 @@
 """One card's engine host: the engine, built from that card's contract and plan, behind its admission runtime.
 
 The host is what a link talks to, whatever carries the calls (forge/link/: a worker process, a thread of the
-node's own process, a Ray actor). Links move requests in batches: `submit` a list of wire tuples, `collect`
+node's own process, a Ray actor). Links move requests in batches: `submit` a list of WireRequests, `collect`
 (a long poll) the finished ones, the ones given back, delivery counts, health and stats. Every method is a
-coroutine on the host's event loop and returns plain data (forge/host/wire.py says what the tuples hold).
+coroutine on the host's event loop; forge/host/protocol.py declares them (HostMethod) and the records they
+take and return.
 
 A host's identity is (card, replica): a card with `replicas: N` runs N hosts, one engine each (the plan of one
 replica, forge/config/plan.py::engine_plans). `engine_id` is what the node's broker, metrics and Generation.card
@@ -17,7 +18,7 @@ import os
 import socket
 import time
 import uuid
-from dataclasses import asdict, replace
+from dataclasses import replace
 from typing import Any, Callable, Optional
 
 from forge import constants
@@ -25,16 +26,16 @@ from forge.config.plan import CardPlan
 from forge.errors import ForgeError
 from forge.host.admission import AdmissionRuntime, geometry_from_plan
 from forge.host.feed import Feed
-from forge.host.wire import from_wire, host_request_id, result_tuple, tokenizer_identity
+from forge.host.protocol import Collected, Hello, WireResult, requests_received
+from forge.host.wire import from_wire, host_request_id, tokenizer_identity, wire_result
 from forge.requests import REFUSED
+from forge.stats import EngineStats
 
 log = logging.getLogger("forge.host")
 
 SESSION_LEASE_S = 60.0          # a link silent this long is gone; its work here is dropped
 STATS_EVERY_S = 0.2             # an idle session's collect carries engine stats this often
 MAX_PENDING_FACTOR = 4          # queued here at most this many times the engine's slots
-PROTOCOL = frozenset({"hello", "tokenizer_copy", "encode", "submit", "collect", "cancel", "end_session", "stats",
-                      "drain", "stop"})
 
 
 def build_engine(plan: CardPlan) -> Any:
@@ -114,28 +115,27 @@ class EngineHost:
     def _deliver(self, req, result) -> None:
         t = req.payload
 
-        def make() -> tuple:
+        def make() -> WireResult:
             finish, error, text = result.finish_reason, result.error, ""
             if finish not in ("error", REFUSED) and not error and not t.options.want_hidden:
                 text = self.tokenizer.decode(result.output_ids)
-            return result_tuple(t, req.attempt, finish, result.output_ids, text, result.hidden, error,
+            return wire_result(t, req.attempt, finish, result.output_ids, text, result.hidden, error,
                                 len(req.prompt_for(self.tokenizer_key)))
 
         self.feed.deliver(req, make)
 
-    # ------------------------------------------------------------------ the protocol (what links call)
-    async def hello(self) -> dict:
+    # ------------------------------------------------------------------ the protocol (HostMethod: what links call)
+    async def hello(self) -> Hello:
         self._ensure_running()
-        g = replace(self.geometry, engine_id=self.engine_id)
         p, card = self.plan, self.plan.card
-        return {"engine_id": self.engine_id, "incarnation": self.incarnation, "node": self.node,
-                "card": p.card_id, "replica": self.replica, "model": card.model, "tier": p.contract.contract,
-                "backend": p.contract.backend, "geometry": asdict(g), "host": socket.gethostname(),
-                "pid": os.getpid(), "load_s": round(self.load_s, 2), "started_at": self.started_at,
-                "limits": p.contract.limits.model_dump(), "kv_blocks": p.num_blocks,
-                "full_length_slots": p.full_length_slots, "guides": sorted(self.engine.supports_guides),
-                "hidden": bool(self.engine.supports_hidden), "engine": self.engine.describe(),
-                "lifeline": self.lifeline, "gc": _collector(), "stats": self._rt.stats()}
+        return Hello(engine_id=self.engine_id, incarnation=self.incarnation, node=self.node, card=p.card_id,
+                     replica=self.replica, model=card.model, tier=p.contract.contract, backend=p.contract.backend,
+                     geometry=replace(self.geometry, engine_id=self.engine_id), host=socket.gethostname(),
+                     pid=os.getpid(), load_s=round(self.load_s, 2), started_at=self.started_at,
+                     limits=p.contract.limits.model_dump(), kv_blocks=p.num_blocks,
+                     full_length_slots=p.full_length_slots, guides=sorted(self.engine.supports_guides),
+                     hidden=bool(self.engine.supports_hidden), engine=self.engine.describe(),
+                     lifeline=self.lifeline, gc=_collector(), stats=self._rt.stats())
 
     async def tokenizer_copy(self) -> tuple[Any, list[tuple[str, list[int]]]]:
         """The tokenizer a node measures with, and this engine's own encoding of a few probe texts (the node
@@ -148,23 +148,23 @@ class EngineHost:
         return [list(self.tokenizer.encode(t)) for t in texts]
 
     async def submit(self, sid: str, items: list[tuple]) -> int:
+        """items: WireRequests as plain tuples (protocol.requests_to_send), rebuilt here."""
         self._ensure_running()
         now = time.monotonic()
-        return self.feed.put(sid, [from_wire(it, sid, self.tokenizer_key, now) for it in items])
+        return self.feed.put(sid, [from_wire(it, sid, self.tokenizer_key, now) for it in requests_received(items)])
 
-    async def collect(self, sid: str, wait_s: float, max_items: int = 4096) -> dict:
+    async def collect(self, sid: str, wait_s: float, max_items: int = 4096) -> Collected:
         self._ensure_running()
         out = await self.feed.collect(sid, wait_s, max_items)
         if out is None:
-            return {"ended": True, "incarnation": self.incarnation}
-        rt = self._rt
-        out.update(healthy=self.feed.healthy, accepting=self.feed.accepting, incarnation=self.incarnation,
-                   state=rt.state, failure=rt.failure)
+            return Collected.ended_session(self.incarnation)
+        rt, stats = self._rt, None
         now = time.monotonic()       # stats ride with every answer (so a job's last numbers are exact), else rarely
-        if out["results"] or out["returned"] or now - self._stats_sent.get(sid, 0.0) >= STATS_EVERY_S:
+        if out.results or out.returned or now - self._stats_sent.get(sid, 0.0) >= STATS_EVERY_S:
             self._stats_sent[sid] = now
-            out["stats"] = rt.stats()
-        return out
+            stats = rt.stats()
+        return replace(out, healthy=self.feed.healthy, accepting=self.feed.accepting, incarnation=self.incarnation,
+                       state=rt.state, failure=rt.failure, stats=stats)
 
     async def cancel(self, sid: str, keys: list[tuple[str, int]]) -> int:
         """The node's callers left: stop these dispatches (rid, attempt), queued or running. Each is answered
@@ -182,7 +182,7 @@ class EngineHost:
             self.feed.end(sid)
         self._stats_sent.pop(sid, None)
 
-    async def stats(self):
+    async def stats(self) -> EngineStats:
         self._ensure_running()
         return self._rt.stats()
 

@@ -16,6 +16,7 @@ from collections import OrderedDict
 from typing import Callable, Optional
 
 from forge.broker import Broker, BrokerCore, BrokerRequest, EngineGeometry, NoEngineFits, QueueFull
+from forge.host.protocol import Collected, Delivered, WireResult
 
 ENDED_REMEMBERED = 4096
 
@@ -24,7 +25,7 @@ class Session:
     def __init__(self, sid: str, now: float):
         self.sid = sid
         self.seen = now
-        self.results: list[tuple] = []
+        self.results: list[WireResult] = []
         self.returned: list[tuple[str, int]] = []
         self.tokens = 0
         self.elapsed_s = 0.0
@@ -72,7 +73,7 @@ class Feed:
             except QueueFull:
                 s.returned.append((r.payload.rid, r.attempt))
             except NoEngineFits as e:          # the node measured against this geometry; say so if not
-                s.results.append((r.payload.rid, r.attempt, "error", [], "", None, str(e), 0))
+                s.results.append(WireResult(r.payload.rid, r.attempt, "error", [], "", None, str(e), 0))
         if s.returned or s.results:
             s.wake()
         return queued
@@ -142,7 +143,7 @@ class Feed:
             s.wake()                           # links learn the health change at once
 
     # ------------------------------------------------------------------ results
-    def deliver(self, req: BrokerRequest, make_result: Callable[[], tuple]) -> None:
+    def deliver(self, req: BrokerRequest, make_result: Callable[[], WireResult]) -> None:
         s = self.sessions.get(req.payload.session)
         if s is not None:
             s.results.append(make_result())
@@ -154,8 +155,9 @@ class Feed:
             s.returned.append((r.payload.rid, r.attempt))
             s.wake()
 
-    async def collect(self, sid: str, wait_s: float, max_items: int) -> Optional[dict]:
-        """What is ready for a session, waiting up to wait_s for something; None if the session has ended."""
+    async def collect(self, sid: str, wait_s: float, max_items: int) -> Optional[Collected]:
+        """What is ready for a session, waiting up to wait_s for something; None if the session has ended. The
+        host adds its health and stats."""
         s = self.session(sid)
         if s is None:
             return None
@@ -167,7 +169,7 @@ class Feed:
                 pass
         results, s.results = s.results[:max_items], s.results[max_items:]
         returned, s.returned = s.returned, []
-        delivered = (s.tokens, s.elapsed_s, s.occupied_s / s.elapsed_s if s.elapsed_s > 0 else 1.0)
+        delivered = Delivered(s.tokens, s.elapsed_s, s.occupied_s / s.elapsed_s if s.elapsed_s > 0 else 1.0)
         s.tokens, s.elapsed_s, s.occupied_s = 0, 0.0, 0.0
         s.seen = time.monotonic()
-        return {"results": results, "returned": returned, "delivered": delivered, "more": bool(s.results)}
+        return Collected(results, returned, delivered, bool(s.results))

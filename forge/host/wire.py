@@ -1,13 +1,6 @@
-"""What travels between a node and an engine host: plain tuples, batched, cheap to serialize.
-
-Request (node -> host):  (rid, attempt, prompt ids for that engine's tokenizer, max_new_tokens,
-                          priority, RequestOptions or None for the defaults, age in seconds)
-Result  (host -> node):  (rid, attempt, finish_reason, output ids, text, hidden or None,
-                          error or None, input tokens)
-
-(rid, attempt) is a dispatch's identity: the node accepts a result only for the dispatch it is waiting on,
-so an answer from an engine that was given up on (lost, restarted, orphaned) is ignored. The same tuples
-cross every transport (thread, worker process, Ray actor); see forge/link/."""
+"""Building and reading what crosses between a node and an engine host (the records: forge/host/protocol.py):
+a broker request as a WireRequest for one engine's tokenizer, a WireRequest as the host's broker request, a
+finished request as a WireResult; and the tokenizer identity engines sharing a tokenization are grouped by."""
 from __future__ import annotations
 
 import hashlib
@@ -16,6 +9,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from forge.broker import BrokerRequest
+from forge.host.protocol import WireRequest, WireResult
 from forge.requests import DEFAULT_OPTIONS, RequestOptions
 
 # Files that decide how text becomes ids; their bytes name the tokenizer across machines.
@@ -34,27 +28,27 @@ class Ticket:
     abandoned: bool = False
 
 
-def to_wire(req: BrokerRequest, tokenizer_key: str, now: float) -> tuple:
+def to_wire(req: BrokerRequest, tokenizer_key: str, now: float) -> WireRequest:
     opts = req.payload if isinstance(req.payload, RequestOptions) else None
-    return (req.request_id, req.attempt, req.prompt_for(tokenizer_key), req.max_new_tokens, req.priority,
-            None if opts is None or opts == DEFAULT_OPTIONS else opts, max(0.0, now - req.enqueued_at))
+    return WireRequest(req.request_id, req.attempt, req.prompt_for(tokenizer_key), req.max_new_tokens, req.priority,
+                       None if opts is None or opts == DEFAULT_OPTIONS else opts, max(0.0, now - req.enqueued_at))
 
 
 def host_request_id(session: str, rid: str, attempt: int) -> str:
     return f"{session}|{rid}|{attempt}"
 
 
-def from_wire(item: tuple, session: str, tokenizer_key: str, now: float) -> BrokerRequest:
+def from_wire(item: WireRequest, session: str, tokenizer_key: str, now: float) -> BrokerRequest:
     rid, attempt, prompt, max_new, priority, opts, age = item
     return BrokerRequest(request_id=host_request_id(session, rid, attempt), prompts={tokenizer_key: tuple(prompt)},
                          max_new_tokens=int(max_new), payload=Ticket(session, rid, opts or DEFAULT_OPTIONS),
                          priority=int(priority), attempt=int(attempt), enqueued_at=now - float(age))
 
 
-def result_tuple(ticket: Ticket, attempt: int, finish_reason: str, output_ids, text: str, hidden, error,
-                 input_tokens: int) -> tuple:
-    return (ticket.rid, attempt, finish_reason, list(output_ids), text,
-            list(hidden) if hidden is not None else None, error, input_tokens)
+def wire_result(ticket: Ticket, attempt: int, finish_reason: str, output_ids, text: str, hidden, error,
+                input_tokens: int) -> WireResult:
+    return WireResult(ticket.rid, attempt, finish_reason, list(output_ids), text,
+                      list(hidden) if hidden is not None else None, error, input_tokens)
 
 
 def tokenizer_identity(contract: Any, tokenizer: Any) -> str:

@@ -109,17 +109,19 @@ def _recv_exactly(sock: socket.socket, n: int) -> bytes:
 
 
 async def _serve(host: Any, error: Optional[str], sock: socket.socket) -> int:
-    from forge.host.engine_host import PROTOCOL
     from forge.host.channel import open_socket, serve_calls
+    from forge.host.protocol import HostMethod
 
     reader, writer = await open_socket(sock)
 
     async def dispatch(method: str, args: tuple) -> Any:
         if error is not None:
             raise ForgeError(error)
-        if method not in PROTOCOL:
-            raise ForgeError(f"the engine host has no call {method!r}")
-        return await getattr(host, method)(*args)
+        try:
+            name = HostMethod(method).value
+        except ValueError:
+            raise ForgeError(f"the engine host has no call {method!r}") from None
+        return await getattr(host, name)(*args)
 
     why = await serve_calls(reader, writer, dispatch)
     if error is not None:

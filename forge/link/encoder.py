@@ -63,7 +63,7 @@ class Encoder:
             async with self._calls:
                 for link in self._candidates():
                     try:
-                        ids = await link.transport.call("encode", texts, timeout_s=CALL_TIMEOUT_S)
+                        ids = await link.transport.encode(texts, timeout_s=CALL_TIMEOUT_S)
                         answers = [tuple(int(i) for i in one) for one in ids]
                     except asyncio.CancelledError:
                         raise

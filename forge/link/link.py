@@ -19,7 +19,8 @@ import time
 from typing import Callable, Optional
 
 from forge import constants
-from forge.broker import BrokerClosed, BrokerRequest, EngineGeometry
+from forge.broker import BrokerClosed, BrokerRequest
+from forge.host.protocol import Collected, Hello, WireRequest, WireResult
 from forge.host.wire import to_wire
 from forge.link.counters import JobCounters
 from forge.link.credit import Credit
@@ -37,25 +38,21 @@ CLOSE_WAIT_S = 5.0
 _sessions = itertools.count(1)
 
 
-def geometry_of(info: dict) -> EngineGeometry:
-    return EngineGeometry(**info["geometry"])
-
-
 class EngineLink:
-    def __init__(self, transport: Transport, info: dict, *, broker, job: str,
-                 settle: Callable[[BrokerRequest, str, tuple], None], fail: Callable[[BrokerRequest, str], None],
+    def __init__(self, transport: Transport, info: Hello, *, broker, job: str,
+                 settle: Callable[[BrokerRequest, str, WireResult], None], fail: Callable[[BrokerRequest, str], None],
                  wanted: Optional[Callable[[BrokerRequest], bool]] = None):
-        """settle(request, engine id, result tuple) and fail(request, why) answer the node's callers; wanted(request)
+        """settle(request, engine id, result) and fail(request, why) answer the node's callers; wanted(request)
         False means its caller left, so it is not sent (the broker still counts it done)."""
         self.transport, self.info = transport, info
-        self.geometry = geometry_of(info)
+        self.geometry = info.geometry
         self.eid = self.geometry.engine_id
         self.key = self.geometry.tokenizer_key
         self.broker, self.job, self._settle, self._fail, self._wanted = broker, job, settle, fail, wanted
         self.credit = Credit(self.geometry)
         self.out = self.credit.out                  # rid -> (request, attempt, blocks): dispatched, not answered
         self.session = self._new_session()
-        self.incarnation = info["incarnation"]
+        self.incarnation = info.incarnation
         self.epoch = 0
         self.state = "up"                 # up | down (being brought back) | gone (not used any more)
         self.down_since: Optional[float] = None
@@ -68,7 +65,7 @@ class EngineLink:
         self.lost_requeued = 0
         self.dropped_cancelled = 0        # taken for this engine after their callers left: never sent
         self.counters = JobCounters()
-        self.counters.observe(info["stats"])       # counted from here: a host may outlive a job
+        self.counters.observe(info.stats)          # counted from here: a host may outlive a job
         self._cancels: list[tuple[str, int]] = []
         self._cancel_flush: Optional[asyncio.Handle] = None
         self._closed = False
@@ -102,7 +99,7 @@ class EngineLink:
                 log.error("engine %s: %d link task(s) did not end within %g s", self.eid, len(stuck), CLOSE_WAIT_S)
         if self.state == "up":
             try:
-                await self.transport.call("end_session", self.session, timeout_s=5.0)
+                await self.transport.end_session(self.session, timeout_s=5.0)
             except Exception:  # noqa: BLE001 - the host ends the session by its lease anyway
                 pass
 
@@ -148,13 +145,13 @@ class EngineLink:
             if not wire:
                 continue
             try:
-                await self.transport.call("submit", self.session, wire, timeout_s=CALL_TIMEOUT_S)
+                await self.transport.submit(self.session, wire, timeout_s=CALL_TIMEOUT_S)
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # noqa: BLE001 - any failure to hand over is a loss
                 self.lost(f"submit failed: {type(e).__name__}: {_first_line(e)}", epoch)
 
-    def _to_wire(self, batch: list[BrokerRequest]) -> list[tuple]:
+    def _to_wire(self, batch: list[BrokerRequest]) -> list[WireRequest]:
         """The batch as it travels; a request that cannot be put on the wire fails alone (its future must end)."""
         now, wire = time.monotonic(), []
         for r in batch:
@@ -207,7 +204,7 @@ class EngineLink:
 
     async def _send_cancels(self, keys: list[tuple[str, int]], session: str) -> None:
         try:
-            await self.transport.call("cancel", session, keys, timeout_s=CALL_TIMEOUT_S)
+            await self.transport.cancel(session, keys, timeout_s=CALL_TIMEOUT_S)
         except Exception as e:  # noqa: BLE001 - a lost host gives everything back anyway
             log.debug("engine %s: cancel of %d request(s) not delivered: %s", self.eid, len(keys), e)
 
@@ -219,8 +216,8 @@ class EngineLink:
                 return
             epoch, sid = self.epoch, self.session
             try:
-                reply = await self.transport.call("collect", sid, COLLECT_WAIT_S, MAX_ITEMS,
-                                                  timeout_s=COLLECT_WAIT_S + CALL_TIMEOUT_S)
+                reply = await self.transport.collect(sid, COLLECT_WAIT_S, MAX_ITEMS,
+                                                     timeout_s=COLLECT_WAIT_S + CALL_TIMEOUT_S)
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # noqa: BLE001
@@ -232,18 +229,18 @@ class EngineLink:
                 except Exception as e:  # noqa: BLE001 - a reply forge cannot read: the engine's work is as lost
                     self.lost(f"unreadable reply: {type(e).__name__}: {_first_line(e)}", epoch)
 
-    def _apply(self, reply: dict, epoch: int) -> None:
-        if reply.get("ended"):
+    def _apply(self, reply: Collected, epoch: int) -> None:
+        if reply.ended:
             self.lost("the engine ended this link's session", epoch)
             return
-        if reply["incarnation"] != self.incarnation:
-            self.lost(f"the engine restarted (incarnation {reply['incarnation']})", epoch)
+        if reply.incarnation != self.incarnation:
+            self.lost(f"the engine restarted (incarnation {reply.incarnation})", epoch)
             return
-        results = reply["results"]
+        results = reply.results
         if results:             # one collect's answers: the broker's books and the credit event once for all
             release, done = self.credit.release, []
             for res in results:
-                req = release(res[0], res[1])
+                req = release(res.rid, res.attempt)
                 if req is not None:
                     done.append((req, res))
             if done:
@@ -252,20 +249,20 @@ class EngineLink:
                 settle, eid = self._settle, self.eid
                 for req, res in done:
                     settle(req, eid, res)
-        back = [req for rid, attempt in reply["returned"] if (req := self._release(rid, attempt)) is not None]
+        back = [req for rid, attempt in reply.returned if (req := self._release(rid, attempt)) is not None]
         if back:
             self._requeue(back, "given back by the engine")
-        tokens, elapsed, occupancy = reply["delivered"]
-        if tokens:
-            self.broker.record_delivery(self.eid, tokens, elapsed, occupancy)
-        if "stats" in reply:
-            self.counters.observe(reply["stats"])
-        self.engine_state = reply.get("state", self.engine_state)
-        if reply.get("failure"):
-            self.failure = reply["failure"]
-            self.lost(reply["failure"], epoch, engine_failed=True)
+        delivered = reply.delivered
+        if delivered.tokens:
+            self.broker.record_delivery(self.eid, delivered.tokens, delivered.elapsed_s, delivered.occupancy)
+        if reply.stats is not None:
+            self.counters.observe(reply.stats)
+        self.engine_state = reply.state or self.engine_state
+        if reply.failure:
+            self.failure = reply.failure
+            self.lost(reply.failure, epoch, engine_failed=True)
             return
-        healthy = bool(reply["healthy"] and reply["accepting"])
+        healthy = bool(reply.healthy and reply.accepting)
         if healthy != self.healthy:
             self.healthy = healthy
             self.unhealthy_since = None if healthy else time.monotonic()
@@ -310,17 +307,17 @@ class EngineLink:
             self.failure = self.failure or str(e)
             log.error("engine %s is given up: %s", self.eid, e)
             return
-        if geometry_of(info) != self.geometry:
+        if info.geometry != self.geometry:
             log.error("engine %s came back with a different contract geometry; it is not used", self.eid)
             self.state, self.failure = "gone", "came back with a different contract geometry"
             return
         old, self.session = self.session, self._new_session()
-        if info["incarnation"] != self.incarnation:
+        if info.incarnation != self.incarnation:
             self.counters.new_incarnation()
-            self.counters.observe(info["stats"])
+            self.counters.observe(info.stats)
         else:
             self._spawn(self._end_session(old), f"end-{self.eid}")
-        self.info, self.incarnation = info, info["incarnation"]
+        self.info, self.incarnation = info, info.incarnation
         self.state, self.down_since, self.healthy, self.failure = "up", None, True, None
         self.unhealthy_since = None
         self.engine_state = "running"
@@ -331,7 +328,7 @@ class EngineLink:
 
     async def _end_session(self, sid: str) -> None:
         try:
-            await self.transport.call("end_session", sid, timeout_s=5.0)
+            await self.transport.end_session(sid, timeout_s=5.0)
         except Exception:  # noqa: BLE001 - it ends by its lease anyway
             pass
 

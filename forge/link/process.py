@@ -24,6 +24,7 @@ from forge.config.plan import CardPlan
 from forge.errors import ForgeError
 from forge.host.worker import WorkerSpec
 from forge.host.channel import CallChannel, frame, open_socket
+from forge.host.protocol import Hello, HostMethod
 from forge.link.transport import LinkGone, Transport
 
 log = logging.getLogger("forge.link.process")
@@ -70,7 +71,7 @@ class ProcessTransport(Transport):
         mine.sendall(frame(self.spec))      # small, and the socket buffer holds it: the worker reads it first
         self._sock, self.loaded = mine, False
 
-    async def start(self) -> dict:
+    async def start(self) -> Hello:
         """The worker's hello, once its engine is loaded (bounded by ENGINE_START_TIMEOUT_S)."""
         if self._sock is None:
             self.launch()
@@ -78,7 +79,7 @@ class ProcessTransport(Transport):
         reader, writer = await open_socket(sock)
         self.channel = CallChannel(reader, writer, on_eof=lambda why: None)
         try:
-            info = await self.channel.call("hello", timeout_s=constants.ENGINE_START_TIMEOUT_S)
+            info = await self.hello(timeout_s=constants.ENGINE_START_TIMEOUT_S)
             self.loaded = True
             return info
         except ForgeError:
@@ -91,12 +92,12 @@ class ProcessTransport(Transport):
             raise ForgeError(f"card {self.name} ({self.spec.plan.contract.contract}): engine failed to start: "
                              f"{what}") from None
 
-    async def call(self, method: str, *args: Any, timeout_s: float) -> Any:
+    async def call(self, method: HostMethod, *args: Any, timeout_s: float) -> Any:
         if self.channel is None:
             raise ConnectionError(f"card {self.name}: no worker")
-        return await self.channel.call(method, *args, timeout_s=timeout_s)
+        return await self.channel.call(method.value, *args, timeout_s=timeout_s)
 
-    async def reconnect(self, why: str, *, engine_failed: bool, incarnation: str) -> dict:
+    async def reconnect(self, why: str, *, engine_failed: bool, incarnation: str) -> Hello:
         if engine_failed:
             raise LinkGone(why)
         while True:
@@ -120,7 +121,7 @@ class ProcessTransport(Transport):
         stopped = False
         if self.loaded and self.channel is not None and self.channel.closed is None:
             try:
-                await self.channel.call("stop", timeout_s=timeout_s)
+                await self.stop(timeout_s=timeout_s)
                 stopped = True
             except Exception as e:  # noqa: BLE001 - it is killed below
                 log.warning("card %s: worker did not stop cleanly (%s: %s)", self.name, type(e).__name__, e)

@@ -12,6 +12,7 @@ from typing import Any
 
 from forge import constants
 from forge.config.plan import CardPlan
+from forge.host.protocol import Hello, HostMethod
 from forge.link.transport import LinkGone, Transport
 
 _LOADING = threading.Lock()
@@ -26,7 +27,7 @@ class ThreadTransport(Transport):
     def launch(self) -> None:
         """Nothing to start ahead: the engine is built in start()."""
 
-    async def start(self) -> dict:
+    async def start(self) -> Hello:
         from forge.host.engine_host import EngineHost
 
         def build():
@@ -34,16 +35,16 @@ class ThreadTransport(Transport):
                 return EngineHost(self.plan, node=self.node, stall_window_s=self.stall_window_s)
 
         self.host = await asyncio.wait_for(asyncio.to_thread(build), constants.ENGINE_START_TIMEOUT_S)
-        return await self.host.hello()
+        return await self.hello(timeout_s=constants.ENGINE_START_TIMEOUT_S)
 
-    async def call(self, method: str, *args: Any, timeout_s: float) -> Any:
+    async def call(self, method: HostMethod, *args: Any, timeout_s: float) -> Any:
         # The host shares this loop: each of its calls is bounded by its own waits (collect by its wait_s,
         # drain by its timeout, stop by the engine's shutdown timeout), so no timer is added here.
-        return await getattr(self.host, method)(*args)
+        return await getattr(self.host, method.value)(*args)
 
-    async def reconnect(self, why: str, *, engine_failed: bool, incarnation: str) -> dict:
+    async def reconnect(self, why: str, *, engine_failed: bool, incarnation: str) -> Hello:
         raise LinkGone(why)           # an engine in this process is not rebuilt: the card has failed
 
     async def close(self, timeout_s: float) -> None:
         if self.host is not None and not self.host.stopped:
-            await self.host.stop()
+            await self.stop(timeout_s=timeout_s)

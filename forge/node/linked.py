@@ -20,7 +20,8 @@ from forge.engines.interface import Guide
 from forge.errors import ForgeError, NodeDown, RequestRejected
 from forge.gc_tuning import tune_for_throughput
 from forge.link.encoder import EncodeFailed, Encoder
-from forge.link.link import EngineLink, geometry_of
+from forge.host.protocol import Hello, WireResult
+from forge.link.link import EngineLink
 from forge.link.transport import Transport
 from forge.node.down import EnginesOut
 from forge.node.guided import guided_output_problem
@@ -59,9 +60,9 @@ class LinkedNode(EnginesOut, Node):
         return f"{self.label_prefix}{self.name}"
 
     # ------------------------------------------------------------------ lifecycle
-    def attach_links(self, engines: list[tuple[Transport, dict]]) -> None:
+    def attach_links(self, engines: list[tuple[Transport, Hello]]) -> None:
         """Build the broker over these engines (transport, hello) and start their links."""
-        self.broker = Broker(BrokerCore([geometry_of(info) for _, info in engines], grouping=self.grouping,
+        self.broker = Broker(BrokerCore([info.geometry for _, info in engines], grouping=self.grouping,
                                         node=self.name))
         for transport, info in engines:
             lk = EngineLink(transport, info, broker=self.broker, job=self._rid_prefix, settle=self._settle,
@@ -189,7 +190,7 @@ class LinkedNode(EnginesOut, Node):
             raise
         finally:
             self._futures.pop(rid, None)
-        _, _, finish, ids, text, hidden, error, n_in = res
+        finish, error, text = res.finish_reason, res.error, res.text
         if finish == REFUSED:              # the engine cannot take it as asked: the caller's to fix
             raise RequestRejected(f"card {eid}: {error}")
         if finish == "error" or error:
@@ -204,16 +205,17 @@ class LinkedNode(EnginesOut, Node):
                                       param="max_tokens")
             if problem is not None:
                 raise ForgeError(f"card {eid}: guided output failed its check: {problem}")
-        gen = Generation(text=text, output_tokens=len(ids), input_tokens=n_in, finish_reason=finish, card=eid,
-                         token_ids=tuple(ids))
-        return Answer(gen, hidden)
+        ids = res.output_ids
+        gen = Generation(text=text, output_tokens=len(ids), input_tokens=res.input_tokens, finish_reason=finish,
+                         card=eid, token_ids=tuple(ids))
+        return Answer(gen, res.hidden)
 
     def _check_guide_support(self, guide: Guide) -> None:
         if guide.choice is not None and guide.json_schema is not None:
             raise RequestRejected("give choice or json_schema, not both")
         kind = "choice" if guide.choice is not None else "json_schema"
-        if not any(kind in lk.info.get("guides", ()) for lk in self.links.values()):
-            have = ", ".join(f"{eid}: {lk.info.get('guides') or 'none'}" for eid, lk in self.links.items())
+        if not any(kind in lk.info.guides for lk in self.links.values()):
+            have = ", ".join(f"{eid}: {lk.info.guides or 'none'}" for eid, lk in self.links.items())
             raise RequestRejected(f"no card on {self.label} supports guided output of kind {kind} ({have})")
         problem = schema_problem(guide.json_schema) if guide.json_schema is not None else None
         if problem:
@@ -230,7 +232,7 @@ class LinkedNode(EnginesOut, Node):
     def _wanted(self, req: BrokerRequest) -> bool:
         return req.request_id in self._futures
 
-    def _settle(self, req: BrokerRequest, eid: str, res: tuple) -> None:
+    def _settle(self, req: BrokerRequest, eid: str, res: WireResult) -> None:
         fut = self._futures.get(req.request_id)
         if fut is not None and not fut.done():
             fut.set_result((eid, res))

@@ -99,7 +99,7 @@ class LocalNode(LinkedNode):
         for key in self.tokenizer_keys():
             lk = next(lk for lk in self.links.values() if lk.key == key)
             try:
-                tok, probes = await lk.transport.call("tokenizer_copy", timeout_s=60.0)
+                tok, probes = await lk.transport.tokenizer_copy(timeout_s=60.0)
                 bad = [text for text, ids in probes if list(tok.encode(text)) != list(ids)]
             except Exception as e:  # noqa: BLE001 - a copy that cannot be had: tokenize through the host
                 tok, bad = None, [f"{type(e).__name__}: {e}"]
@@ -138,16 +138,16 @@ class LocalNode(LinkedNode):
         cards = []
         for lk in self.links.values():
             st, info = lk.stats(), lk.info
-            cards.append({"card": lk.eid, "replica": info.get("replica", 0), "model": info["model"], "tier": info["tier"],
-                          "backend": info["backend"], "healthy": bool(st and st.healthy),
-                          "limits": info["limits"], "kv_blocks": info["kv_blocks"],
-                          "full_length_slots": info["full_length_slots"],
+            cards.append({"card": lk.eid, "replica": info.replica, "model": info.model, "tier": info.tier,
+                          "backend": info.backend, "healthy": bool(st and st.healthy),
+                          "limits": info.limits, "kv_blocks": info.kv_blocks,
+                          "full_length_slots": info.full_length_slots,
                           "state": CARD_STATE.get(lk.state, lk.engine_state), "failure": lk.failure,
                           "in_flight": st.in_flight if st else 0,
                           "kv_blocks_reserved": st.kv_blocks_reserved if st else 0,
-                          "guides": list(info.get("guides", [])),
+                          "guides": list(info.guides),
                           "tokens_per_s": round(st.tokens_per_s, 1) if st else 0.0,
-                          "pid": info.get("pid"), "transport": self.card_transport})
+                          "pid": info.pid, "transport": self.card_transport})
         return {"node": self.name, "started_at": self.started_at, "cards": cards,
                 "pending": self.broker.pending() if self.broker else 0, "closed": self.closed,
                 "open_requests": self.open_requests(), "abandoned": self.abandoned, "down": self.down}

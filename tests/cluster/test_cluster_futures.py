@@ -13,8 +13,9 @@ from forge.broker import Broker, BrokerCore, BrokerRequest
 from forge.cluster import actor, client
 from forge.cluster.actor import RayTransport
 from forge.cluster.client import ClusterNode
+from forge.host.protocol import WireResult
 from forge.link import encoder, link as links
-from forge.link.link import EngineLink, geometry_of
+from forge.link.link import EngineLink
 from forge.errors import NodeDown, RequestRejected
 from forge.functions.api import GenerateParams
 from tests.cluster.test_cluster_units import InProcessHandle, make_host
@@ -92,13 +93,13 @@ def test_a_request_that_cannot_be_put_on_the_wire_fails_alone(monkeypatch):
     monkeypatch.setattr(links, "to_wire", to_wire)
     got = asyncio.run(_link_job(InProcessHandle, n=20))
     assert isinstance(got["r7"], RuntimeError) and "cannot be sent to engine i1/cpu0" in str(got["r7"])
-    assert all(isinstance(v, tuple) and v[2] == "length" for k, v in got.items() if k != "r7")
+    assert all(isinstance(v, WireResult) and v.finish_reason == "length" for k, v in got.items() if k != "r7")
 
 
 def test_a_reply_the_link_cannot_read_is_a_loss_and_nothing_is_lost(monkeypatch):
     monkeypatch.setattr(actor, "REATTACH_INTERVAL_S", 0.05)
     got = asyncio.run(_link_job(lambda host: FaultyHandle(host, collect=lambda reply: {"garbled": True}), n=50))
-    assert len(got) == 50 and all(isinstance(v, tuple) and v[2] == "length" for v in got.values())
+    assert len(got) == 50 and all(isinstance(v, WireResult) and v.finish_reason == "length" for v in got.values())
 
 
 def test_a_silent_engine_is_lost_within_the_stall_window_and_the_job_told(monkeypatch):
@@ -134,7 +135,7 @@ async def _link_job(make_handle, n: int) -> dict:
     host = make_host()
     info = await host.hello()
     handle = make_handle(host)
-    broker = Broker(BrokerCore([geometry_of(info)], node="test"))
+    broker = Broker(BrokerCore([info.geometry], node="test"))
     done: dict[str, asyncio.Future] = {}
     link = EngineLink(RayTransport("engine:i1/cpu0", handle), info, broker=broker, job="j",
                       settle=lambda req, eid, res: done[req.request_id].set_result(res),

@@ -24,6 +24,7 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from forge.cluster.names import NAMESPACE  # noqa: E402
+from forge.host.protocol import Hello  # noqa: E402
 from tests.cluster.harness import FIXTURES, REPO, LocalCluster  # noqa: E402
 from tests.forge_cli import invoke  # noqa: E402
 
@@ -49,7 +50,7 @@ def read_output(path: Path) -> list[dict]:
     return rows
 
 
-def engine_info(name: str) -> dict:
+def engine_info(name: str) -> Hello:
     return ray.get(ray.get_actor(f"engine:{name}/cpu0", namespace=NAMESPACE).hello.remote(), timeout=30)
 
 
@@ -80,9 +81,9 @@ def test_engines_are_placed_by_tier_and_hold_their_card(lc):
     nodes = {n["NodeID"]: n for n in ray.nodes() if n["Alive"]}
     for name in "abc":
         info = engine_info(name)
-        assert info["ray_node_id"] == lc.nodes[name].info()["ray_node_id"]
-        assert nodes[info["ray_node_id"]]["Resources"][f"forge_tier:{info['tier']}"] == 1.0
-        assert info["guard"]["pdeathsig"] and info["guard"]["watches_agent"]
+        assert info.ray_node_id == lc.nodes[name].info()["ray_node_id"]
+        assert nodes[info.ray_node_id]["Resources"][f"forge_tier:{info.tier}"] == 1.0
+        assert info.guard["pdeathsig"] and info.guard["watches_agent"]
     free = ray.available_resources()
     assert free.get("forge_tier:tiny-long", 0) == 0 and free.get("forge_tier:tiny-short", 0) == 0
     assert free.get("forge_card:cpu", 0) == 0                 # every card is held by its engine for life
@@ -110,7 +111,7 @@ def test_losing_a_node_midway_loses_nothing_and_writes_nothing_twice(lc, tmp_pat
     n = 900                                                  # long enough that c is lost with work in hand
     data = write_records(tmp_path / "in.jsonl", n_short=n)
     out = tmp_path / "out.jsonl"
-    victim_pid = engine_info("c")["pid"]
+    victim_pid = engine_info("c").pid
     job = subprocess.Popen([sys.executable, "-m", "forge", "deploy", TAG, "--cluster", lc.address, "--input", str(data),
                             "--output", str(out), "--progress", "off"],
                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -150,7 +151,7 @@ def test_a_reprovisioned_node_serves_the_next_job(lc, tmp_path):
 
 def test_a_crashing_engine_is_rebuilt_on_its_card_and_the_job_loses_nothing(lc, tmp_path):
     lc.add(FIXTURES / "nodes" / "d.yaml", wait=True)        # its engine (no model) fails after 40 results
-    first = engine_info("d")["incarnation"]
+    first = engine_info("d").incarnation
     data = write_records(tmp_path / "in.jsonl", n_short=600)
     out = tmp_path / "out.jsonl"
     rc, _, err = invoke("deploy", TAG, "--cluster", lc.address, "--input", str(data), "--output", str(out),
@@ -163,7 +164,7 @@ def test_a_crashing_engine_is_rebuilt_on_its_card_and_the_job_loses_nothing(lc, 
     assert summary["requeued"] > 0, err                      # what the failed engine held went elsewhere
     for _ in range(100):                                     # Ray rebuilt it on its card: a new incarnation
         try:
-            if engine_info("d")["incarnation"] != first:
+            if engine_info("d").incarnation != first:
                 break
         except (ray.exceptions.RayError, ValueError):
             pass
@@ -195,7 +196,7 @@ def test_an_agent_stopped_midway_drains_its_node_and_the_job_loses_nothing(lc, t
 
 
 def test_engines_do_not_outlive_their_agent(lc):
-    pid = engine_info("b")["pid"]
+    pid = engine_info("b").pid
     lc.nodes["b"].agent.kill()
     lc.nodes["b"].agent.wait(10)
     for _ in range(100):

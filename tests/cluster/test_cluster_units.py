@@ -18,7 +18,7 @@ from forge.host.wire import from_wire, to_wire
 from forge.config.load import load_node
 from forge.engines.interface import Sampling
 from forge.errors import UsageError
-from forge.link.link import EngineLink, geometry_of
+from forge.link.link import EngineLink
 from forge.requests import RequestOptions
 
 FIX = Path(__file__).parent / "fixtures"
@@ -96,7 +96,7 @@ def test_wire_round_trip_keeps_identity_options_and_age():
     assert back.payload.rid == "r1" and back.payload.session == "sess" and back.attempt == 1
     assert back.payload.options.sampling.temperature == 0.5 and back.payload.options.deadline_s == 3.0
     assert 1.9 < time.monotonic() - back.enqueued_at < 3.0
-    assert to_wire(BrokerRequest(request_id="x", prompts={"k": (1,)}, max_new_tokens=1), "k", 0.0)[5] is None
+    assert to_wire(BrokerRequest(request_id="x", prompts={"k": (1,)}, max_new_tokens=1), "k", 0.0).options is None
 
 
 # ----------------------------------------------------------------------------- the engine actor's body, and a job's link to it
@@ -130,18 +130,19 @@ def test_host_runs_batches_and_drops_ended_sessions():
     async def main():
         host = make_host()
         info = await host.hello()
-        assert info["engine_id"] == "i1/cpu0" and info["geometry"]["max_batch_size"] == 512
+        assert info.engine_id == "i1/cpu0" and info.geometry.max_batch_size == 512
         key = host.tokenizer_key
         ids = (await host.encode(["hello there"]))[0]
         reqs = [BrokerRequest(request_id=f"r{i}", prompts={key: tuple(ids)}, max_new_tokens=4) for i in range(20)]
         assert await host.submit("s1", [to_wire(r, key, time.monotonic()) for r in reqs]) == 20
         got = []
         while len(got) < 20:
-            got += (await host.collect("s1", 1.0))["results"]
-        assert sorted(r[0] for r in got) == sorted(f"r{i}" for i in range(20))
-        assert all(r[2] == "length" and len(r[3]) == 4 for r in got)
+            got += (await host.collect("s1", 1.0)).results
+        assert sorted(r.rid for r in got) == sorted(f"r{i}" for i in range(20))
+        assert all(r.finish_reason == "length" and len(r.output_ids) == 4 for r in got)
         await host.end_session("s1")
-        assert (await host.collect("s1", 0.01)) == {"ended": True, "incarnation": host.incarnation}
+        ended = await host.collect("s1", 0.01)
+        assert ended.ended and ended.incarnation == host.incarnation and ended.results == []
         await host.stop()
 
     asyncio.run(main())
@@ -154,7 +155,7 @@ def test_link_requeues_a_lost_engines_work_and_settles_each_request_once(monkeyp
         host = make_host()
         info = await host.hello()
         handle = InProcessHandle(host)
-        geom = geometry_of(info)
+        geom = info.geometry
         broker = Broker(BrokerCore([geom], node="test"))
         settled: dict[str, int] = {}
         done: dict[str, asyncio.Future] = {}

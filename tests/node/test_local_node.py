@@ -32,7 +32,7 @@ def test_answers_embeddings_and_stats_are_the_same_over_both_transports(transpor
             ans = await node.submit([5, 6, 7], GenerateParams(max_tokens=3, priority=2))
             (st,) = node.engine_stats()
             (link,) = node.links.values()
-            return gens, hidden, ans, st, node.describe(), node.healthy_cards(), link.info["gc"]
+            return gens, hidden, ans, st, node.describe(), node.healthy_cards(), link.info.gc
         finally:
             await node.stop()
 
