@@ -66,7 +66,7 @@ class WireResult(NamedTuple):
 
 def requests_to_send(items: Sequence[WireRequest]) -> list[tuple]:
     """A submit's batch as it crosses any carrier: plain tuples (see the module docstring)."""
-    return [tuple(r) for r in items]
+    return list(map(tuple, items))
 
 
 def requests_received(items: Sequence[tuple]) -> list[WireRequest]:
