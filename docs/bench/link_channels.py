@@ -2,10 +2,11 @@
 
     python docs/bench/link_channels.py [--tasks 200000] [--batch 1024] [--repeat 5]
 
-The traffic of a link at full speed, without forge around it: the node sends batches of request tuples (what
-forge/host/wire.to_wire makes: id, attempt, 8 prompt ids, max tokens, priority, no options, age) and keeps a
-long poll open; the worker answers each batch with one batch of result tuples (id, attempt, finish reason, 1
-output id, text, no hidden state, no error, input tokens) through the poll. At most two batches are in flight,
+The traffic of a link at full speed, without forge around it: the node sends batches of request tuples (the
+plain tuples a WireRequest crosses as, forge/host/protocol.py: id, attempt, 8 prompt ids, max tokens, priority,
+no options, age) and keeps a long poll open; the worker answers each batch with one batch of result tuples (a
+WireResult's fields: id, attempt, finish reason, 1 output id, text, no hidden state, no error, input tokens)
+through the poll. At most two batches are in flight,
 as the link's credit allows. Both ends pickle each message (protocol 5) with a 4-byte length.
 
     pipe    multiprocessing.Pipe(); each end reads when its descriptor is readable (loop.add_reader) and
