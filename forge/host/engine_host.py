@@ -120,7 +120,7 @@ class EngineHost:
             if finish not in ("error", REFUSED) and not error and not t.options.want_hidden:
                 text = self.tokenizer.decode(result.output_ids)
             return wire_result(t, req.attempt, finish, result.output_ids, text, result.hidden, error,
-                                len(req.prompt_for(self.tokenizer_key)))
+                               len(req.prompt_for(self.tokenizer_key)))
 
         self.feed.deliver(req, make)
 
