@@ -6,7 +6,8 @@ endpoint and the runtime import them from here, so nothing below the functions i
 GenerateParams is checked once, at the node's edge, and turned into RequestOptions there. From then on
 RequestOptions is the only form: the node's broker carries it as the request's payload, and the links carry it to an engine host as is (a frozen
 dataclass: pickled on the process link and on Ray, passed by reference on the thread link; None stands for
-the defaults, so most requests carry nothing). The admission runtime reads it to build the EngineRequest.
+the defaults, so most requests carry nothing). In the host it is the HostRequest's `options`
+(forge/host/request.py), which the admission runtime reads to build the EngineRequest.
 
 Imports nothing of forge but constants, errors and the engine interface's plain value types."""
 from __future__ import annotations
@@ -20,7 +21,7 @@ from forge import constants
 from forge.engines.interface import REFUSED, Guide, Sampling
 from forge.errors import RequestRejected
 
-__all__ = ["REFUSED", "RequestOptions", "DEFAULT_OPTIONS", "options_of", "Generation", "GenerateParams",
+__all__ = ["REFUSED", "RequestOptions", "DEFAULT_OPTIONS", "Generation", "GenerateParams",
            "params_problem", "prompt_problem", "plain_token_ids"]   # REFUSED: a result's typed refusal
 
 
@@ -213,10 +214,3 @@ class RequestOptions:
 
 DEFAULT_OPTIONS = RequestOptions()
 
-
-def options_of(payload: Any) -> RequestOptions:
-    """The options a broker request carries: its payload itself, or the payload's `options`; defaults if none."""
-    if isinstance(payload, RequestOptions):
-        return payload
-    opts = getattr(payload, "options", None)
-    return opts if isinstance(opts, RequestOptions) else DEFAULT_OPTIONS

@@ -4,8 +4,9 @@ A pure core (BrokerCore: geometry, prefix groups, batch forming, dispatch choice
 wrapper (Broker) with bounded queues and back-pressure. docs/broker.md explains the model."""
 from forge.broker.core import BrokerCore
 from forge.broker.queue import Broker
-from forge.broker.types import (BrokerClosed, BrokerRequest, EngineGeometry, NoEngineFits, QueueFull,
+from forge.broker.geometry import size_problem
+from forge.broker.types import (BrokerClosed, BrokerRequest, EngineGeometry, NoEngineFits, QueueFull, blocks_for,
                                 blocks_needed)
 
 __all__ = ["Broker", "BrokerCore", "BrokerClosed", "BrokerRequest", "EngineGeometry", "NoEngineFits",
-           "QueueFull", "blocks_needed"]
+           "QueueFull", "blocks_for", "blocks_needed", "size_problem"]

@@ -5,7 +5,7 @@ from bisect import bisect_left
 from collections import Counter
 from typing import Optional, Sequence
 
-from forge.broker.types import BrokerRequest, EngineGeometry, NoEngineFits
+from forge.broker.types import BrokerRequest, EngineGeometry, NoEngineFits, blocks_for
 
 MIN_BUCKET_TOKENS = 16          # prompts up to this long share the first bucket
 
@@ -15,12 +15,18 @@ def fit_problem(req: BrokerRequest, g: EngineGeometry) -> Optional[str]:
     prompt = req.prompts.get(g.tokenizer_key)
     if prompt is None:
         return f"no prompt for its tokenizer {g.tokenizer_key!r}"
-    n, m = len(prompt), req.max_new_tokens
+    return size_problem(len(prompt), req.max_new_tokens, g)
+
+
+def size_problem(prompt_tokens: int, max_new_tokens: int, g: EngineGeometry) -> Optional[str]:
+    """Why a prompt of `prompt_tokens` (in g's tokenizer) asking for `max_new_tokens` cannot run on `g`; None when it
+    fits. The node's broker and an engine host's queue refuse by it."""
+    n, m = prompt_tokens, max_new_tokens
     if n > g.max_input_len:
         return f"prompt {n} tokens > max_input_len {g.max_input_len}"
     if m > g.max_output_len:
         return f"max_new_tokens {m} > max_output_len {g.max_output_len}"
-    blocks = -(-(n + m) // g.tokens_per_block)
+    blocks = blocks_for(n, m, g.tokens_per_block)
     if blocks > g.kv_blocks_total:
         return f"needs {blocks} KV blocks of {g.tokens_per_block} > the pool's {g.kv_blocks_total}"
     return None

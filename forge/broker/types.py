@@ -65,9 +65,15 @@ class EngineGeometry:
                 f"{self.kv_blocks_total} KV blocks of {self.tokens_per_block} tokens)")
 
 
+def blocks_for(prompt_tokens: int, max_new_tokens: int, tokens_per_block: int) -> int:
+    """KV blocks a request reserves: ceil((prompt + max_new_tokens) / tokens_per_block). The one formula the
+    node's broker, the links' credit, an engine host's queue and its admission all count with."""
+    return -(-(prompt_tokens + max_new_tokens) // tokens_per_block)
+
+
 def blocks_needed(req: BrokerRequest, geom: EngineGeometry) -> int:
-    """KV blocks the request reserves on that engine: ceil((prompt + max_new_tokens) / tokens_per_block)."""
-    return -(-(len(req.prompt_for(geom.tokenizer_key)) + req.max_new_tokens) // geom.tokens_per_block)
+    """KV blocks the request reserves on that engine (blocks_for with its prompt in the engine's tokenizer)."""
+    return blocks_for(len(req.prompt_for(geom.tokenizer_key)), req.max_new_tokens, geom.tokens_per_block)
 
 
 class NoEngineFits(RequestRejected):

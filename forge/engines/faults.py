@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Optional, Sequence
+from typing import Any, Hashable, Optional, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -103,7 +103,7 @@ class FaultyEngine(Engine):
             for r in requests:
                 self._submitted_at[r.request_id] = now
 
-    def cancel(self, request_id: str) -> None:
+    def cancel(self, request_id: Hashable) -> None:
         with self._lock:
             self._check_crash()
         self.inner.cancel(request_id)

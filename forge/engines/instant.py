@@ -24,7 +24,7 @@ import zlib
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Hashable, Optional, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -209,7 +209,7 @@ class InstantEngine(Engine):
                 self._jobs[r.request_id] = job
             self._cond.notify_all()
 
-    def cancel(self, request_id: str) -> None:
+    def cancel(self, request_id: Hashable) -> None:
         with self._cond:
             if request_id in self._jobs:
                 self._cancels.add(request_id)

@@ -11,6 +11,10 @@ to it through five calls, none of which may block longer than the timeout it is 
     shutdown(timeout_s)     stop the loop and free the card
 
 Tokenization belongs to the engine (its tokenizer is the one the broker measures with).
+
+A request's id is opaque to the engine: in an engine host it is the request's RequestKey (session, rid, attempt),
+made once from the wire and carried unchanged into the engine and back in its EngineResult. An engine whose library
+wants text for an id uses `str(request_id)` (RequestKey.__str__), nothing else: the id is never rewritten.
 """
 from __future__ import annotations
 
@@ -18,7 +22,7 @@ import abc
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, Optional, Protocol, Sequence
+from typing import Any, Hashable, NamedTuple, Optional, Protocol, Sequence
 
 from forge import constants
 
@@ -67,9 +71,25 @@ class Guide:
     regex: Optional[str] = None
 
 
+class RequestKey(NamedTuple):
+    """One dispatch of a request to an engine host: the link session it came on, the node's request id, and the
+    node's attempt (a requeued request comes back with attempt + 1, so a key is never dispatched twice)."""
+
+    session: str
+    rid: str
+    attempt: int
+
+    def __str__(self) -> str:
+        """The key as text, for an engine library that takes string ids (vLLM, transformers): the one place a key
+        becomes a string. Sessions and node request ids are hex and dashes, so the text is unique per key."""
+        return f"{self.session}|{self.rid}|{self.attempt}"
+
+
 @dataclass(frozen=True)
 class EngineRequest:
-    request_id: str                  # unique per attempt-independent request (idempotent across requeues)
+    # The request's id, unique among what the engine may still hold: a RequestKey in an engine host (any hashable
+    # whose str() is unique works, as engine tests use plain strings). Results come back under it unchanged.
+    request_id: Hashable
     prompt_ids: tuple[int, ...]      # already tokenized with this engine's tokenizer
     max_new_tokens: int              # never above the contract's max_output_len (the broker checks)
     sampling: Sampling = Sampling()
@@ -82,7 +102,7 @@ REFUSED = "refused"
 
 @dataclass
 class EngineResult:
-    request_id: str
+    request_id: Hashable             # the EngineRequest's, unchanged
     output_ids: list[int]
     finish_reason: str               # "eos" | "length" | "stop" | "cancelled" | "error" | REFUSED
     # REFUSED: the engine cannot run the request as asked (a guide or sampling mode it does not offer, a
@@ -143,7 +163,7 @@ class Engine(abc.ABC):
     def poll(self, timeout_s: float) -> Progress: ...
 
     @abc.abstractmethod
-    def cancel(self, request_id: str) -> None: ...
+    def cancel(self, request_id: Hashable) -> None: ...
 
     @abc.abstractmethod
     def stats(self) -> IterationStats: ...

@@ -21,7 +21,7 @@ import os
 import queue
 import threading
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Hashable, Optional, Sequence
 
 from forge.config.models import Contract
 from forge.config.plan import CardPlan
@@ -257,7 +257,7 @@ class ExecutorEngine(_TrtllmEngine):
             tokens = self._tokens.pop(eid, [])
         progress.results.append(EngineResult(rid, tokens, reason, error=error))
 
-    def cancel(self, request_id: str) -> None:
+    def cancel(self, request_id: Hashable) -> None:
         with self._lock:
             eid = self._by_request.get(request_id)
         if eid is not None:
@@ -356,7 +356,7 @@ class LlmApiEngine(_TrtllmEngine):
             progress.new_tokens, self._new_tokens = self._new_tokens, 0
         return progress
 
-    def cancel(self, request_id: str) -> None:
+    def cancel(self, request_id: Hashable) -> None:
         with self._lock:
             if request_id not in self._running:
                 return

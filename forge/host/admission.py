@@ -4,7 +4,8 @@ Never more in flight than the contract's slots and KV pool (each request reserve
 ceil((input + requested output) / tokens_per_block) blocks until the engine gives it back); a refusing
 engine is retried with bounded backoff; a stall (work in flight, no token for a window) pauses
 admission (a progress-only step) and then takes back the youngest requests, one at a time, so the
-oldest can finish. Every request taken from the broker is delivered exactly once or given back."""
+oldest can finish. Every request taken from the source (forge/host/source.py: the host's Feed) is delivered exactly
+once or given back."""
 from __future__ import annotations
 
 import asyncio
@@ -14,14 +15,15 @@ from dataclasses import replace
 from typing import Callable, Optional
 
 from forge import constants
-from forge.broker import BrokerClosed, BrokerRequest, EngineGeometry, blocks_needed
+from forge.broker import EngineGeometry, blocks_for
 from forge.config.plan import CardPlan
-from forge.engines.interface import Engine, EngineRequest, EngineResult, IterationStats
+from forge.engines.interface import Engine, EngineRequest, EngineResult, IterationStats, RequestKey
 from forge.host.driver import EngineDriver
 from forge.host.flights import Flight, FlightTable
 from forge.host.outcomes import Outcomes
 from forge.host.progress import DeliveryRate, Occupancy, StallWatch
-from forge.requests import options_of
+from forge.host.request import HostRequest
+from forge.host.source import AdmissionSource
 from forge.runtime.awake import pause_clock
 from forge.stats import EngineStats
 
@@ -39,13 +41,13 @@ def geometry_from_plan(plan: CardPlan, tokenizer_key: str = "default") -> Engine
 
 
 class AdmissionRuntime:
-    def __init__(self, *, engine: Engine, plan: CardPlan, broker, node: str,
-                 deliver: Callable[[BrokerRequest, EngineResult], None], tokenizer_key: str = "default",
+    def __init__(self, *, engine: Engine, plan: CardPlan, source: AdmissionSource, node: str,
+                 deliver: Callable[[HostRequest, EngineResult], None], tokenizer_key: str = "default",
                  stall_window_s: float = constants.STALL_WINDOW_S,
                  poll_timeout_s: float = constants.ENGINE_POLL_TIMEOUT_S,
                  takeback_interval_s: Optional[float] = None,
                  shutdown_timeout_s: float = constants.ENGINE_SHUTDOWN_TIMEOUT_S):
-        self.engine, self.plan, self.broker, self.deliver = engine, plan, broker, deliver
+        self.engine, self.plan, self.source, self.deliver = engine, plan, source, deliver
         self.geometry = g = geometry_from_plan(plan, tokenizer_key)
         self.engine_id = g.engine_id
         self.stall_window_s = stall_window_s
@@ -58,7 +60,7 @@ class AdmissionRuntime:
         self._stats = EngineStats(node=node, card=self.engine_id, tier=plan.contract.contract, slots=g.max_batch_size,
                                   token_budget=g.max_num_tokens, kv_blocks_total=g.kv_blocks_total)
         self._table = FlightTable(g.max_batch_size, g.kv_blocks_total)
-        self._out = Outcomes(engine_id=self.engine_id, broker=broker, deliver=deliver, stats=self._stats)
+        self._out = Outcomes(engine_id=self.engine_id, source=source, deliver=deliver, stats=self._stats)
         self._stall = StallWatch(stall_window_s, self.takeback_interval_s, time.monotonic())
         self._rate = DeliveryRate(TPS_HALF_LIFE_S)
         self._occupancy = Occupancy()
@@ -66,7 +68,7 @@ class AdmissionRuntime:
         self._phase = "idle"                    # idle -> running -> stopped
         self._backed_up = False                 # the engine reports queued work and no free KV block
         self._busy_until = 0.0                  # after a refusal, admission waits out the backoff
-        self._draining = self._stopping = self._broker_closed = self._hung = False
+        self._draining = self._stopping = self._hung = False
         self._wake: Optional[asyncio.Event] = None
         self._finished: Optional[asyncio.Event] = None
         self._loop: Optional[asyncio.AbstractEventLoop] = None
@@ -97,12 +99,8 @@ class AdmissionRuntime:
                 if not self._may_admit():
                     await self._sleep(self._tick_s)
                     continue
-                try:
-                    reqs = await self.broker.take(self.engine_id, free_slots=self._table.free_slots(),
-                                                  free_kv_blocks=self._table.free_kv_blocks(), timeout_s=self._tick_s)
-                except BrokerClosed:
-                    self._broker_closed = True
-                    continue
+                reqs = await self.source.take(free_slots=self._table.free_slots(),
+                                              free_kv_blocks=self._table.free_kv_blocks(), timeout_s=self._tick_s)
                 if reqs:
                     self._admit(reqs)
         finally:
@@ -114,7 +112,7 @@ class AdmissionRuntime:
 
     async def drain(self, timeout_s: float) -> bool:
         """Take nothing new; wait (bounded) for what is in flight. True when all of it finished here (False
-        if the engine failed: its work went back to the broker)."""
+        if the engine failed: its work went back to the source)."""
         self._draining = True
         self._kick()
         deadline = time.monotonic() + timeout_s
@@ -123,7 +121,7 @@ class AdmissionRuntime:
         return not self._table and self.failure is None
 
     async def stop(self) -> None:
-        """Give every in-flight request back to the broker, cancel it in the engine, shut the engine down."""
+        """Give every in-flight request back to the source, cancel it in the engine, shut the engine down."""
         self._stopping = True
         self._give_back(list(self._table.live.values()), "the runtime stopped")
         if self._finished is None:           # run() never started: shut the engine down here
@@ -137,10 +135,10 @@ class AdmissionRuntime:
         except asyncio.TimeoutError:
             log.warning("card %s: runtime did not stop within %.1f s", self.engine_id, self.shutdown_timeout_s)
 
-    def cancel(self, request_id: str) -> bool:
-        """The caller gave up on `request_id`: if this runtime owns it, stop it in the engine (the slot and KV
-        reservation stay until the engine lets go) and settle it as cancelled. False when it is not held here."""
-        f = next((f for f in self._table.live.values() if f.req.request_id == request_id), None)
+    def cancel(self, key: RequestKey) -> bool:
+        """The caller gave up on the request under `key`: if this runtime owns it, stop it in the engine (the slot and
+        KV reservation stay until the engine lets go) and settle it as cancelled. False when it is not held here."""
+        f = self._table.live.get(key)
         if f is None:
             return False
         in_engine = f.state != "waiting" and self.failure is None
@@ -148,7 +146,7 @@ class AdmissionRuntime:
         if in_engine:
             self._driver.cancel(f.key)
         self._stats.requests_cancelled += 1
-        self._out.settle(f.req, EngineResult(request_id=request_id, output_ids=[], finish_reason="cancelled"))
+        self._out.settle(f.req, EngineResult(request_id=key, output_ids=[], finish_reason="cancelled"))
         if not self._table:
             self._rate.idle()
         self._occupancy.set(time.monotonic(), self._table.occupancy())
@@ -157,29 +155,29 @@ class AdmissionRuntime:
 
     # ------------------------------------------------------------------ admission
     def _may_admit(self) -> bool:
-        return (self.state == "running" and not self._broker_closed and not self._backed_up
+        return (self.state == "running" and not self._backed_up
                 and time.monotonic() >= self._busy_until and self._table.fits(1))
 
-    def _admit(self, reqs: list[BrokerRequest]) -> None:
+    def _admit(self, reqs: list[HostRequest]) -> None:
         now, batch, excess = time.monotonic(), [], []
+        tpb = self.geometry.tokens_per_block
         for req in reqs:
-            if getattr(req.payload, "abandoned", False):     # its caller left while it was queued: never start it
+            if req.abandoned:                 # its caller left while it was queued: never start it
                 self._stats.requests_cancelled += 1
-                self._out.settle(req, EngineResult(request_id=req.request_id, output_ids=[], finish_reason="cancelled"))
+                self._out.settle(req, EngineResult(request_id=req.key, output_ids=[], finish_reason="cancelled"))
                 continue
-            limit_s = options_of(req.payload).deadline_s
+            limit_s = req.options.deadline_s
             deadline = req.enqueued_at + limit_s if limit_s is not None else None
             if deadline is not None and now >= deadline:
                 self._out.fail(req, f"deadline exceeded ({limit_s:g} s) before an engine took it")
                 continue
-            prompt = req.prompt_for(self.geometry.tokenizer_key)
-            f = self._table.add(req, key=f"{req.request_id}#{req.attempt}", blocks=blocks_needed(req, self.geometry),
-                                input_tokens=len(prompt), deadline=deadline)
+            n = len(req.prompt)
+            f = self._table.add(req, blocks=blocks_for(n, req.max_new_tokens, tpb), input_tokens=n, deadline=deadline)
             if f is None:
                 excess.append(req)
             else:
                 batch.append(f)
-        if excess:                            # the broker over-gave; admission's bound holds regardless
+        if excess:                            # the source over-gave; admission's bound holds regardless
             log.error("card %s: %d request(s) beyond free capacity; requeued", self.engine_id, len(excess))
             self._out.requeue(excess, "admission capacity")
         if batch:
@@ -188,18 +186,16 @@ class AdmissionRuntime:
             self._send(batch)
 
     def _send(self, batch: list[Flight]) -> None:
-        key = self.geometry.tokenizer_key
         reqs = []
         for f in batch:
-            o = options_of(f.req.payload)
+            r, o = f.req, f.req.options
             f.state = "sending"
-            reqs.append(EngineRequest(request_id=f.key, prompt_ids=f.req.prompt_for(key),
-                                      max_new_tokens=f.req.max_new_tokens, sampling=o.sampling, guide=o.guide,
-                                      want_hidden=o.want_hidden))
+            reqs.append(EngineRequest(request_id=f.key, prompt_ids=r.prompt, max_new_tokens=r.max_new_tokens,
+                                      sampling=o.sampling, guide=o.guide, want_hidden=o.want_hidden))
         if not self._driver.submit(reqs):
             self._on_busy([f.key for f in batch])
 
-    def _on_busy(self, keys: list[str]) -> None:
+    def _on_busy(self, keys: list[RequestKey]) -> None:
         self._stats.admission_refusals += 1
         for k in keys:
             if k not in self._table.live:
@@ -259,8 +255,7 @@ class AdmissionRuntime:
             if f is not None:                 # (None: an orphan came back; its reservation is free again)
                 tokens += self._out.delivered(f.req, r, f.input_tokens)
         if tokens:
-            self._out.quietly(self.broker.record_delivery, self.engine_id, tokens, self._rate.delivered(tokens, now),
-                              occupancy)
+            self._out.quietly(self.source.record_delivery, tokens, self._rate.delivered(tokens, now), occupancy)
         self._occupancy.set(now, self._table.occupancy())
         if not self._table:
             self._rate.idle()
@@ -278,7 +273,7 @@ class AdmissionRuntime:
     def _on_failure(self, message: str) -> None:
         if self.failure is not None:
             return
-        log.error("card %s: %s; in-flight work goes back to the broker", self.engine_id, message)
+        log.error("card %s: %s; in-flight work goes back to its links", self.engine_id, message)
         self.failure = message
         self._out.set_healthy(False)
         self._table.forget_engine()
@@ -299,7 +294,7 @@ class AdmissionRuntime:
                 self._table.release(f, engine_holds=f.state == "running")
                 if f.state == "running":
                     self._driver.cancel(f.key)
-                self._out.fail(f.req, f"deadline exceeded ({options_of(f.req.payload).deadline_s:g} s)")
+                self._out.fail(f.req, f"deadline exceeded ({f.req.options.deadline_s:g} s)")
             if not (self.failure or self._stopping):
                 limit = max(self.stall_window_s, 20 * self._driver.poll_timeout_s)
                 inside = self._driver.busy_in_engine_since

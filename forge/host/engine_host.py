@@ -24,10 +24,12 @@ from typing import Any, Callable, Optional
 from forge import constants
 from forge.config.plan import CardPlan
 from forge.errors import ForgeError
+from forge.engines.interface import RequestKey
 from forge.host.admission import AdmissionRuntime, geometry_from_plan
 from forge.host.feed import Feed
 from forge.host.protocol import Collected, Hello, WireResult, requests_received
-from forge.host.wire import from_wire, host_request_id, tokenizer_identity, wire_result
+from forge.host.request import HostRequest
+from forge.host.wire import from_wire, tokenizer_identity, wire_result
 from forge.requests import REFUSED
 from forge.stats import EngineStats
 
@@ -89,7 +91,7 @@ class EngineHost:
             return
         g = self.geometry
         self.feed = Feed(g, node=self.node, max_pending=MAX_PENDING_FACTOR * g.max_batch_size)
-        self._rt = AdmissionRuntime(engine=self.engine, plan=self.plan, broker=self.feed, node=self.node,
+        self._rt = AdmissionRuntime(engine=self.engine, plan=self.plan, source=self.feed, node=self.node,
                                     deliver=self._deliver, tokenizer_key=self.tokenizer_key,
                                     stall_window_s=self.stall_window_s)
         loop = asyncio.get_running_loop()
@@ -112,15 +114,12 @@ class EngineHost:
             for sid in self.feed.expire(lease_s):
                 log.warning("engine %s: link session %s went silent; its work here is dropped", self.engine_id, sid)
 
-    def _deliver(self, req, result) -> None:
-        t = req.payload
-
+    def _deliver(self, req: HostRequest, result) -> None:
         def make() -> WireResult:
             finish, error, text = result.finish_reason, result.error, ""
-            if finish not in ("error", REFUSED) and not error and not t.options.want_hidden:
+            if finish not in ("error", REFUSED) and not error and not req.options.want_hidden:
                 text = self.tokenizer.decode(result.output_ids)
-            return wire_result(t, req.attempt, finish, result.output_ids, text, result.hidden, error,
-                               len(req.prompt_for(self.tokenizer_key)))
+            return wire_result(req.key, finish, result.output_ids, text, result.hidden, error, len(req.prompt))
 
         self.feed.deliver(req, make)
 
@@ -172,8 +171,8 @@ class EngineHost:
         self._ensure_running()
         found = 0
         for rid, attempt in keys:
-            request_id = host_request_id(sid, rid, attempt)
-            if self._rt.cancel(request_id) or self.feed.abandon(request_id):
+            key = RequestKey(sid, rid, attempt)
+            if self._rt.cancel(key) or self.feed.abandon(key):
                 found += 1
         return found
 

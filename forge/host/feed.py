@@ -1,10 +1,11 @@
-"""The broker an engine host's admission runtime sees: this one engine's queue, filled by links.
+"""The engine host's side of its links: one engine's queue (forge/host/queue.py), filled by the links, which is
+what its admission runtime takes from (the Feed is its AdmissionSource, forge/host/source.py).
 
-A node (or a cluster job's driver) holds the broker that sees every card (grouping, affinity, balancing)
-and sends each engine batches within that engine's credit. Here they wait in a one-engine BrokerCore,
-which shapes what admission takes to the engine's own token budget, slots and KV blocks. What admission
-gives back (refusals, stall take-backs, stop) goes back to the link it came on, which requeues it in the
-node's broker. Results wait per link session until the link collects them.
+A node (or a cluster job's driver) holds the broker that sees every card (grouping, affinity, balancing) and sends
+each engine host batches within that engine's credit. Here they wait in the host's queue until admission takes them
+to fit the engine's own token budget, slots and KV blocks. What admission gives back (refusals, stall take-backs,
+stop) goes back to the link it came on, which requeues it in the node's broker. Results wait per link session until
+the link collects them.
 
 Sessions: one per link. A session not collected for `lease_s` is ended (its node died): its queued work is
 dropped when taken and its results are discarded, so a dead node costs bounded work."""
@@ -15,8 +16,12 @@ import time
 from collections import OrderedDict
 from typing import Callable, Optional
 
-from forge.broker import Broker, BrokerCore, BrokerRequest, EngineGeometry, NoEngineFits, QueueFull
+from forge.broker import EngineGeometry, NoEngineFits, QueueFull
+from forge.engines.interface import RequestKey
 from forge.host.protocol import Collected, Delivered, WireResult
+from forge.host.queue import HostQueue
+from forge.host.request import HostRequest
+from forge.host.wire import wire_result
 
 ENDED_REMEMBERED = 4096
 
@@ -37,11 +42,12 @@ class Session:
 
 
 class Feed:
+    """Implements AdmissionSource (forge/host/source.py) for the host's one engine."""
+
     def __init__(self, geometry: EngineGeometry, *, node: str, max_pending: int):
         self.geometry = geometry
-        self.broker = Broker(BrokerCore([geometry], grouping=False, max_pending=max_pending, node=node))
+        self.queue = HostQueue(geometry, node=node, max_pending=max_pending)
         self.sessions: dict[str, Session] = {}
-        self.queued: dict[str, BrokerRequest] = {}      # host request id -> request, while it waits here
         self._ended: OrderedDict[str, None] = OrderedDict()
         self.healthy = True
         self.accepting = True
@@ -56,24 +62,24 @@ class Feed:
             s.seen = time.monotonic()
         return s
 
-    def put(self, sid: str, reqs: list[BrokerRequest]) -> int:
+    def put(self, sid: str, reqs: list[HostRequest]) -> int:
         """Queue a link's batch; what cannot be queued goes straight back to it. Returns the count queued."""
         s = self.session(sid)
         if s is None:
             return 0
         queued = 0
+        add = self.queue.add
         for r in reqs:
             if not (self.accepting and self.healthy):
-                s.returned.append((r.payload.rid, r.attempt))
+                s.returned.append((r.key.rid, r.key.attempt))
                 continue
             try:
-                self.broker.put_nowait(r)
-                self.queued[r.request_id] = r
+                add(r)
                 queued += 1
             except QueueFull:
-                s.returned.append((r.payload.rid, r.attempt))
+                s.returned.append((r.key.rid, r.key.attempt))
             except NoEngineFits as e:          # the node measured against this geometry; say so if not
-                s.results.append(WireResult(r.payload.rid, r.attempt, "error", [], "", None, str(e), 0))
+                s.results.append(wire_result(r.key, "error", [], "", None, str(e), 0))
         if s.returned or s.results:
             s.wake()
         return queued
@@ -93,40 +99,37 @@ class Feed:
 
     def give_back_pending(self) -> None:
         """Everything queued here returns to its link (the engine is unhealthy or draining)."""
-        for r in self.broker.drain():
-            self.queued.pop(r.request_id, None)
+        for r in self.queue.drain():
             self._return(r)
 
-    def abandon(self, request_id: str) -> bool:
+    def abandon(self, key: RequestKey) -> bool:
         """The node's caller left: a request still queued here is dropped by admission when taken."""
-        r = self.queued.get(request_id)
+        r = self.queue.queued(key)
         if r is None:
             return False
-        r.payload.abandoned = True
+        r.abandoned = True
         return True
 
-    # ------------------------------------------------------------------ the admission runtime's broker
-    async def take(self, engine_id: str, *, free_slots: int, free_kv_blocks: int, timeout_s: float) -> list:
-        batch = await self.broker.take(engine_id, free_slots=free_slots, free_kv_blocks=free_kv_blocks,
-                                       timeout_s=timeout_s)
-        live = []
-        for r in batch:
-            self.queued.pop(r.request_id, None)
-            if r.payload.session in self.sessions:
-                live.append(r)
-            else:                              # its job is gone: nobody will collect the answer
-                self.broker.on_done(engine_id, r)
+    # ------------------------------------------------------------------ AdmissionSource
+    async def take(self, *, free_slots: int, free_kv_blocks: int, timeout_s: float) -> list[HostRequest]:
+        batch = await self.queue.take(free_slots=free_slots, free_kv_blocks=free_kv_blocks, timeout_s=timeout_s)
+        sessions = self.sessions
+        live = [r for r in batch if r.key.session in sessions]
+        if len(live) != len(batch):            # a job gone: nobody will collect these answers
+            for r in batch:
+                if r.key.session not in sessions:
+                    self.queue.done(r)
         return live
 
-    def requeue(self, reqs) -> None:
+    def requeue(self, reqs: list[HostRequest]) -> None:
         for r in reqs:
-            self.broker.on_done(self.geometry.engine_id, r)
+            self.queue.done(r)
             self._return(r)
 
-    def on_done(self, engine_id: str, req: BrokerRequest) -> None:
-        self.broker.on_done(engine_id, req)
+    def on_done(self, req: HostRequest) -> None:
+        self.queue.done(req)
 
-    def record_delivery(self, engine_id: str, tokens: int, elapsed_s: float, occupancy: float = 1.0) -> None:
+    def record_delivery(self, tokens: int, elapsed_s: float, occupancy: float) -> None:
         """Tokens delivered over elapsed_s busy seconds with `occupancy` of the slots in use on average: each
         session passes the sum to its link's broker with the time-weighted mean occupancy."""
         for s in self.sessions.values():
@@ -134,25 +137,25 @@ class Feed:
             s.elapsed_s += elapsed_s
             s.occupied_s += elapsed_s * occupancy
 
-    def set_engine_healthy(self, engine_id: str, healthy: bool) -> None:
+    def set_engine_healthy(self, healthy: bool) -> None:
         self.healthy = healthy
-        self.broker.set_engine_healthy(engine_id, healthy)
+        self.queue.set_healthy(healthy)
         if not healthy:
             self.give_back_pending()
         for s in self.sessions.values():
             s.wake()                           # links learn the health change at once
 
     # ------------------------------------------------------------------ results
-    def deliver(self, req: BrokerRequest, make_result: Callable[[], WireResult]) -> None:
-        s = self.sessions.get(req.payload.session)
+    def deliver(self, req: HostRequest, make_result: Callable[[], WireResult]) -> None:
+        s = self.sessions.get(req.key.session)
         if s is not None:
             s.results.append(make_result())
             s.wake()
 
-    def _return(self, r: BrokerRequest) -> None:
-        s = self.sessions.get(r.payload.session)
+    def _return(self, r: HostRequest) -> None:
+        s = self.sessions.get(r.key.session)
         if s is not None:
-            s.returned.append((r.payload.rid, r.attempt))
+            s.returned.append((r.key.rid, r.key.attempt))
             s.wake()
 
     async def collect(self, sid: str, wait_s: float, max_items: int) -> Optional[Collected]:

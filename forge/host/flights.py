@@ -5,16 +5,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from forge.broker import BrokerRequest
+from forge.engines.interface import RequestKey
+from forge.host.request import HostRequest
 
 
 @dataclass(eq=False)
 class Flight:
-    """A request this runtime owns: taken from the broker, not yet delivered or given back."""
+    """A request this runtime owns: taken from its source, not yet delivered or given back."""
 
-    req: BrokerRequest
-    key: str                  # its id inside the engine: request id + attempt, so a requeued copy never
-    blocks: int               # collides with an older copy the engine has not let go of yet
+    req: HostRequest
+    key: RequestKey           # the request's key, its id inside the engine too: it carries the attempt, so a
+    blocks: int               # requeued copy never collides with an older copy the engine has not let go of yet
     input_tokens: int
     seq: int                  # admission order; the highest is the youngest
     deadline: Optional[float]
@@ -28,8 +29,8 @@ class FlightTable:
 
     def __init__(self, slots: int, kv_blocks: int):
         self.slots, self.kv_blocks = slots, kv_blocks
-        self.live: dict[str, Flight] = {}
-        self.orphans: dict[str, int] = {}       # key -> blocks
+        self.live: dict[RequestKey, Flight] = {}
+        self.orphans: dict[RequestKey, int] = {}    # key -> blocks
         self.reserved = 0
         self._seq = 0
 
@@ -53,9 +54,9 @@ class FlightTable:
     def fits(self, blocks: int) -> bool:
         return self.free_slots() >= 1 and blocks <= self.free_kv_blocks()
 
-    def add(self, req: BrokerRequest, *, key: str, blocks: int, input_tokens: int,
-            deadline: Optional[float]) -> Optional[Flight]:
-        """Reserve for a new flight; None when it does not fit or its key is still in use."""
+    def add(self, req: HostRequest, *, blocks: int, input_tokens: int, deadline: Optional[float]) -> Optional[Flight]:
+        """Reserve for a new flight under the request's key; None when it does not fit or the key is still in use."""
+        key = req.key
         if not self.fits(blocks) or key in self.live or key in self.orphans:
             return None
         self._seq += 1
@@ -67,7 +68,7 @@ class FlightTable:
     def owns(self, f: Flight) -> bool:
         return self.live.get(f.key) is f
 
-    def returned(self, key: str) -> Optional[Flight]:
+    def returned(self, key: RequestKey) -> Optional[Flight]:
         """The engine gave `key` back (a result): free its reservation; its flight if we still own it."""
         f = self.live.pop(key, None)
         self.reserved -= f.blocks if f is not None else self.orphans.pop(key, 0)

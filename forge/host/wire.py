@@ -1,31 +1,22 @@
 """Building and reading what crosses between a node and an engine host (the records: forge/host/protocol.py):
-a broker request as a WireRequest for one engine's tokenizer, a WireRequest as the host's broker request, a
-finished request as a WireResult; and the tokenizer identity engines sharing a tokenization are grouped by."""
+a broker request as a WireRequest for one engine's tokenizer, a WireRequest as the host's HostRequest (its
+RequestKey made here, once), a finished request as a WireResult; and the tokenizer identity engines sharing a
+tokenization are grouped by."""
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
 from forge.broker import BrokerRequest
+from forge.engines.interface import RequestKey
 from forge.host.protocol import WireRequest, WireResult
+from forge.host.request import HostRequest
 from forge.requests import DEFAULT_OPTIONS, RequestOptions
 
 # Files that decide how text becomes ids; their bytes name the tokenizer across machines.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
                    "vocab.json", "merges.txt", "vocab.txt", "added_tokens.json")
-
-
-@dataclass(eq=False)
-class Ticket:
-    """A request's payload inside an engine host: the link session it came on, the node's request id, its
-    options, and `abandoned` (the node's caller left: admission drops it instead of starting it)."""
-
-    session: str
-    rid: str
-    options: RequestOptions = DEFAULT_OPTIONS
-    abandoned: bool = False
 
 
 def to_wire(req: BrokerRequest, tokenizer_key: str, now: float) -> WireRequest:
@@ -34,20 +25,19 @@ def to_wire(req: BrokerRequest, tokenizer_key: str, now: float) -> WireRequest:
                        None if opts is None or opts == DEFAULT_OPTIONS else opts, max(0.0, now - req.enqueued_at))
 
 
-def host_request_id(session: str, rid: str, attempt: int) -> str:
-    return f"{session}|{rid}|{attempt}"
-
-
-def from_wire(item: WireRequest, session: str, tokenizer_key: str, now: float) -> BrokerRequest:
+def from_wire(item: WireRequest, session: str, tokenizer_key: str, now: float) -> HostRequest:
+    """A wire request arriving on `session` at `now`, as the host holds it; its key is made here, once. The prompt
+    is in the ids of the host's tokenizer (`tokenizer_key`: the link encoded it with that tokenizer)."""
     rid, attempt, prompt, max_new, priority, opts, age = item
-    return BrokerRequest(request_id=host_request_id(session, rid, attempt), prompts={tokenizer_key: tuple(prompt)},
-                         max_new_tokens=int(max_new), payload=Ticket(session, rid, opts or DEFAULT_OPTIONS),
-                         priority=int(priority), attempt=int(attempt), enqueued_at=now - float(age))
+    if max_new < 0:
+        raise ValueError(f"request {rid}: max_new_tokens must be >= 0, got {max_new}")
+    return HostRequest(RequestKey(session, rid, int(attempt)), tuple(prompt), int(max_new), int(priority),
+                       opts or DEFAULT_OPTIONS, now - float(age))
 
 
-def wire_result(ticket: Ticket, attempt: int, finish_reason: str, output_ids, text: str, hidden, error,
+def wire_result(key: RequestKey, finish_reason: str, output_ids, text: str, hidden, error,
                 input_tokens: int) -> WireResult:
-    return WireResult(ticket.rid, attempt, finish_reason, list(output_ids), text,
+    return WireResult(key.rid, key.attempt, finish_reason, list(output_ids), text,
                       list(hidden) if hidden is not None else None, error, input_tokens)
 
 

@@ -92,9 +92,9 @@ def test_wire_round_trip_keeps_identity_options_and_age():
                         priority=2, attempt=1, enqueued_at=time.monotonic() - 2.0)
     item = to_wire(req, "k", time.monotonic())
     back = from_wire(item, "sess", "mine", time.monotonic())
-    assert back.prompts == {"mine": (1, 2, 3)} and back.max_new_tokens == 4 and back.priority == 2
-    assert back.payload.rid == "r1" and back.payload.session == "sess" and back.attempt == 1
-    assert back.payload.options.sampling.temperature == 0.5 and back.payload.options.deadline_s == 3.0
+    assert back.prompt == (1, 2, 3) and back.max_new_tokens == 4 and back.priority == 2
+    assert back.key == ("sess", "r1", 1) and (back.key.session, back.key.rid, back.key.attempt) == ("sess", "r1", 1)
+    assert back.options.sampling.temperature == 0.5 and back.options.deadline_s == 3.0
     assert 1.9 < time.monotonic() - back.enqueued_at < 3.0
     assert to_wire(BrokerRequest(request_id="x", prompts={"k": (1,)}, max_new_tokens=1), "k", 0.0).options is None
 

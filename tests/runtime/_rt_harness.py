@@ -1,9 +1,17 @@
-"""Shared pieces of the runtime tests: contracts built in code, a broker, runtimes, and a checker that
-every request is delivered exactly once while admission stays inside slots and KV blocks."""
+"""Shared pieces of the runtime tests: contracts built in code, and admission wired as in production.
+
+Harness: one engine host's admission runtime taking from the host's Feed, which the test fills as a link does: wire
+tuples arriving on one session (from_wire, Feed.put), never more at the host than it may queue, results and
+given-back requests collected from that session (Feed.collect). A given-back request is sent again as its next
+attempt while the engine is healthy and accepting, as the node's broker and link do; until then it waits here.
+
+LinkedCards: several engine hosts behind one node broker, each reached by its EngineLink over the thread transport,
+as a node wires them: how work moves between cards (delivered speed, a stall, a crash)."""
 from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
 from pathlib import Path
 from typing import Optional
 
@@ -13,10 +21,18 @@ from forge.config.plan import plan_card
 from forge.engines.faults import FaultsSection, FaultyEngine
 from forge.engines.instant import InstantEngine, InstantSection
 from forge.host.admission import AdmissionRuntime, geometry_from_plan
+from forge.host.engine_host import MAX_PENDING_FACTOR
+from forge.host.feed import Feed
+from forge.host.request import HostRequest
+from forge.host.wire import from_wire
+from forge.link.link import EngineLink
+from forge.link.thread import ThreadTransport
+from forge.requests import DEFAULT_OPTIONS
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "forge" / "embedded" / "tiny-llama"
 KEY = "default"
+SESSION = "job-1"
 
 
 def contract(*, name: str = "t", backend: str = "instant", slots: int = 8, kv_tokens: int = 4096, tpb: int = 32,
@@ -48,41 +64,85 @@ def prompt(i: int, n: int = 20) -> tuple[int, ...]:
     return tuple(3 + (i * 31 + j) % 2000 for j in range(n))
 
 
-class Harness:
-    """One broker, any number of runtimes; records deliveries and samples the admission bounds."""
+async def until(cond, timeout_s: float = 5.0) -> None:
+    end = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < end, "condition not reached in time"
+        await asyncio.sleep(0.005)
 
-    def __init__(self, plans, **broker_kw):
-        self.plans = plans
-        self.broker = Broker(BrokerCore([geometry_from_plan(p, KEY) for p in plans], **broker_kw))
-        self.results: dict[str, list] = {}
+
+class Harness:
+    """One card's admission runtime and its Feed, fed as a link feeds it (the module docstring); records results by
+    the node's request id and samples the admission bounds."""
+
+    def __init__(self, p):
+        self.plan = p
+        g = geometry_from_plan(p, KEY)
+        self.feed = Feed(g, node="test", max_pending=MAX_PENDING_FACTOR * g.max_batch_size)
+        self.credit = self.feed.queue.max_pending     # sent and not answered at most: the host never refuses one
+        self.feed.session(SESSION)
+        self.results: dict[str, list] = {}           # rid -> [(card, EngineResult)]
+        self.requests: dict[str, HostRequest] = {}   # rid -> its latest attempt at the host
+        self.backlog: deque[tuple] = deque()         # wire items not sent yet (the node's broker)
+        self.out = 0                                 # sent and not answered yet (the link's credit)
         self.runtimes: list[AdmissionRuntime] = []
         self.tasks: list[asyncio.Task] = []
         self.max_in_flight: dict[str, int] = {}
         self.max_reserved: dict[str, int] = {}
-        self.requests: dict[str, BrokerRequest] = {}
+        self._pump: Optional[asyncio.Task] = None
 
-    def deliver(self, card: str):
-        def _deliver(req, result):
-            assert result.request_id == req.request_id
-            self.results.setdefault(req.request_id, []).append((card, result))
-        return _deliver
+    def _deliver(self, req: HostRequest, result) -> None:
+        assert result.request_id == req.key         # the engine answered under the key it was given
+        self.feed.deliver(req, lambda: (self.plan.card_id, req, result))
 
     def start(self, engine, p, **kw) -> AdmissionRuntime:
-        rt = AdmissionRuntime(engine=engine, plan=p, broker=self.broker, node="test",
-                              deliver=self.deliver(p.card_id), tokenizer_key=KEY, **kw)
+        assert p is self.plan and not self.runtimes, "one card per Harness (several: LinkedCards)"
+        rt = AdmissionRuntime(engine=engine, plan=p, source=self.feed, node="test", deliver=self._deliver,
+                              tokenizer_key=KEY, **kw)
         self.runtimes.append(rt)
         self.tasks.append(asyncio.create_task(rt.run()))
+        self._pump = asyncio.create_task(self._collect())
         return rt
 
     def put(self, n: int, *, prompt_len: int = 20, max_new: int = 16, payload=None, start: int = 0) -> list[str]:
-        ids = []
-        for i in range(start, start + n):
-            req = BrokerRequest(request_id=f"r{i}", prompts={KEY: prompt(i, prompt_len)}, max_new_tokens=max_new,
-                                payload=payload)
-            self.broker.put_nowait(req)
-            self.requests[req.request_id] = req
-            ids.append(req.request_id)
-        return ids
+        """n new requests r<start>..: wire items of attempt 0 (payload: their RequestOptions, None for defaults)."""
+        items = [(f"r{i}", 0, prompt(i, prompt_len), max_new, 0, payload, 0.0) for i in range(start, start + n)]
+        self.backlog.extend(items)
+        self._send()
+        return [it[0] for it in items]
+
+    def pending(self) -> int:
+        """Requests no runtime holds and no result answers: queued in the host, given back and not yet collected,
+        or waiting here to be sent (again)."""
+        return self.feed.queue.pending() + len(self.feed.sessions[SESSION].returned) + len(self.backlog)
+
+    def _send(self) -> None:
+        if not (self.feed.healthy and self.feed.accepting):
+            return                                  # the node's broker sends an unhealthy engine nothing
+        items = []
+        while self.backlog and self.out < self.credit:
+            items.append(self.backlog.popleft())
+            self.out += 1
+        if items:
+            now = time.monotonic()
+            reqs = [from_wire(it, SESSION, KEY, now) for it in items]
+            self.requests.update((r.key.rid, r) for r in reqs)
+            self.feed.put(SESSION, reqs)
+
+    async def _collect(self) -> None:
+        while True:
+            got = await self.feed.collect(SESSION, 0.05, 4096)
+            for card, req, result in got["results"]:
+                self.out -= 1
+                self.results.setdefault(req.key.rid, []).append((card, result))
+            for rid, attempt in got["returned"]:
+                self.out -= 1
+                r = self.requests[rid]
+                assert r.key.attempt == attempt
+                opts = None if r.options is DEFAULT_OPTIONS else r.options
+                self.backlog.appendleft((rid, attempt + 1, r.prompt, r.max_new_tokens, r.priority, opts,
+                                         time.monotonic() - r.enqueued_at))
+            self._send()
 
     async def sample(self) -> None:
         while True:
@@ -108,5 +168,67 @@ class Harness:
     async def stop(self) -> None:
         await asyncio.wait_for(asyncio.gather(*(rt.stop() for rt in self.runtimes)), 10)
         await asyncio.wait_for(asyncio.gather(*self.tasks, return_exceptions=True), 10)
+        if self._pump is not None:
+            self._pump.cancel()
+            await asyncio.gather(self._pump, return_exceptions=True)
         for rt in self.runtimes:
             assert rt._driver.join(2), f"{rt.engine_id}: driver thread still running"
+
+
+class LinkedCards:
+    """Engine hosts (each its Feed and admission runtime, its engine built from the card's contract) behind one node
+    broker, reached by EngineLinks over the thread transport. Results are kept by request id with the card's id."""
+
+    def __init__(self, plans, *, stall_window_s: float):
+        self.transports = [ThreadTransport(p, node="test", stall_window_s=stall_window_s) for p in plans]
+        self.results: dict[str, list] = {}           # request id -> [(engine id, result tuple)]
+        self.failed: dict[str, str] = {}
+        self.links: list[EngineLink] = []
+
+    async def start(self) -> None:
+        infos = [await t.start() for t in self.transports]
+        geometries = [info.geometry for info in infos]
+        self.keys = sorted({g.tokenizer_key for g in geometries})   # backends' tokenizers differ in class
+        self.broker = Broker(BrokerCore(geometries, node="test"))
+        for t, info in zip(self.transports, infos):
+            link = EngineLink(t, info, broker=self.broker, job="job", settle=self._settle,
+                              fail=lambda req, why: self.failed.__setitem__(req.request_id, why))
+            link.start()
+            self.links.append(link)
+
+    def _settle(self, req: BrokerRequest, engine_id: str, result: tuple) -> None:
+        self.results.setdefault(req.request_id, []).append((engine_id, result))
+
+    def runtime(self, i: int) -> AdmissionRuntime:
+        return self.transports[i].host._rt
+
+    def admission_task(self, i: int) -> asyncio.Task:
+        return self.transports[i].host._tasks[0]
+
+    def put(self, n: int, *, prompt_len: int = 20, max_new: int = 16, payload=None) -> list[str]:
+        ids = []
+        for i in range(n):
+            ids_i = prompt(i, prompt_len)           # the same token ids for every card's tokenizer
+            self.broker.put_nowait(BrokerRequest(request_id=f"r{i}", prompts={k: ids_i for k in self.keys},
+                                                 max_new_tokens=max_new, payload=payload))
+            ids.append(f"r{i}")
+        return ids
+
+    async def wait_all(self, ids, timeout_s: float) -> None:
+        end = time.monotonic() + timeout_s
+        while not all(i in self.results for i in ids):
+            assert time.monotonic() < end, f"undelivered: {[i for i in ids if i not in self.results][:10]}"
+            await asyncio.sleep(0.005)
+
+    def assert_exactly_once(self, ids) -> None:
+        assert not self.failed, self.failed
+        assert set(self.results) == set(ids)
+        twice = {k: v for k, v in self.results.items() if len(v) != 1}
+        assert not twice, twice
+
+    def by_card(self) -> list[str]:
+        return [card for [(card, _)] in self.results.values()]
+
+    async def stop(self) -> None:
+        await asyncio.gather(*(link.close() for link in self.links))
+        await asyncio.gather(*(t.close(10) for t in self.transports))

@@ -1,23 +1,25 @@
-"""The pure parts of admission: the in-flight table, the stall state machine, the delivery rate, options."""
+"""The pure parts of admission: the in-flight table, the stall state machine, the delivery rate, and the request
+a wire item becomes in the host."""
 from __future__ import annotations
 
-from types import SimpleNamespace
+import time
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from forge.broker import BrokerRequest
-from forge.engines.interface import Sampling
+from forge.engines.interface import RequestKey, Sampling
 from forge.host.flights import FlightTable
 from forge.host.progress import DeliveryRate, Occupancy, StallWatch
-from forge.requests import RequestOptions, options_of
+from forge.host.request import HostRequest
+from forge.host.wire import from_wire
+from forge.requests import DEFAULT_OPTIONS, RequestOptions
 
 pytestmark = pytest.mark.timeout(30)
 
 
-def breq(i: int) -> BrokerRequest:
-    return BrokerRequest(request_id=f"r{i}", prompts={"k": (1, 2, 3)}, max_new_tokens=4)
+def hreq(i: int, attempt: int = 0) -> HostRequest:
+    return HostRequest(RequestKey("s", f"r{i}", attempt), (1, 2, 3), 4)
 
 
 @settings(max_examples=60, deadline=None)
@@ -28,7 +30,7 @@ def test_flight_table_reservation_always_adds_up_and_stays_bounded(ops):
     for op, i, blocks in ops:
         keys = sorted(t.live)
         if op == "add":
-            t.add(breq(i), key=f"r{i}#0", blocks=blocks, input_tokens=3, deadline=None)
+            t.add(hreq(i), blocks=blocks, input_tokens=3, deadline=None)
         elif op in ("release", "orphan") and keys:
             t.release(t.live[keys[i % len(keys)]], engine_holds=op == "orphan")
         elif op == "returned":
@@ -43,16 +45,16 @@ def test_flight_table_reservation_always_adds_up_and_stays_bounded(ops):
 
 def test_flight_table_refuses_a_key_the_engine_still_holds():
     t = FlightTable(slots=4, kv_blocks=8)
-    f = t.add(breq(0), key="r0#0", blocks=1, input_tokens=3, deadline=None)
+    f = t.add(hreq(0), blocks=1, input_tokens=3, deadline=None)
     t.release(f, engine_holds=True)
-    assert t.add(breq(0), key="r0#0", blocks=1, input_tokens=3, deadline=None) is None
-    assert t.add(breq(0), key="r0#1", blocks=1, input_tokens=3, deadline=None) is not None
-    assert t.returned("r0#0") is None and t.reserved == 1 and t.in_flight() == 1
+    assert t.add(hreq(0), blocks=1, input_tokens=3, deadline=None) is None
+    assert t.add(hreq(0, attempt=1), blocks=1, input_tokens=3, deadline=None) is not None   # the next attempt
+    assert t.returned(RequestKey("s", "r0", 0)) is None and t.reserved == 1 and t.in_flight() == 1
 
 
 def test_youngest_running_is_the_last_admitted():
     t = FlightTable(slots=4, kv_blocks=8)
-    flights = [t.add(breq(i), key=f"r{i}#0", blocks=1, input_tokens=3, deadline=None) for i in range(3)]
+    flights = [t.add(hreq(i), blocks=1, input_tokens=3, deadline=None) for i in range(3)]
     assert t.youngest_running() is None                   # none is in the engine yet
     for f in flights:
         f.state = "running"
@@ -103,21 +105,20 @@ def test_occupancy_is_time_weighted_over_busy_time_only():
 
 def test_flight_table_occupancy_is_its_fuller_resource():
     t = FlightTable(slots=8, kv_blocks=100)
-    t.add(BrokerRequest(request_id="a", prompts={"k": (1, 2)}, max_new_tokens=4), key="a#0", blocks=50,
-          input_tokens=2, deadline=None)
+    t.add(hreq(0), blocks=50, input_tokens=3, deadline=None)
     assert t.occupancy() == pytest.approx(0.5)    # 1 of 8 slots, 50 of 100 blocks
-    t.add(BrokerRequest(request_id="b", prompts={"k": (1, 2)}, max_new_tokens=4), key="b#0", blocks=1,
-          input_tokens=2, deadline=None)
+    t.add(hreq(1), blocks=1, input_tokens=3, deadline=None)
     assert t.occupancy() == pytest.approx(0.51)
 
 
-def test_options_are_read_from_the_payload_or_its_options():
-    from forge.host.wire import Ticket
-
-    assert options_of(None) == RequestOptions()
+def test_a_wire_item_becomes_a_host_request_keyed_once_with_its_options_and_age():
     opts = RequestOptions(sampling=Sampling(temperature=0.5), want_hidden=True, deadline_s=3.0)
-    assert options_of(opts) is opts
-    assert options_of(Ticket(session="s", rid="r", options=opts)) is opts      # an engine host's payload
-    # one model: attributes that merely look like options are not read
-    duck = SimpleNamespace(sampling=Sampling(top_k=5), guide=None, want_hidden=False, deadline_s=1.5)
-    assert options_of(duck) == RequestOptions()
+    now = time.monotonic()
+    r = from_wire(("r7", 2, [5, 6, 7], 9, 1, opts, 1.5), "job-3", "tok", now)
+    assert r.key == RequestKey("job-3", "r7", 2) and str(r.key) == "job-3|r7|2"
+    assert r.prompt == (5, 6, 7) and r.max_new_tokens == 9 and r.priority == 1 and not r.abandoned
+    assert r.options is opts and r.enqueued_at == pytest.approx(now - 1.5)
+    plain = from_wire(("r8", 0, (1,), 1, 0, None, 0.0), "job-3", "tok", now)
+    assert plain.options is DEFAULT_OPTIONS                    # None on the wire: the defaults
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        from_wire(("r9", 0, (1,), -1, 0, None, 0.0), "job-3", "tok", now)

@@ -1,11 +1,12 @@
-"""The admission runtime against the instant engine and the faults wrapper (real engines, no model)."""
+"""The admission runtime against the instant engine and the faults wrapper (real engines, no model), taking from an
+engine host's Feed fed as a link feeds it (_rt_harness.py)."""
 from __future__ import annotations
 
 import asyncio
 
 import pytest
 
-from _rt_harness import Harness, contract, faulty, instant, plan
+from _rt_harness import Harness, LinkedCards, contract, faulty, instant, plan
 from forge import constants
 from forge.engines.instant import synthetic_output
 from forge.requests import RequestOptions
@@ -23,7 +24,7 @@ def test_all_delivered_exactly_once_within_slots_and_kv_blocks():
     p = plan(c)
 
     async def go():
-        h = Harness([p])
+        h = Harness(p)
         eng = instant(c, p, rate=40000)
         rt = h.start(eng, p, stall_window_s=2.0)
         sampler = asyncio.create_task(h.sample())
@@ -38,7 +39,7 @@ def test_all_delivered_exactly_once_within_slots_and_kv_blocks():
         assert s.in_flight == 0 and s.kv_blocks_reserved == 0 and s.tokens_per_s > 0
         for rid, [(card, res)] in h.results.items():
             assert res.finish_reason == "length"
-            assert res.output_ids == synthetic_output(h.requests[rid].prompt_for("default"), 40, 3, 2048)
+            assert res.output_ids == synthetic_output(h.requests[rid].prompt, 40, 3, 2048)
         await h.stop()
         assert rt.state == "stopped"
 
@@ -50,7 +51,7 @@ def test_slots_bind_when_kv_is_plenty():
     p = plan(c)
 
     async def go():
-        h = Harness([p])
+        h = Harness(p)
         h.start(instant(c, p, rate=20000), p, stall_window_s=2.0)
         sampler = asyncio.create_task(h.sample())
         ids = h.put(60)
@@ -68,7 +69,7 @@ def test_refusals_are_retried_with_backoff_then_succeed():
     p = plan(c)
 
     async def go():
-        h = Harness([p])
+        h = Harness(p)
         rt = h.start(faulty(c, p, refuse_first_submits=3), p, stall_window_s=2.0)
         ids = h.put(10)
         await h.wait_all(ids, 10)
@@ -81,13 +82,13 @@ def test_refusals_are_retried_with_backoff_then_succeed():
     run(go())
 
 
-def test_refusals_beyond_the_retry_limit_go_back_to_the_broker(monkeypatch):
+def test_refusals_beyond_the_retry_limit_go_back_to_the_link(monkeypatch):
     monkeypatch.setattr(constants, "SUBMIT_BACKOFF_MAX_S", 0.01)
     c = contract(slots=4)
     p = plan(c)
 
     async def go():
-        h = Harness([p])
+        h = Harness(p)
         rt = h.start(faulty(c, p, refuse_first_submits=constants.SUBMIT_RETRY_LIMIT + 1), p, stall_window_s=2.0)
         ids = h.put(4)
         await h.wait_all(ids, 10)
@@ -106,7 +107,7 @@ def test_a_request_that_keeps_coming_back_fails_with_a_reason(monkeypatch):
     p = plan(c)
 
     async def go():
-        h = Harness([p])
+        h = Harness(p)
         rt = h.start(faulty(c, p, refuse_first_submits=1000), p, stall_window_s=2.0)
         ids = h.put(1)
         await h.wait_all(ids, 10)
@@ -124,7 +125,7 @@ def test_deadline_cancels_in_the_engine_and_fails_the_request():
     p = plan(c)
 
     async def go():
-        h = Harness([p])
+        h = Harness(p)
         rt = h.start(instant(c, p, rate=200), p, stall_window_s=2.0)   # 148 tokens take ~0.7 s
         ids = h.put(1, max_new=128, payload=RequestOptions(deadline_s=0.2))
         ids += h.put(1, max_new=2, start=1)
@@ -145,7 +146,7 @@ def test_options_reach_the_engine():
     p = plan(c)
 
     async def go():
-        h = Harness([p])
+        h = Harness(p)
         h.start(instant(c, p), p, stall_window_s=2.0)
         ids = h.put(1, payload=RequestOptions(want_hidden=True))
         await h.wait_all(ids, 5)
@@ -160,46 +161,49 @@ def test_drain_waits_for_in_flight_then_run_returns():
     p = plan(c)
 
     async def go():
-        h = Harness([p])
+        h = Harness(p)
         rt = h.start(instant(c, p, rate=2000), p, stall_window_s=2.0)
         ids = h.put(8, max_new=32)
         await asyncio.sleep(0.05)
         assert await rt.drain(10) is True
         await asyncio.wait_for(h.tasks[0], 5)
         assert rt.state == "stopped" and not rt._driver.alive()
-        # what the runtime took was finished; what it had not taken is still in the broker
-        assert len(h.results) + h.broker.pending() == len(ids) and len(h.results) >= 4
+        # what the runtime took was finished; what it had not taken is still queued in the host
+        assert len(h.results) + h.pending() == len(ids) and len(h.results) >= 4
+        assert h.feed.queue.pending() == len(ids) - len(h.results)
         assert all(len(v) == 1 and v[0][1].finish_reason == "length" for v in h.results.values())
 
     run(go())
 
 
-def test_stop_gives_in_flight_back_to_the_broker_and_shuts_the_engine_down():
+def test_stop_gives_in_flight_back_to_the_link_and_shuts_the_engine_down():
     c = contract(slots=4)
     p = plan(c)
 
     async def go():
-        h = Harness([p])
+        h = Harness(p)
         rt = h.start(faulty(c, p, freeze_after_requests=0), p, stall_window_s=5.0)
         h.put(6)
         await asyncio.sleep(0.2)
         assert rt.stats().in_flight == 4
         await h.stop()
         assert h.results == {}
-        assert h.broker.pending() == 6
+        assert h.pending() == 6                  # 4 given back to the link, 2 still queued in the host
         assert rt.stats().requests_requeued == 4 and rt.state == "stopped"
 
     run(go())
 
 
 def test_two_engines_of_known_speed_share_work_by_what_they_deliver():
-    a, b = contract(name="a", slots=4), contract(name="b", slots=4)
+    # each host measures what its engine delivers; its link carries that to the node's broker, which balances by it
+    a = contract(name="a", slots=4, sections={"instant": {"tokens_per_s_limit": 2000.0}})
+    b = contract(name="b", slots=4, sections={"instant": {"tokens_per_s_limit": 8000.0}})
     pa, pb = plan(a, 0), plan(b, 1)
 
     async def go():
-        h = Harness([pa, pb])
-        ra = h.start(instant(a, pa, rate=2000), pa, stall_window_s=2.0)
-        rb = h.start(instant(b, pb, rate=8000), pb, stall_window_s=2.0)
+        h = LinkedCards([pa, pb], stall_window_s=2.0)
+        await h.start()
+        ra, rb = h.runtime(0), h.runtime(1)
         ids = h.put(200, prompt_len=20, max_new=20)               # 8000 tokens: ~0.8 s at 10000 tokens/s
         await h.wait_all(ids, 15)
         h.assert_exactly_once(ids)
@@ -218,9 +222,9 @@ def test_stop_before_run_shuts_the_engine_down():
     eng = instant(c, p)
 
     async def go():
-        h = Harness([p])
+        h = Harness(p)
         from forge.host.admission import AdmissionRuntime
-        rt = AdmissionRuntime(engine=eng, plan=p, broker=h.broker, node="test", deliver=h.deliver("cpu0"))
+        rt = AdmissionRuntime(engine=eng, plan=p, source=h.feed, node="test", deliver=h._deliver)
         assert rt.state == "idle" and rt.geometry.kv_blocks_total == p.num_blocks
         await rt.stop()
         assert rt.state == "stopped"

@@ -8,7 +8,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from _rt_harness import Harness, contract, instant, plan  # noqa: E402
+from _rt_harness import Harness, LinkedCards, contract, plan  # noqa: E402
 from forge.engines.interface import Sampling  # noqa: E402
 from forge.backends import factories  # noqa: E402
 from forge.requests import RequestOptions  # noqa: E402
@@ -32,7 +32,7 @@ def test_tiny_engine_delivers_everything_within_slots_and_kv_blocks():
     p = plan(c)
 
     async def go():
-        h = Harness([p])
+        h = Harness(p)
         rt = h.start(build(c, p), p, stall_window_s=10.0)
         sampler = asyncio.create_task(h.sample())
         ids = h.put(24, prompt_len=20, max_new=40, payload=FULL_LENGTH)
@@ -55,7 +55,7 @@ def test_tiny_engine_frozen_then_recovered_loses_nothing():
     p = plan(c)
 
     async def go():
-        h = Harness([p])
+        h = Harness(p)
         rt = h.start(build(c, p), p, stall_window_s=0.25, takeback_interval_s=0.05)
         ids = h.put(10, prompt_len=20, max_new=24, payload=FULL_LENGTH)
         await h.wait_all(ids, 45)
@@ -71,19 +71,19 @@ def test_tiny_engine_frozen_then_recovered_loses_nothing():
 def test_tiny_engine_crash_moves_its_work_to_another_card():
     a = contract(name="a", backend="faults", slots=4, sections={
         "faults": {"wraps": "transformers", "crash_after_requests": 3}})
-    b = contract(name="b", slots=4)
+    b = contract(name="b", slots=4, sections={"instant": {"tokens_per_s_limit": 2000.0}})
     pa, pb = plan(a, 0), plan(b, 1)
 
     async def go():
-        h = Harness([pa, pb])
-        ra = h.start(build(a, pa), pa, stall_window_s=10.0)
-        h.start(instant(b, pb, rate=2000), pb, stall_window_s=10.0)
+        h = LinkedCards([pa, pb], stall_window_s=10.0)    # the node's broker and links between the two cards
+        await h.start()
+        ra = h.runtime(0)
         ids = h.put(16, prompt_len=20, max_new=24, payload=FULL_LENGTH)
         await h.wait_all(ids, 45)
         h.assert_exactly_once(ids)
-        assert [card for [(card, _)] in h.results.values()].count("cpu0") == 3
-        assert all(r.finish_reason == "length" for [(_, r)] in h.results.values())
-        await asyncio.wait_for(h.tasks[0], 10)
+        assert h.by_card().count("cpu0") == 3
+        assert all(r[2] == "length" for [(_, r)] in h.results.values())
+        await asyncio.wait_for(h.admission_task(0), 10)
         assert ra.state == "failed" and not ra.stats().healthy and "injected crash" in ra.failure
         assert ra.stats().requests_requeued >= 1             # it had work in flight when it died
         await h.stop()

@@ -5,20 +5,20 @@ own API runs them: the loop hands over one output per request, when it ends (str
 build and queue an output for every running request at every step, and this engine's poll take each of them,
 all under the GIL the loop is bound by: measured in docs/benchmarks.md, "forge ÷ direct on one card"). Token
 progress (the runtime's liveness signal) is read from the loop's request states at most every LIVE_COUNT_S,
-and a cancelled request's tokens so far from its state. Each attempt gets its own manager id (`<request_id>#<n>`): a request cancelled and
-resubmitted under the same id never meets its earlier self inside the manager (which drains new requests before
-cancellations). The manager gives no result for a cancelled request, so cancel answers it here at once.
+and a cancelled request's tokens so far from its state. The manager's id for a request is its id as text
+(`str(request_id)`, forge/engines/interface.py): an engine host never sends one id twice (its RequestKey carries the
+attempt), so a cancelled request never meets a later copy of itself inside the manager (which drains new requests
+before cancellations). The manager gives no result for a cancelled request, so cancel answers it here at once.
 """
 from __future__ import annotations
 
 import gc
-import itertools
 import logging
 import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence
+from typing import Any, Hashable, Optional, Sequence
 
 from forge.config.plan import CardPlan
 from forge.engines.hf import requests as reqs
@@ -38,7 +38,7 @@ LIVE_COUNT_S = 0.1       # running requests' token counts are read this often (l
 @dataclass
 class _Pending:
     request: EngineRequest
-    internal_id: str
+    internal_id: str                                   # the manager's id: str(request.request_id)
     tokens: list[int] = field(default_factory=list)   # generated (from the final output, or read at a cancel)
     counted: int = 0                                   # tokens already reported as progress
     generating: bool = False                           # handed to the manager and not finished
@@ -78,10 +78,9 @@ class TransformersEngine(Engine):
         self._eos_arg = sorted(self._eos_set) if len(self._eos_set) > 1 else (next(iter(self._eos_set), -1))
         self._capacity = capacity_of(plan, section)
         self._lock = threading.Lock()
-        self._pending: dict[str, _Pending] = {}
-        self._by_internal: dict[str, str] = {}
+        self._pending: dict[Hashable, _Pending] = {}       # request id -> its entry
+        self._by_internal: dict[str, Hashable] = {}        # the manager's id -> request id
         self._ready: deque[EngineResult] = deque()
-        self._attempts = itertools.count()
         self._failure: Optional[str] = None
         self._closed = False
         self._prefix_hits = 0
@@ -134,7 +133,7 @@ class TransformersEngine(Engine):
             if results or time.monotonic() >= deadline:
                 return Progress(results=results, new_tokens=new_tokens)
 
-    def cancel(self, request_id: str) -> None:
+    def cancel(self, request_id: Hashable) -> None:
         with self._lock:
             entry = self._pending.pop(request_id, None)
             if entry is None:
@@ -213,7 +212,7 @@ class TransformersEngine(Engine):
         if why is not None:
             self._ready.append(EngineResult(req.request_id, [], REFUSED, error=why))
             return
-        entry = _Pending(req, f"{req.request_id}#{next(self._attempts)}")
+        entry = _Pending(req, str(req.request_id))
         if req.guide is not None and req.max_new_tokens > 0:
             try:
                 state, why = self._guides[0].start(req.guide, req.max_new_tokens)

@@ -20,12 +20,11 @@ runs each request to EOS or its max_new_tokens. Embeddings need a pooling runner
 """
 from __future__ import annotations
 
-import itertools
 import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence
+from typing import Any, Hashable, Optional, Sequence
 
 from forge.config.plan import CardPlan
 from forge.engines.interface import (REFUSED, Engine, EngineBusy, EngineFailed, EngineRequest, EngineResult,
@@ -42,7 +41,7 @@ EMBED_REFUSAL = ("embed needs a pooling tier (vLLM runner 'pooling'); backend vl
 @dataclass
 class _Live:
     request: EngineRequest
-    external_id: str                                   # what vLLM was given: `<request id>#<attempt>`
+    external_id: str                                   # what vLLM was given: str(request id)
     internal_id: str                                   # vLLM's own id for it (aborts take this one)
     tokens: list[int] = field(default_factory=list)
 
@@ -105,9 +104,8 @@ class VllmEngine(Engine):
         self._lim = lim
         self._capacity = 2 * lim.max_batch_size            # held at most: the slots and one more batch
         self._live: dict[str, _Live] = {}                  # the id vLLM was given (and reports) -> the request
-        self._by_request: dict[str, str] = {}              # forge's request id -> the id vLLM was given
+        self._by_request: dict[Hashable, str] = {}         # forge's request id -> the id vLLM was given
         self._ready: list[EngineResult] = []               # answered without a step (refused, cancelled)
-        self._attempts = itertools.count()
         self._closed = False
         self._failed: Optional[str] = None
         from vllm import SamplingParams
@@ -134,7 +132,7 @@ class VllmEngine(Engine):
             if why is not None:
                 self._ready.append(EngineResult(r.request_id, [], REFUSED, error=why))
                 continue
-            external = f"{r.request_id}#{next(self._attempts)}"
+            external = str(r.request_id)         # the key's text (forge/engines/interface.py), never rewritten
             try:
                 internal = self._engine.add_request(external, self._TokensPrompt(prompt_token_ids=list(r.prompt_ids)),
                                                     self._params(r))
@@ -159,7 +157,7 @@ class VllmEngine(Engine):
             time.sleep(max(0.0, min(deadline - time.monotonic(), timeout_s)))   # idle: nothing to step
         return out
 
-    def cancel(self, request_id: str) -> None:
+    def cancel(self, request_id: Hashable) -> None:
         external = self._by_request.get(request_id)
         if external is None or self._closed:
             return

@@ -1,0 +1,128 @@
+"""The Feed: an engine host's link sessions around its queue, and the AdmissionSource its admission runtime takes from.
+Requests arrive as a link sends them (wire tuples on a session, from_wire); answers and given-back requests wait in
+their session until the link collects them."""
+from __future__ import annotations
+
+import asyncio
+import time
+
+from forge.broker import EngineGeometry
+from forge.engines.interface import RequestKey
+from forge.host.feed import Feed
+from forge.host.source import AdmissionSource
+from forge.host.wire import from_wire
+
+G = EngineGeometry(engine_id="cpu0", tokenizer_key="t", max_batch_size=4, max_num_tokens=512, max_input_len=64,
+                   max_output_len=32, tokens_per_block=16, kv_blocks_total=64)
+
+
+def wire(i: int, *, attempt: int = 0, n: int = 8, max_new: int = 4, priority: int = 0) -> tuple:
+    return (f"r{i}", attempt, list(range(n)), max_new, priority, None, 0.0)
+
+
+def send(feed: Feed, sid: str, items: list[tuple]) -> int:
+    """What EngineHost.submit does with a link's batch."""
+    now = time.monotonic()
+    return feed.put(sid, [from_wire(it, sid, "t", now) for it in items])
+
+
+async def collect(feed: Feed, sid: str) -> dict:
+    return await feed.collect(sid, 0.0, 100)
+
+
+async def take(feed: Feed, slots: int = 4):
+    return await feed.take(free_slots=slots, free_kv_blocks=64, timeout_s=0.0)
+
+
+def run(coro) -> None:
+    asyncio.run(asyncio.wait_for(coro, 10))
+
+
+def test_the_feed_is_the_admission_runtimes_source():
+    assert isinstance(Feed(G, node="n", max_pending=4), AdmissionSource)
+
+
+def test_a_batch_is_queued_and_what_cannot_be_goes_straight_back_to_its_link():
+    async def go():
+        feed = Feed(G, node="n", max_pending=2)
+        assert send(feed, "a", [wire(0), wire(1, n=100), wire(2), wire(3)]) == 2
+        out = await collect(feed, "a")
+        assert out["returned"] == [("r3", 0)]                   # max_pending: the link's broker holds it
+        [(rid, attempt, finish, ids, text, hidden, error, n_in)] = out["results"]
+        assert (rid, attempt, finish) == ("r1", 0, "error") and "prompt 100 tokens > max_input_len 64" in error
+        feed.accepting = False                                   # draining: nothing more is queued
+        assert send(feed, "a", [wire(4)]) == 0 and (await collect(feed, "a"))["returned"] == [("r4", 0)]
+
+    run(go())
+
+
+def test_taken_requests_of_an_ended_session_are_dropped_and_their_keys_freed():
+    async def go():
+        feed = Feed(G, node="n", max_pending=8)
+        send(feed, "a", [wire(0)])
+        send(feed, "b", [wire(0), wire(1)])
+        feed.end("b")
+        batch = await take(feed)
+        assert [r.key for r in batch] == [RequestKey("a", "r0", 0)]
+        assert feed.queue.in_flight() == 1                       # b's two are done with
+        assert feed.session("b") is None and send(feed, "b", [wire(2)]) == 0
+
+    run(go())
+
+
+def test_given_back_requests_return_to_their_own_session_as_the_attempt_they_were():
+    async def go():
+        feed = Feed(G, node="n", max_pending=8)
+        send(feed, "a", [wire(0, attempt=2)])
+        send(feed, "b", [wire(1)])
+        feed.requeue(await take(feed))
+        assert (await collect(feed, "a"))["returned"] == [("r0", 2)]
+        assert (await collect(feed, "b"))["returned"] == [("r1", 0)]
+        assert feed.queue.in_flight() == 0
+        assert send(feed, "a", [wire(0, attempt=3)]) == 1        # its next attempt comes back as a new key
+
+    run(go())
+
+
+def test_abandon_marks_a_queued_request_only():
+    async def go():
+        feed = Feed(G, node="n", max_pending=8)
+        send(feed, "a", [wire(0), wire(1)])
+        [first] = await take(feed, slots=1)
+        assert not feed.abandon(first.key)                       # taken: admission's cancel stops it instead
+        assert feed.abandon(RequestKey("a", "r1", 0)) and not feed.abandon(RequestKey("a", "r1", 1))
+        [second] = await take(feed)
+        assert second.abandoned and not first.abandoned
+
+    run(go())
+
+
+def test_an_unhealthy_engine_gives_its_queue_back_and_wakes_every_link():
+    async def go():
+        feed = Feed(G, node="n", max_pending=8)
+        send(feed, "a", [wire(0), wire(1, priority=1)])
+        send(feed, "b", [wire(2)])
+        waiting = asyncio.ensure_future(feed.collect("b", 5.0, 100))
+        await asyncio.sleep(0)
+        feed.set_engine_healthy(False)
+        assert (await asyncio.wait_for(waiting, 1.0))["returned"] == [("r2", 0)]
+        assert (await collect(feed, "a"))["returned"] == [("r1", 0), ("r0", 0)]   # in take order
+        assert send(feed, "a", [wire(3)]) == 0 and await take(feed) == []
+        feed.set_engine_healthy(True)
+        assert send(feed, "a", [wire(3)]) == 1 and len(await take(feed)) == 1
+
+    run(go())
+
+
+def test_deliveries_reach_every_session_with_their_mean_occupancy():
+    async def go():
+        feed = Feed(G, node="n", max_pending=8)
+        feed.session("a")
+        feed.session("b")
+        feed.record_delivery(100, 1.0, 0.5)
+        feed.record_delivery(300, 1.0, 1.0)
+        assert (await collect(feed, "a"))["delivered"] == (400, 2.0, 0.75)
+        assert (await collect(feed, "a"))["delivered"] == (0, 0.0, 1.0)
+        assert (await collect(feed, "b"))["delivered"] == (400, 2.0, 0.75)
+
+    run(go())
