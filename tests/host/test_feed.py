@@ -9,7 +9,9 @@ import time
 from forge.broker import EngineGeometry
 from forge.engines.interface import RequestKey
 from forge.host.feed import Feed
+from forge.host.protocol import Collected
 from forge.host.source import AdmissionSource
+
 from forge.host.wire import from_wire
 
 G = EngineGeometry(engine_id="cpu0", tokenizer_key="t", max_batch_size=4, max_num_tokens=512, max_input_len=64,
@@ -26,7 +28,7 @@ def send(feed: Feed, sid: str, items: list[tuple]) -> int:
     return feed.put(sid, [from_wire(it, sid, "t", now) for it in items])
 
 
-async def collect(feed: Feed, sid: str) -> dict:
+async def collect(feed: Feed, sid: str) -> Collected:
     return await feed.collect(sid, 0.0, 100)
 
 
@@ -47,11 +49,11 @@ def test_a_batch_is_queued_and_what_cannot_be_goes_straight_back_to_its_link():
         feed = Feed(G, node="n", max_pending=2)
         assert send(feed, "a", [wire(0), wire(1, n=100), wire(2), wire(3)]) == 2
         out = await collect(feed, "a")
-        assert out["returned"] == [("r3", 0)]                   # max_pending: the link's broker holds it
-        [(rid, attempt, finish, ids, text, hidden, error, n_in)] = out["results"]
+        assert out.returned == [("r3", 0)]                   # max_pending: the link's broker holds it
+        [(rid, attempt, finish, ids, text, hidden, error, n_in)] = out.results
         assert (rid, attempt, finish) == ("r1", 0, "error") and "prompt 100 tokens > max_input_len 64" in error
         feed.accepting = False                                   # draining: nothing more is queued
-        assert send(feed, "a", [wire(4)]) == 0 and (await collect(feed, "a"))["returned"] == [("r4", 0)]
+        assert send(feed, "a", [wire(4)]) == 0 and (await collect(feed, "a")).returned == [("r4", 0)]
 
     run(go())
 
@@ -76,8 +78,8 @@ def test_given_back_requests_return_to_their_own_session_as_the_attempt_they_wer
         send(feed, "a", [wire(0, attempt=2)])
         send(feed, "b", [wire(1)])
         feed.requeue(await take(feed))
-        assert (await collect(feed, "a"))["returned"] == [("r0", 2)]
-        assert (await collect(feed, "b"))["returned"] == [("r1", 0)]
+        assert (await collect(feed, "a")).returned == [("r0", 2)]
+        assert (await collect(feed, "b")).returned == [("r1", 0)]
         assert feed.queue.in_flight() == 0
         assert send(feed, "a", [wire(0, attempt=3)]) == 1        # its next attempt comes back as a new key
 
@@ -105,8 +107,8 @@ def test_an_unhealthy_engine_gives_its_queue_back_and_wakes_every_link():
         waiting = asyncio.ensure_future(feed.collect("b", 5.0, 100))
         await asyncio.sleep(0)
         feed.set_engine_healthy(False)
-        assert (await asyncio.wait_for(waiting, 1.0))["returned"] == [("r2", 0)]
-        assert (await collect(feed, "a"))["returned"] == [("r1", 0), ("r0", 0)]   # in take order
+        assert (await asyncio.wait_for(waiting, 1.0)).returned == [("r2", 0)]
+        assert (await collect(feed, "a")).returned == [("r1", 0), ("r0", 0)]   # in take order
         assert send(feed, "a", [wire(3)]) == 0 and await take(feed) == []
         feed.set_engine_healthy(True)
         assert send(feed, "a", [wire(3)]) == 1 and len(await take(feed)) == 1
@@ -121,8 +123,8 @@ def test_deliveries_reach_every_session_with_their_mean_occupancy():
         feed.session("b")
         feed.record_delivery(100, 1.0, 0.5)
         feed.record_delivery(300, 1.0, 1.0)
-        assert (await collect(feed, "a"))["delivered"] == (400, 2.0, 0.75)
-        assert (await collect(feed, "a"))["delivered"] == (0, 0.0, 1.0)
-        assert (await collect(feed, "b"))["delivered"] == (400, 2.0, 0.75)
+        assert (await collect(feed, "a")).delivered == (400, 2.0, 0.75)
+        assert (await collect(feed, "a")).delivered == (0, 0.0, 1.0)
+        assert (await collect(feed, "b")).delivered == (400, 2.0, 0.75)
 
     run(go())

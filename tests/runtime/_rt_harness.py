@@ -132,10 +132,10 @@ class Harness:
     async def _collect(self) -> None:
         while True:
             got = await self.feed.collect(SESSION, 0.05, 4096)
-            for card, req, result in got["results"]:
+            for card, req, result in got.results:
                 self.out -= 1
                 self.results.setdefault(req.key.rid, []).append((card, result))
-            for rid, attempt in got["returned"]:
+            for rid, attempt in got.returned:
                 self.out -= 1
                 r = self.requests[rid]
                 assert r.key.attempt == attempt
