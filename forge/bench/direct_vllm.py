@@ -89,11 +89,12 @@ class VllmDirectEngine:
         for k, job in enumerate(warm_jobs):
             order, depth = _order(job, variant)
             self._feed(order, depth, f"wj{k}-")
-        hits0 = _prefix_hits(llm)
+        hits0, steps0 = _prefix_hits(llm), _steps(llm)
         order, depth = _order(requests, variant)
         res = self._feed(order, depth, "r")
         res.variant = variant
         res.prefix_hit_tokens = _prefix_hits(llm) - hits0
+        res.engine_steps = (_steps(llm) - steps0) or None
         res.notes.append("engine built: " + ", ".join(f"{k} {v}" for k, v in self.built.items()))
         res.notes.append("vLLM " + _version() + (f"; async-engine-only arguments left out: {', '.join(self.left_out)}"
                                                  if self.left_out else ""))
@@ -202,6 +203,14 @@ def _prefix_hits(llm) -> int:
     for m in llm.get_metrics():
         if m.name == "vllm:prefix_cache_hits":
             return int(getattr(m, "value", 0) or 0)
+    return 0
+
+
+def _steps(llm) -> int:
+    """vLLM's count of engine iterations (the observations of its per-iteration token histogram)."""
+    for m in llm.get_metrics():
+        if m.name == "vllm:iteration_tokens_total":
+            return int(getattr(m, "count", 0) or 0)
     return 0
 
 

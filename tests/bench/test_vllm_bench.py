@@ -35,6 +35,7 @@ def test_direct_mode_drives_vllm_with_the_contracts_engine_arguments(tmp_path):
         # the embedded vllm contract: budget 512, 32 slots, 384 + 128 tokens, 512 blocks of 32, prefix caching
         assert ("engine built: max_num_batched_tokens 512, max_num_seqs 32, max_model_len 512, block_size 32, "
                 "num_gpu_blocks 512, enable_prefix_caching True") in r["notes"]
+        assert r["engine_steps"] >= r["output_tokens"] / 8 and r["ms_per_step"] > 0   # vLLM: a token a step each
     assert runs[0]["output_tokens"] == runs[1]["output_tokens"] > 0          # greedy: the same tokens either way
     assert runs[0]["input_tokens"] == runs[1]["input_tokens"]
 
