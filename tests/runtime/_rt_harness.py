@@ -71,7 +71,24 @@ async def until(cond, timeout_s: float = 5.0) -> None:
         await asyncio.sleep(0.005)
 
 
-class Harness:
+class _ResultsByRequest:
+    """Results kept by request id (`self.results`): waiting for a set of them, and each delivered exactly once."""
+
+    results: dict[str, list]
+
+    async def wait_all(self, ids, timeout_s: float) -> None:
+        end = time.monotonic() + timeout_s
+        while not all(i in self.results for i in ids):
+            assert time.monotonic() < end, f"undelivered: {[i for i in ids if i not in self.results][:10]}"
+            await asyncio.sleep(0.005)
+
+    def assert_exactly_once(self, ids) -> None:
+        assert set(self.results) == set(ids)
+        twice = {k: v for k, v in self.results.items() if len(v) != 1}
+        assert not twice, twice
+
+
+class Harness(_ResultsByRequest):
     """One card's admission runtime and its Feed, fed as a link feeds it (the module docstring); records results by
     the node's request id and samples the admission bounds."""
 
@@ -154,16 +171,6 @@ class Harness:
                 self.max_reserved[rt.engine_id] = max(self.max_reserved.get(rt.engine_id, 0), s.kv_blocks_reserved)
             await asyncio.sleep(0.002)
 
-    async def wait_all(self, ids, timeout_s: float) -> None:
-        end = time.monotonic() + timeout_s
-        while not all(i in self.results for i in ids):
-            assert time.monotonic() < end, f"undelivered: {[i for i in ids if i not in self.results][:10]}"
-            await asyncio.sleep(0.005)
-
-    def assert_exactly_once(self, ids) -> None:
-        assert set(self.results) == set(ids)
-        twice = {k: v for k, v in self.results.items() if len(v) != 1}
-        assert not twice, twice
 
     async def stop(self) -> None:
         await asyncio.wait_for(asyncio.gather(*(rt.stop() for rt in self.runtimes)), 10)
@@ -175,7 +182,7 @@ class Harness:
             assert rt._driver.join(2), f"{rt.engine_id}: driver thread still running"
 
 
-class LinkedCards:
+class LinkedCards(_ResultsByRequest):
     """Engine hosts (each its Feed and admission runtime, its engine built from the card's contract) behind one node
     broker, reached by EngineLinks over the thread transport. Results are kept by request id with the card's id."""
 
@@ -214,17 +221,9 @@ class LinkedCards:
             ids.append(f"r{i}")
         return ids
 
-    async def wait_all(self, ids, timeout_s: float) -> None:
-        end = time.monotonic() + timeout_s
-        while not all(i in self.results for i in ids):
-            assert time.monotonic() < end, f"undelivered: {[i for i in ids if i not in self.results][:10]}"
-            await asyncio.sleep(0.005)
-
     def assert_exactly_once(self, ids) -> None:
         assert not self.failed, self.failed
-        assert set(self.results) == set(ids)
-        twice = {k: v for k, v in self.results.items() if len(v) != 1}
-        assert not twice, twice
+        super().assert_exactly_once(ids)
 
     def by_card(self) -> list[str]:
         return [card for [(card, _)] in self.results.values()]
