@@ -27,7 +27,7 @@ from forge.errors import ForgeError
 from forge.engines.interface import RequestKey
 from forge.host.admission import AdmissionRuntime, geometry_from_plan
 from forge.host.feed import Feed
-from forge.host.protocol import Collected, Hello, WireResult, requests_received
+from forge.host.protocol import Collected, Hello, WireResult
 from forge.host.request import HostRequest
 from forge.host.wire import from_wire, tokenizer_identity, wire_result
 from forge.requests import REFUSED
@@ -147,10 +147,11 @@ class EngineHost:
         return [list(self.tokenizer.encode(t)) for t in texts]
 
     async def submit(self, sid: str, items: list[tuple]) -> int:
-        """items: WireRequests as plain tuples (protocol.requests_to_send), rebuilt here."""
+        """items: WireRequests as plain tuples (protocol.requests_to_send); from_wire reads each in WireRequest's
+        field order straight into the host's HostRequest (no WireRequest is built in between)."""
         self._ensure_running()
         now = time.monotonic()
-        return self.feed.put(sid, [from_wire(it, sid, self.tokenizer_key, now) for it in requests_received(items)])
+        return self.feed.put(sid, [from_wire(it, sid, self.tokenizer_key, now) for it in items])
 
     async def collect(self, sid: str, wait_s: float, max_items: int = 4096) -> Collected:
         self._ensure_running()

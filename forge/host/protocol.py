@@ -70,6 +70,8 @@ def requests_to_send(items: Sequence[WireRequest]) -> list[tuple]:
 
 
 def requests_received(items: Sequence[tuple]) -> list[WireRequest]:
+    """The inverse of requests_to_send, for a reader that wants the records (the host reads the tuples directly:
+    forge/host/wire.py::from_wire)."""
     return list(map(WireRequest._make, items))
 
 

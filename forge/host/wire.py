@@ -25,8 +25,9 @@ def to_wire(req: BrokerRequest, tokenizer_key: str, now: float) -> WireRequest:
                        None if opts is None or opts == DEFAULT_OPTIONS else opts, max(0.0, now - req.enqueued_at))
 
 
-def from_wire(item: WireRequest, session: str, tokenizer_key: str, now: float) -> HostRequest:
-    """A wire request arriving on `session` at `now`, as the host holds it; its key is made here, once. The prompt
+def from_wire(item: WireRequest | tuple, session: str, tokenizer_key: str, now: float) -> HostRequest:
+    """A wire request (or the plain tuple it crosses as, in WireRequest's field order) arriving on `session` at `now`,
+    as the host holds it; its key is made here, once. The prompt
     is in the ids of the host's tokenizer (`tokenizer_key`: the link encoded it with that tokenizer)."""
     rid, attempt, prompt, max_new, priority, opts, age = item
     if max_new < 0:
