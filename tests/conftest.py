@@ -7,6 +7,7 @@
 import atexit
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -43,7 +44,15 @@ SLOW_MODULES = frozenset({
     "tests/serve/test_endpoints.py", "tests/serve/test_http_limits.py", "tests/serve/test_overload.py",
     "tests/serve/test_prompt_bounds.py", "tests/serve/test_remote.py", "tests/serve/test_request_bounds.py",
     "tests/top/test_top_live_node.py",
+    "tests/bench/test_vllm_bench.py",
+    "tests/e2e/test_chat_and_stop.py", "tests/e2e/test_input_shards.py", "tests/e2e/test_killed_start_report.py",
+    "tests/e2e/test_registry_origin.py", "tests/e2e/test_screens_fit.py",
+    "tests/node/test_prefix_reuse_replicas.py",
+    "tests/reliability/test_closed_streams.py", "tests/reliability/test_error_budget.py",
+    "tests/reliability/test_parquet_input.py", "tests/reliability/test_poison_results.py",
+    "tests/reliability/test_side_files.py",
 })
+SLOW_FOLDERS = ("tests/vllm_backend/",)      # the real vLLM engine: its engine core is a process of its own
 
 ROOT = Path(__file__).resolve().parent.parent
 USER_FORGE_HOME = Path.home() / ".forge"
@@ -81,7 +90,8 @@ def pytest_collection_modifyitems(config, items):
     # tryfirst: before the core deselects by -m, so the marks added here count.
     for item in items:
         path = Path(item.path).resolve()
-        if path.is_relative_to(ROOT) and path.relative_to(ROOT).as_posix() in SLOW_MODULES:
+        name = path.relative_to(ROOT).as_posix() if path.is_relative_to(ROOT) else ""
+        if name in SLOW_MODULES or name.startswith(SLOW_FOLDERS):
             item.add_marker(pytest.mark.slow)
     if config.getoption("--long"):
         return
@@ -106,3 +116,38 @@ def forge_home(tmp_path_factory, monkeypatch):
     home = tmp_path_factory.mktemp("forge-home")
     monkeypatch.setenv("FORGE_HOME", str(home))
     return home
+
+
+# What makes a test slow: a process that runs forge (the CLI or a card worker) or Ray. A test that starts one and
+# is not marked slow fails, so plain `pytest` stays the fast tests as tests are added.
+_WHOLE_PRODUCT = ("forge", "forge.host", "ray")
+_started: list = []
+_real_popen_init = subprocess.Popen.__init__
+
+
+def _recording_popen_init(self, args, *a, **kw):
+    _started.append(args)
+    _real_popen_init(self, args, *a, **kw)
+
+
+subprocess.Popen.__init__ = _recording_popen_init
+
+
+def _runs_the_product(args) -> bool:
+    argv = [args] if isinstance(args, (str, bytes, os.PathLike)) else list(args)
+    words = [os.path.basename(str(a)) for a in argv]
+    return any(w in ("forge", "ray") for w in words) or any(
+        words[i] == "-m" and words[i + 1].split(".")[0] in _WHOLE_PRODUCT for i in range(len(words) - 1))
+
+
+@pytest.fixture(autouse=True)
+def _fast_tests_start_no_product(request):
+    """Fails a test that is not marked slow but starts forge, a card worker or Ray in a process of its own."""
+    _started.clear()
+    yield
+    if request.node.get_closest_marker("slow") is None:
+        product = [a for a in _started if _runs_the_product(a)]
+        if product:
+            pytest.fail(f"{request.node.nodeid} starts {product[0]!r} in a process of its own: mark it slow "
+                        f"(tests/conftest.py SLOW_MODULES, or @pytest.mark.slow), or use tests/forge_cli.py invoke()",
+                        pytrace=False)

@@ -22,6 +22,7 @@ def test_every_other_repeat_runs_the_modes_in_reverse():
     assert repeat_order(("direct", "forge", "fifo"), 3) == ["fifo", "forge", "direct"]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_a_repeated_bench_alternates_the_order_of_its_runs(tmp_path):
     bp = BenchPlan(loaded=load_node(INSTANT_NODE), spec=load_workload(WORKLOAD), workdir=tmp_path,

@@ -1,6 +1,6 @@
 """`forge contract new` through the CLI on the embedded tiny-llama checkpoint: the written contract is what
 `forge validate` accepts and `forge provision --dry-run` plans, its numbers are the plan's, and a node made from it
-runs records on the real transformers engine."""
+runs records on the real transformers engine. Only that run needs a process of its own; the rest runs in-process."""
 import json
 import re
 import shutil
@@ -8,6 +8,7 @@ import shutil
 import pytest
 
 from forge.config.load import load_node
+from tests.forge_cli import invoke
 from tests.reliability._rel import REPO, assert_no_traceback, forge
 
 TINY = REPO / "forge" / "embedded" / "tiny-llama"
@@ -17,9 +18,10 @@ def _new(tmp_path, *extra, out="c.yaml", node="node.yaml"):
     args = ["contract", "new", TINY, "--out", tmp_path / out, *extra]
     if node:
         args += ["--node-out", tmp_path / node]
-    return forge(*args, timeout=120)
+    return invoke(*args)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a_contract_from_the_model_validates_plans_and_runs(tmp_path):
     r = _new(tmp_path, "--card", "cpu", "--memory-gib", "0.25", "--max-input-len", "256", "--max-output-len", "64")
@@ -34,7 +36,7 @@ def test_a_contract_from_the_model_validates_plans_and_runs(tmp_path):
     assert "2,885,888 parameters (model.safetensors header) x 4 bytes (fp32)" in text
     assert re.search(r"max_tokens: \d+ +# the largest pool of whole blocks within 0.9 x", text)
 
-    v = forge("validate", tmp_path / "c.yaml", tmp_path / "node.yaml")
+    v = invoke("validate", tmp_path / "c.yaml", tmp_path / "node.yaml")
     assert v.returncode == 0 and "valid (0 error(s), 0 warning(s))" in v.stderr, v.stdout + v.stderr
 
     loaded = load_node(tmp_path / "node.yaml")
@@ -44,7 +46,7 @@ def test_a_contract_from_the_model_validates_plans_and_runs(tmp_path):
     assert f"max_batch_size: {c.limits.max_batch_size} " in text and c.limits.max_batch_size == plan.full_length_slots
     assert plan.fits_memory
 
-    d = forge("provision", tmp_path / "node.yaml", "--dry-run", env_extra={"COLUMNS": "250"})
+    d = invoke("provision", tmp_path / "node.yaml", "--dry-run", env={"COLUMNS": "250"})
     assert d.returncode == 0, d.stderr
     assert f"{plan.num_blocks:,} x 32" in d.stdout and "tiny-llama-cpu" in d.stdout
 
@@ -63,7 +65,7 @@ def test_a_gpu_contract_is_bf16_and_names_its_capability(tmp_path):
     text = (tmp_path / "c.yaml").read_text()
     assert "weights: bf16" in text and "kv_cache: bf16" in text and 'compute_capability: "9.0"' in text
     assert "max_batch_size: 64 " in text and "max_num_tokens: 4096 " in text and "# --slots" in text
-    v = forge("validate", tmp_path / "c.yaml", tmp_path / "node.yaml")
+    v = invoke("validate", tmp_path / "c.yaml", tmp_path / "node.yaml")
     assert v.returncode == 0, v.stdout + v.stderr
 
 
@@ -80,7 +82,7 @@ def test_refusals_are_one_line(tmp_path):
     bare = tmp_path / "bare"
     shutil.copytree(TINY, bare)
     (bare / "config.json").unlink()
-    r = forge("contract", "new", bare, "--card", "cpu", "--memory-gib", "1", "--out", tmp_path / "x.yaml")
+    r = invoke("contract", "new", bare, "--card", "cpu", "--memory-gib", "1", "--out", tmp_path / "x.yaml")
     assert r.returncode == 1 and "config.json" in r.stderr
     for res in (r,):
         assert_no_traceback(res.stderr)

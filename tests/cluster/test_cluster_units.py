@@ -309,13 +309,10 @@ def test_cluster_node_runs_requests_and_gives_up_on_engines_that_stay_gone(monke
 def test_a_card_with_replicas_is_refused_on_a_cluster_before_ray_is_touched(tmp_path):
     """The agent runs one engine actor per card: `replicas: 2` is refused with the card's field, through the real
     CLI, before the (unreachable) head is even tried."""
-    import subprocess
-    import sys
-    from pathlib import Path
+    from tests.forge_cli import invoke
 
     node = Path(__file__).parents[1] / "node" / "fixtures" / "replicas-tiny.yaml"
-    r = subprocess.run([sys.executable, "-m", "forge", "provision", str(node), "--cluster", "127.0.0.1:1"],
-                       capture_output=True, text=True, timeout=60)
+    r = invoke("provision", node, "--cluster", "127.0.0.1:1")
     assert r.returncode == 1, r.stderr
     (line,) = [x for x in r.stderr.splitlines() if x.strip()]
     assert line.endswith("replicas-tiny.yaml::$.cards[0].replicas: replicas: 2 runs on a node on this machine only; "

@@ -3,7 +3,7 @@ still has its contracts read and checked (before, it said `0 contract(s)` and th
 showed once the node was fixed)."""
 import shutil
 
-from tests.reliability._rel import REPO, forge
+from tests.forge_cli import REPO, invoke
 
 NODE = """node: broken
 contracts: {contracts}
@@ -30,7 +30,7 @@ def _contract(tmp_path, budget: int):
 def test_a_broken_node_still_has_its_contracts_checked(tmp_path):
     _contract(tmp_path, 100)
     (tmp_path / "n.yaml").write_text(NODE.format(contracts="c.yaml"))
-    r = forge("validate", "n.yaml", cwd=tmp_path)
+    r = invoke("validate", "n.yaml", cwd=tmp_path)
     assert r.returncode == 1
     assert r.stdout.splitlines() == [
         "n.yaml::$.cards[0].kind: unknown value 'tpu' (did you mean 'gpu'?)",
@@ -42,7 +42,7 @@ def test_a_broken_node_still_has_its_contracts_checked(tmp_path):
 def test_a_broken_node_naming_a_missing_contract_says_both(tmp_path):
     (tmp_path / "n.yaml").write_text(NODE.format(contracts="[c.yaml, gone.yaml]"))
     _contract(tmp_path, 512)
-    r = forge("validate", "n.yaml", cwd=tmp_path)
+    r = invoke("validate", "n.yaml", cwd=tmp_path)
     lines = r.stdout.splitlines()
     assert r.returncode == 1 and len(lines) == 2, r.stdout
     assert lines[0].startswith("n.yaml::$.cards[0].kind: unknown value 'tpu'")

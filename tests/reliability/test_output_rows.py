@@ -22,6 +22,7 @@ def _limit_memory():
     resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))    # a 1 GB bitmap (8e9) would not fit beside Python
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("index", [str(10**15), str(10**30), str(8 * 10**9), "9" * 5000])
 def test_a_row_with_an_absurd_index_is_refused_in_one_line_and_restart_replaces_it(tmp_path, index):
     inp = write_echo_input(tmp_path / "in.jsonl", N)
@@ -56,6 +57,7 @@ def test_the_scan_never_sizes_a_bitmap_from_a_row(tmp_path):
     assert rec.beyond == 1 and rec.first_beyond == 10**15 and list(rec.present) == [0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cut", [1, 7, 30])
 def test_a_torn_tail_of_a_complete_output_is_cut_and_its_rows_made_again(tmp_path, cut):
     inp = write_echo_input(tmp_path / "in.jsonl", N)
@@ -74,6 +76,7 @@ def test_a_torn_tail_of_a_complete_output_is_cut_and_its_rows_made_again(tmp_pat
     assert out.read_bytes().startswith(kept) and len(read_rows(out)) == N
 
 
+@pytest.mark.slow
 def test_rows_missing_from_the_middle_are_still_refused(tmp_path):
     """Only a cut end explains rows gone: a row removed from the middle is a change outside forge."""
     inp = write_echo_input(tmp_path / "in.jsonl", N)

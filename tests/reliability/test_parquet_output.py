@@ -61,6 +61,7 @@ def _results(path) -> dict[int, object]:
     return {r["index"]: (json.loads(r[col]) if col == "result_json" else r[col]) for r in rows}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("only", [None, 3, 5, 7, 9])
 def test_results_the_typed_columns_cannot_hold_go_to_the_json_column(tmp_path, only):
     """50 nested lists, 99 nested objects, 2**64, -2**63-1: the run exits 0, the file opens, every value reads
@@ -85,6 +86,7 @@ def test_results_the_typed_columns_cannot_hold_go_to_the_json_column(tmp_path, o
     assert _results(out) == got
 
 
+@pytest.mark.slow
 def test_a_typed_output_stays_typed(tmp_path):
     """What fits keeps its typed column (the JSON column is the fallback, not the rule)."""
     fn = tmp_path / "poison.py"
