@@ -93,12 +93,27 @@ def pytest_collection_modifyitems(config, items):
         name = path.relative_to(ROOT).as_posix() if path.is_relative_to(ROOT) else ""
         if name in SLOW_MODULES or name.startswith(SLOW_FOLDERS):
             item.add_marker(pytest.mark.slow)
+    _schedule(config, items)
     if config.getoption("--long"):
         return
     skip = pytest.mark.skip(reason="long test: run with --long")
     for item in items:
         if "long" in item.keywords:
             item.add_marker(skip)
+
+
+def _schedule(config, items) -> None:
+    """The order that keeps `-n 2` short: whole-product tests first (the longest; started last, one of them would
+    run alone at the end), the fast ones after to fill the end. Under `--dist loadgroup` the tests of a module
+    that share a module- or class-scoped fixture (a provisioned node, a vLLM load, a Ray cluster) go to one
+    worker, so the fixture is set up once instead of once per worker."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)       # stable: file order otherwise
+    if not config.pluginmanager.hasplugin("xdist"):
+        return
+    for item in items:
+        defs = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
+        if any(d and d[-1].scope in ("module", "class", "package") for d in defs.values()):
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
 
 
 def pytest_sessionfinish(session, exitstatus):

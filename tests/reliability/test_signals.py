@@ -176,8 +176,9 @@ def test_ctrl_c_twice_stops_at_once_while_a_function_blocks_the_loop(tmp_path):
 def test_a_function_blocking_the_loop_past_the_session_lease_costs_the_card_worker_nothing(tmp_path):
     """The worker used to drop a link session silent for 60 s, so a node whose own loop was blocked that long
     lost its in-flight work and restarted its worker (one of its three restarts). Real tiny engine."""
-    # 90 s: past the 60 s lease and the next of the worker's checks (every 15 s)
-    fn, inp, out, err, proc = _blocking_run(tmp_path, 120, None, block_at=40, block_s=90)
+    # 80 s: a session silent since the block began would be past a 60 s lease at the first of the worker's checks
+    # (every 15 s) after 60 s, which comes by 75 s
+    fn, inp, out, err, proc = _blocking_run(tmp_path, 120, None, block_at=40, block_s=80)
     try:
         rc = proc.wait(timeout=360)
     finally:
