@@ -52,7 +52,18 @@ SLOW_MODULES = frozenset({
     "tests/reliability/test_parquet_input.py", "tests/reliability/test_poison_results.py",
     "tests/reliability/test_side_files.py",
 })
-SLOW_FOLDERS = ("tests/vllm_backend/",)      # the real vLLM engine: its engine core is a process of its own
+SLOW_FOLDERS = ("tests/vllm_backend/",)
+# Modules whose tests share a module-scoped fixture that takes seconds to set up (a worker's engine, a Ray
+# cluster, a served node): under -n their tests run on one worker (pytest_xdist_make_scheduler below).
+SHARED_FIXTURE_MODULES = frozenset({
+    "tests/cluster/test_cluster_ray.py", "tests/engines/test_guided.py", "tests/engines/test_transformers_backend.py",
+    "tests/serve/test_client_messages.py", "tests/serve/test_client_mistakes.py", "tests/serve/test_endpoints.py",
+    "tests/serve/test_hostile_clients.py", "tests/serve/test_hostile_guides.py", "tests/serve/test_http_limits.py",
+    "tests/serve/test_openai_params.py", "tests/serve/test_openai_parse.py", "tests/serve/test_overload.py",
+    "tests/serve/test_prompt_bounds.py", "tests/serve/test_request_bounds.py", "tests/top/test_top_live_node.py",
+    "tests/vllm_backend/test_engine.py", "tests/vllm_backend/test_forge_run.py",
+    "tests/vllm_backend/test_refusals_and_preemption.py", "tests/vllm_backend/test_serve.py",
+})      # the real vLLM engine: its engine core is a process of its own
 
 ROOT = Path(__file__).resolve().parent.parent
 USER_FORGE_HOME = Path.home() / ".forge"
@@ -93,7 +104,6 @@ def pytest_collection_modifyitems(config, items):
         name = path.relative_to(ROOT).as_posix() if path.is_relative_to(ROOT) else ""
         if name in SLOW_MODULES or name.startswith(SLOW_FOLDERS):
             item.add_marker(pytest.mark.slow)
-    _schedule(config, items)
     if config.getoption("--long"):
         return
     skip = pytest.mark.skip(reason="long test: run with --long")
@@ -102,18 +112,20 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
-def _schedule(config, items) -> None:
-    """The order that keeps `-n 2` short: whole-product tests first (the longest; started last, one of them would
-    run alone at the end), the fast ones after to fill the end. Under `--dist loadgroup` the tests of a module
-    that share a module- or class-scoped fixture (a provisioned node, a vLLM load, a Ray cluster) go to one
-    worker, so the fixture is set up once instead of once per worker."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)       # stable: file order otherwise
-    if not config.pluginmanager.hasplugin("xdist"):
-        return
-    for item in items:
-        defs = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
-        if any(d and d[-1].scope in ("module", "class", "package") for d in defs.values()):
-            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+def pytest_xdist_make_scheduler(config, log):
+    """Under `-n`: xdist's load scheduling, except that the tests of a module in SHARED_FIXTURE_MODULES go to one
+    worker together, so its module-scoped fixture (a vLLM load, a Ray cluster, a served node) is set up once, not
+    once on each worker. (xdist's own `--dist loadgroup` does not group under pytest 9.2: its worker renames
+    `item._nodeid`, which the node id no longer reads.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SharedFixtureScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return module if module in SHARED_FIXTURE_MODULES else nodeid
+
+    config.option.loadscopereorder = False        # the files' order, as xdist's load scheduling keeps it
+    return SharedFixtureScheduling(config, log)
 
 
 def pytest_sessionfinish(session, exitstatus):
