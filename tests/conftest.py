@@ -147,7 +147,6 @@ def forge_home(tmp_path_factory, monkeypatch):
 
 # What makes a test slow: a process that runs forge (the CLI or a card worker) or Ray. A test that starts one and
 # is not marked slow fails, so plain `pytest` stays the fast tests as tests are added.
-_WHOLE_PRODUCT = ("forge", "forge.host", "ray")
 _started: list = []
 _real_popen_init = subprocess.Popen.__init__
 
@@ -160,20 +159,15 @@ def _recording_popen_init(self, args, *a, **kw):
 subprocess.Popen.__init__ = _recording_popen_init
 
 
-def _runs_the_product(args) -> bool:
-    argv = [args] if isinstance(args, (str, bytes, os.PathLike)) else list(args)
-    words = [os.path.basename(str(a)) for a in argv]
-    return any(w in ("forge", "ray") for w in words) or any(
-        words[i] == "-m" and words[i + 1].split(".")[0] in _WHOLE_PRODUCT for i in range(len(words) - 1))
-
-
 @pytest.fixture(autouse=True)
 def _fast_tests_start_no_product(request):
     """Fails a test that is not marked slow but starts forge, a card worker or Ray in a process of its own."""
     _started.clear()
     yield
     if request.node.get_closest_marker("slow") is None:
-        product = [a for a in _started if _runs_the_product(a)]
+        from tests.forge_cli import runs_the_product
+
+        product = [a for a in _started if runs_the_product(a)]
         if product:
             pytest.fail(f"{request.node.nodeid} starts {product[0]!r} in a process of its own: mark it slow "
                         f"(tests/conftest.py SLOW_MODULES, or @pytest.mark.slow), or use tests/forge_cli.py invoke()",

@@ -31,6 +31,14 @@ def forge_env(extra: Optional[dict] = None) -> dict[str, str]:
     return env
 
 
+def runs_the_product(args) -> bool:
+    """Whether a process's command line runs forge (its CLI or a card worker) or Ray: what makes a test slow."""
+    argv = [args] if isinstance(args, (str, bytes, os.PathLike)) else list(args)
+    words = [os.path.basename(str(a)) for a in argv]
+    return any(w in ("forge", "ray") for w in words) or any(
+        words[i] == "-m" and words[i + 1].split(".")[0] in ("forge", "ray") for i in range(len(words) - 1))
+
+
 def forge_argv(*args, importtime: bool = False) -> list[str]:
     return [sys.executable, *(["-X", "importtime"] if importtime else []), "-m", "forge", *map(str, args)]
 
