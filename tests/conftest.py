@@ -52,7 +52,7 @@ SLOW_MODULES = frozenset({
     "tests/reliability/test_parquet_input.py", "tests/reliability/test_poison_results.py",
     "tests/reliability/test_side_files.py",
 })
-SLOW_FOLDERS = ("tests/vllm_backend/",)
+SLOW_FOLDERS = ("tests/vllm_backend/",)      # the real vLLM engine: its engine core is a process of its own
 # Modules whose tests share a module-scoped fixture that takes seconds to set up (a worker's engine, a Ray
 # cluster, a served node): under -n their tests run on one worker (pytest_xdist_make_scheduler below).
 SHARED_FIXTURE_MODULES = frozenset({
@@ -63,7 +63,7 @@ SHARED_FIXTURE_MODULES = frozenset({
     "tests/serve/test_prompt_bounds.py", "tests/serve/test_request_bounds.py", "tests/top/test_top_live_node.py",
     "tests/vllm_backend/test_engine.py", "tests/vllm_backend/test_forge_run.py",
     "tests/vllm_backend/test_refusals_and_preemption.py", "tests/vllm_backend/test_serve.py",
-})      # the real vLLM engine: its engine core is a process of its own
+})
 
 ROOT = Path(__file__).resolve().parent.parent
 USER_FORGE_HOME = Path.home() / ".forge"
