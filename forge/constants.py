@@ -1,4 +1,26 @@
 """Bounds and tunables in one place, units in the names."""
+import os
+
+# Problems with the environment settings below, one line each; the CLI refuses to start while there are any.
+ENVIRONMENT_PROBLEMS: list[str] = []
+
+
+def _seconds_from_environment(name: str, default: float, low: float, high: float) -> float:
+    """An operator's window, read once per process from the environment (vLLM sets its engine timeouts the same way:
+    a node's card workers inherit it). Unset: `default`. Anything but a number of seconds in [low, high] is refused."""
+    text = os.environ.get(name)
+    if text is None or text == "":
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not low <= value <= high:
+        ENVIRONMENT_PROBLEMS.append(f"environment variable {name}={text!r}: expected seconds from {low:g} to {high:g} "
+                                    f"(unset: {default:g})")
+        return default
+    return value
+
 
 # --- files -----------------------------------------------------------------------------
 MAX_CONFIG_FILE_BYTES = 1 * 1024 * 1024     # node/contract YAML larger than this is refused
@@ -13,7 +35,11 @@ MAX_OUTPUT_ROW_BYTES = 64 * 1024 * 1024
 ENGINE_POLL_TIMEOUT_S = 0.05                 # every wait on an engine is bounded
 ENGINE_START_TIMEOUT_S = 600.0
 ENGINE_SHUTDOWN_TIMEOUT_S = 30.0
-STALL_WINDOW_S = 30.0                        # work in flight and no token for this long = stall
+# Work in flight and no token for this long = a stall; a host or node that answers nothing this long is lost.
+STALL_WINDOW_S = _seconds_from_environment("FORGE_STALL_WINDOW_S", 30.0, 1.0, 3600.0)
+# A link session silent this long is gone and its work on the host dropped (in-process and Ray hosts; a card
+# worker has none: its node's death is end of file on its socket).
+SESSION_LEASE_S = _seconds_from_environment("FORGE_SESSION_LEASE_S", 60.0, 2.0, 86400.0)
 SUBMIT_RETRY_LIMIT = 8                       # engine refusals retried with backoff, then failed
 SUBMIT_BACKOFF_BASE_S = 0.01
 SUBMIT_BACKOFF_MAX_S = 1.0

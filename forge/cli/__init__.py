@@ -10,7 +10,7 @@ import sys
 
 import click
 
-from forge.errors import ForgeError
+from forge.errors import ForgeError, UsageError
 
 # One module per command (group); each exposes `register(cli)`.
 COMMAND_MODULES = (
@@ -53,12 +53,20 @@ def _exit_now(code: int) -> None:
     os._exit(code)
 
 
+def _refuse_a_bad_environment() -> None:
+    from forge import constants
+
+    if constants.ENVIRONMENT_PROBLEMS:
+        raise UsageError("; ".join(constants.ENVIRONMENT_PROBLEMS))
+
+
 def main(argv: list[str] | None = None) -> None:
     debug = os.environ.get("FORGE_DEBUG") == "1"
     from forge.cli.streams import guard_std_streams
 
     guard_std_streams()         # a reader that goes away (`| head -1`) never changes what the run does
     try:
+        _refuse_a_bad_environment()
         _register_all()
         rv = cli.main(args=argv, prog_name="forge", standalone_mode=False)
         sys.exit(rv if isinstance(rv, int) else 0)

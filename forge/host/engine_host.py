@@ -35,7 +35,6 @@ from forge.stats import EngineStats
 
 log = logging.getLogger("forge.host")
 
-SESSION_LEASE_S = 60.0          # a link silent this long is gone; its work here is dropped
 STATS_EVERY_S = 0.2             # an idle session's collect carries engine stats this often
 MAX_PENDING_FACTOR = 4          # queued here at most this many times the engine's slots
 
@@ -57,7 +56,7 @@ def build_engine(plan: CardPlan) -> Any:
 class EngineHost:
     def __init__(self, plan: CardPlan, *, node: str, engine_id: Optional[str] = None,
                  stall_window_s: float = constants.STALL_WINDOW_S, node_tokenizer: Callable[[Any], Any] = None,
-                 session_lease_s: Optional[float] = SESSION_LEASE_S):
+                 session_lease_s: Optional[float] = constants.SESSION_LEASE_S):
         """Builds the engine (blocking: call it off any event loop that must stay responsive). node_tokenizer
         turns the engine's tokenizer into what `tokenizer_copy()` hands a node (default: the tokenizer itself).
         session_lease_s: a link session silent this long is dropped; None where the node's death is seen otherwise

@@ -129,14 +129,14 @@ def _wait_for_text(path, proc, needle: str, timeout_s: float) -> str:
     return path.read_text()
 
 
-def _blocking_run(tmp, n: int, node, block_at: int, block_s: float):
+def _blocking_run(tmp, n: int, node, block_at: int, block_s: float, env_extra: dict | None = None):
     fn = tmp / "block.py"
     fn.write_text(BLOCKS)
     inp = tmp / "in.jsonl"
     inp.write_text("".join(f'{{"id": {i}}}\n' for i in range(n)))
     out, err = tmp / "out.jsonl", tmp / "run.err"
     proc = start(run_argv(fn, inp, out, node, "--concurrency", 16), stderr_path=err,
-                 env_extra={"BLOCK_AT": str(block_at), "BLOCK_S": str(block_s)})
+                 env_extra={"BLOCK_AT": str(block_at), "BLOCK_S": str(block_s), **(env_extra or {})})
     return fn, inp, out, err, proc
 
 
@@ -174,11 +174,13 @@ def test_ctrl_c_twice_stops_at_once_while_a_function_blocks_the_loop(tmp_path):
 @pytest.mark.engine
 @pytest.mark.timeout(400)
 def test_a_function_blocking_the_loop_past_the_session_lease_costs_the_card_worker_nothing(tmp_path):
-    """The worker used to drop a link session silent for 60 s, so a node whose own loop was blocked that long
-    lost its in-flight work and restarted its worker (one of its three restarts). Real tiny engine."""
-    # 80 s: a session silent since the block began would be past a 60 s lease at the first of the worker's checks
-    # (every 15 s) after 60 s, which comes by 75 s
-    fn, inp, out, err, proc = _blocking_run(tmp_path, 120, None, block_at=40, block_s=80)
+    """The worker used to drop a link session silent for its lease (60 s by default), so a node whose own loop was
+    blocked that long lost its in-flight work and restarted its worker (one of its three restarts). Real tiny
+    engine; the lease set to 10 s through the environment (FORGE_SESSION_LEASE_S), as an operator sets it."""
+    # 16 s: a session silent since the block began would be past a 10 s lease at the first of the worker's checks
+    # (every lease / 4 = 2.5 s) after 10 s, which comes by 12.5 s
+    fn, inp, out, err, proc = _blocking_run(tmp_path, 120, None, block_at=40, block_s=16,
+                                            env_extra={"FORGE_SESSION_LEASE_S": "10"})
     try:
         rc = proc.wait(timeout=360)
     finally:
