@@ -5,6 +5,7 @@
 (`python -m pytest tests/e2e`) run every test in them, slow or not, unless -m says otherwise.
 """
 import atexit
+import compileall
 import os
 import shutil
 import subprocess
@@ -87,6 +88,11 @@ def pytest_addoption(parser):
 
 
 def pytest_configure(config):
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        # Byte-compile forge once, as pip does on a non-editable install: with PYTHONDONTWRITEBYTECODE set (as on
+        # the development and CI machines) every forge process the suite starts, node and card worker alike,
+        # compiled forge's modules from source again (0.3 s of a 1.0 s instant-engine `forge run`).
+        compileall.compile_dir(ROOT / "forge", quiet=1)
     # Plain `python -m pytest` (no test paths given) selects the fast tests; named paths run as asked, and an
     # explicit -m (even -m '') or --slow decides otherwise.
     if config.getoption("--slow"):

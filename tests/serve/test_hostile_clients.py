@@ -4,6 +4,7 @@ a huge body is refused at a bounded cost while /health keeps answering; every re
 keep-alive connection has a deadline; bad guides and seeds answer 400 naming what the client sent."""
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import socket
 import threading
@@ -124,21 +125,28 @@ def _one_request(sock: socket.socket) -> bytes:
     return answer
 
 
-def test_a_slow_second_request_head_is_closed_in_bounded_time(server):
+def _slow_head(server) -> tuple[float, bytes]:
     with socket.create_connection((server.host, server.port)) as sock:
         assert _one_request(sock).startswith(b"HTTP/1.1 200")         # keep-alive: the connection stays open
-        took, answer = _trickle_until_closed(sock, b"GET /health HTTP/1.1\r\nhost: x\r\n", limit_s=40)
-    assert took < 16, f"a head trickling a byte a second stayed open {took:.0f} s"
-    assert answer.startswith(b"HTTP/1.1 408") and b"request head" in answer, answer
+        return _trickle_until_closed(sock, b"GET /health HTTP/1.1\r\nhost: x\r\n", limit_s=40)
 
 
-def test_a_slow_body_is_closed_in_bounded_time(server):
+def _slow_body(server) -> tuple[float, bytes]:
     path = b"/v1/completions" if server.command == "serve" else b"/v1/generate"
     with socket.create_connection((server.host, server.port)) as sock:
         assert _one_request(sock).startswith(b"HTTP/1.1 200")
         sock.sendall(b"POST " + path + b" HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
                      b"content-length: 100000\r\n\r\n{")
-        took, answer = _trickle_until_closed(sock, b'"x": 1, ', limit_s=40)
-    assert took < 16, f"a body trickling a byte a second stayed open {took:.0f} s"
-    assert answer.startswith(b"HTTP/1.1 408") and b"request body" in answer, answer
+        return _trickle_until_closed(sock, b'"x": 1, ', limit_s=40)
+
+
+def test_a_slow_second_request_head_and_a_slow_body_are_each_closed_in_bounded_time(server):
+    """Two slow clients at once, one on each deadline: each connection's clock is its own."""
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        head, body = pool.submit(_slow_head, server), pool.submit(_slow_body, server)
+        (head_s, head_answer), (body_s, body_answer) = head.result(timeout=120), body.result(timeout=120)
+    assert head_s < 16, f"a head trickling a byte a second stayed open {head_s:.0f} s"
+    assert head_answer.startswith(b"HTTP/1.1 408") and b"request head" in head_answer, head_answer
+    assert body_s < 16, f"a body trickling a byte a second stayed open {body_s:.0f} s"
+    assert body_answer.startswith(b"HTTP/1.1 408") and b"request body" in body_answer, body_answer
     assert httpx.get(server.url + "/health").status_code == 200
