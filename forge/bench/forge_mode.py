@@ -24,8 +24,6 @@ from forge.bench.results import ModeResult
 from forge.bench.workload import BenchRequest
 from forge.config.load import LoadedNode
 from forge.functions.api import GenerateParams, function, spec_of
-from forge.host.driver import STATS_INTERVAL_S
-from forge.link.link import COLLECT_WAIT_S
 from forge.stats import EngineStats, RunStats
 
 
@@ -64,27 +62,25 @@ async def _warm(node, warmup: Sequence[BenchRequest]) -> None:
                                for r in warmup))
 
 
-# Two reads this far apart that agree come after the engine's last snapshot reached the node: an idle card's
-# snapshots ride on its link's long-poll, one every COLLECT_WAIT_S, each at most the driver's STATS_INTERVAL_S old.
-# (At 0.3 s, shorter than the long-poll, two reads could agree on a stale snapshot: forge's window on the CPU proxy
-# of the 8B fast tier read 136-140 engine steps where the engine ran 141, every run.)
-SETTLE_READ_S = COLLECT_WAIT_S + 2 * STATS_INTERVAL_S
 SETTLE_LIMIT_S = 5.0
 _SETTLED = ("engine_steps", "prefix_hit_tokens", "requests_ok", "input_tokens", "output_tokens")
 
 
-async def settled_engine_stats(node, read_s: float = SETTLE_READ_S, limit_s: float = SETTLE_LIMIT_S):
-    """The node's engine stats once they have caught up with the engine: its counters reach the node as periodic
-    snapshots, so a read right after work ends can miss the last steps (and count them in the next window). Reads
-    until two reads `read_s` apart agree, for at most `limit_s`."""
+async def settled_engine_stats(node, read_s: Optional[float] = None, limit_s: float = SETTLE_LIMIT_S):
+    """The node's engine stats once they have caught up with the engines: a read right after work ends can miss the
+    last steps (and count them in the next window). Reads until two reads `read_s` apart agree (by default a little
+    more than the node's engine_stats_lag_s: the second read then shows every step taken before the first), for at
+    most `limit_s`. (A node's view of an idle card, as its link's collect replies carry it, is one long-poll old:
+    waiting that out cost 1.4 s at each end of every window; a LinkedNode reads its hosts now instead.)"""
     def key(stats):
         return [(s.card, *(getattr(s, k) for k in _SETTLED)) for s in stats]
 
+    read_s = node.engine_stats_lag_s * 1.25 if read_s is None else read_s
     deadline = time.monotonic() + limit_s
-    stats = node.engine_stats()
+    stats = await node.read_engine_stats()
     while time.monotonic() < deadline:
         await asyncio.sleep(read_s)
-        again = node.engine_stats()
+        again = await node.read_engine_stats()
         if key(again) == key(stats):
             return again
         stats = again

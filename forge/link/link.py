@@ -20,6 +20,7 @@ from typing import Callable, Optional
 
 from forge import constants
 from forge.broker import BrokerClosed, BrokerRequest
+from forge.host.driver import STATS_INTERVAL_S
 from forge.host.protocol import Collected, Hello, WireRequest, WireResult
 from forge.host.wire import to_wire
 from forge.link.counters import JobCounters
@@ -29,6 +30,9 @@ from forge.stats import EngineStats
 
 log = logging.getLogger("forge.link")
 
+STATS_CALL_TIMEOUT_S = 5.0   # a stats read the link waits for at most this long
+# How old the host's counters may be when read: its driver samples the engine every STATS_INTERVAL_S.
+HOST_STATS_LAG_S = 2 * STATS_INTERVAL_S
 COLLECT_WAIT_S = 0.5         # long-poll length (a collect returns as soon as something is ready)
 CALL_TIMEOUT_S = constants.STALL_WINDOW_S   # beyond its own wait, any call to a host: silence this long is a
                                             # lost engine, as a stalled card is in an embedded run
@@ -105,6 +109,16 @@ class EngineLink:
 
     def stats(self) -> Optional[EngineStats]:
         return self.counters.view(self.lost_requeued, self.state == "up" and self.healthy, self.dropped_cancelled)
+
+    async def read_stats(self) -> Optional[EngineStats]:
+        """stats(), with the host's counters read now (one call) instead of as its last collect reply carried them
+        (an idle link's replies come one long-poll apart); as last reported when the host does not answer."""
+        if self.state == "up":
+            try:
+                self.counters.observe(await self.transport.stats(timeout_s=STATS_CALL_TIMEOUT_S))
+            except Exception:  # noqa: BLE001 - a host that cannot answer now: its last report stands
+                pass
+        return self.stats()
 
     def idle(self) -> bool:
         """Nothing dispatched here is still owed an answer."""

@@ -59,8 +59,15 @@ class Node(abc.ABC):
         return list(answer.hidden), answer.generation.input_tokens
 
     # ------------------------------------------------------------------ observation
+    # read_engine_stats() shows an engine's newest counters within this many seconds of its last step.
+    engine_stats_lag_s: float = 1.0
+
     def engine_stats(self) -> list[EngineStats]:
         return []
+
+    async def read_engine_stats(self) -> list[EngineStats]:
+        """engine_stats(), read from the engines now where the node can ask them, else as last reported."""
+        return self.engine_stats()
 
     def broker_stats(self) -> Optional[BrokerStats]:
         return None

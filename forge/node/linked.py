@@ -21,7 +21,7 @@ from forge.errors import ForgeError, NodeDown, RequestRejected
 from forge.gc_tuning import tune_for_throughput
 from forge.link.encoder import EncodeFailed, Encoder
 from forge.host.protocol import Hello, WireResult
-from forge.link.link import EngineLink
+from forge.link.link import HOST_STATS_LAG_S, EngineLink
 from forge.link.transport import Transport
 from forge.node.down import EnginesOut
 from forge.node.guided import guided_output_problem
@@ -247,8 +247,14 @@ class LinkedNode(EnginesOut, Node):
         return len(self._futures)
 
     # ------------------------------------------------------------------ observation
+    engine_stats_lag_s = HOST_STATS_LAG_S
+
     def engine_stats(self) -> list[EngineStats]:
         return [s for lk in self.links.values() if (s := lk.stats()) is not None]
+
+    async def read_engine_stats(self) -> list[EngineStats]:
+        got = await asyncio.gather(*(lk.read_stats() for lk in self.links.values()))
+        return [s for s in got if s is not None]
 
     def broker_stats(self) -> BrokerStats:
         return self.broker.stats() if self.broker else BrokerStats(node=self.name)

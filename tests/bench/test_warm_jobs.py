@@ -57,12 +57,14 @@ def test_warm_jobs_run_before_the_window_and_stay_out_of_its_counts(tmp_path):
 
 
 class LaggingNode:
-    """engine_stats() catches up with the engine over a few reads, as snapshots reach a real node."""
+    """read_engine_stats() catches up with the engine over a few reads, as snapshots reach a real node."""
+
+    engine_stats_lag_s = 0.01
 
     def __init__(self, steps: list[int]):
         self.steps = steps
 
-    def engine_stats(self):
+    async def read_engine_stats(self):
         n = self.steps.pop(0) if len(self.steps) > 1 else self.steps[0]
         return [EngineStats(node="n", card="c0", tier="t", slots=1, token_budget=1, kv_blocks_total=1,
                             engine_steps=n)]
@@ -78,26 +80,28 @@ def test_engine_stats_are_read_once_they_stop_moving():
 
 
 class PeriodicNode:
-    """An idle card's snapshots reach a real node once a link long-poll (COLLECT_WAIT_S): the node's view is stale
-    until then, however often it is read."""
+    """A host samples its engine's counters periodically: read at once, the node's view lags the engine by up to
+    its engine_stats_lag_s, however often it is read."""
 
-    def __init__(self, before: int, after: int, arrives_in_s: float):
+    def __init__(self, before: int, after: int, lag_s: float):
         import time
-        self.before, self.after, self.at = before, after, time.monotonic() + arrives_in_s
+        self.before, self.after, self.at, self.engine_stats_lag_s = before, after, time.monotonic() + lag_s, lag_s
 
-    def engine_stats(self):
+    async def read_engine_stats(self):
         import time
         n = self.after if time.monotonic() >= self.at else self.before
         return [EngineStats(node="n", card="c0", tier="t", slots=1, token_budget=1, kv_blocks_total=1,
                             engine_steps=n)]
 
 
-def test_engine_stats_wait_out_a_long_poll_of_stale_snapshots():
-    from forge.link.link import COLLECT_WAIT_S
+def test_engine_stats_wait_out_the_nodes_lag():
+    from forge.link.link import COLLECT_WAIT_S, HOST_STATS_LAG_S
 
-    # the job's last steps reach the node with the next idle long-poll, up to COLLECT_WAIT_S after the job ends
-    got = asyncio.run(settled_engine_stats(PeriodicNode(136, 141, arrives_in_s=COLLECT_WAIT_S)))
-    assert got[0].engine_steps == 141
+    # the job's last steps show up to the node's lag after the job ends: its host's sampling for a linked node (a
+    # call reads the host now), one idle long-poll for a node that only has its links' collect replies
+    for lag in (HOST_STATS_LAG_S, COLLECT_WAIT_S + HOST_STATS_LAG_S):
+        got = asyncio.run(settled_engine_stats(PeriodicNode(136, 141, lag_s=lag)))
+        assert got[0].engine_steps == 141, lag
 
 
 @pytest.mark.slow
@@ -129,3 +133,35 @@ def test_direct_runs_its_warm_jobs_through_the_manager_its_window_uses(tmp_path)
         assert r["prefix_hit_tokens"] == plain[0]["prefix_hit_tokens"]
         assert r["engine_steps"] == plain[0]["engine_steps"]
     assert not [n for n in plain[0]["notes"] if "warm job" in n]
+
+
+def test_a_settled_read_right_after_a_job_counts_every_step_the_engine_took(tmp_path):
+    """On a real linked node (two CPU-bound instant cards, hosts in this process): the stats read as the job's last
+    answer arrives count every engine step, prefix hit and token the hosts count a long-poll later."""
+    from forge.bench.cpu_nodes import write_cpu_node
+    from forge.link.link import COLLECT_WAIT_S
+    from forge.node.local import LocalNode
+    from forge.requests import GenerateParams
+
+    loaded = load_node(write_cpu_node(tmp_path / "nodes", "cpu-2", [1.0, 2.0]))
+    reqs = generate(load_workload(ROOT / "docs" / "bench" / "workloads" / "cpu-steps.yaml"), 2048, 60)
+
+    async def main():
+        node = LocalNode(loaded, card_transport="thread")
+        await node.start()
+        try:
+            before = await settled_engine_stats(node)
+            await asyncio.gather(*(node.generate(list(r.prompt), GenerateParams(max_tokens=r.max_new_tokens))
+                                   for r in reqs))
+            settled = await settled_engine_stats(node)
+            await asyncio.sleep(3 * COLLECT_WAIT_S)            # every collect reply since has carried the counters
+            return before, settled, node.engine_stats()
+        finally:
+            await node.stop()
+
+    before, settled, later = asyncio.run(main())
+    fields = ("engine_steps", "prefix_hit_tokens", "requests_ok", "input_tokens", "output_tokens")
+    view = lambda stats: {s.card: [getattr(s, f) for f in fields] for s in stats}       # noqa: E731
+    assert view(settled) == view(later)
+    assert sum(s.requests_ok for s in settled) - sum(s.requests_ok for s in before) == 60
+    assert all(s.engine_steps > 0 for s in settled)
