@@ -66,6 +66,9 @@ class SweepOptions:
     skip: tuple = ()
     tries: list = field(default_factory=list)
     peaks: dict = field(default_factory=dict)
+    # A bench.json of `forge bench run` of this contract on the same workload, records and warm-up: its result in
+    # `mode` is the shipped tier's, not measured again (`forge bench quick` has just measured it in its forge mode).
+    base_run: Optional[Path] = None
 
 
 def contract_name(arg: str) -> str:
@@ -112,7 +115,8 @@ class Sweep:
     def run(self) -> None:
         try:
             base = self.candidates[0]
-            self._measure(base)
+            if not (self.opts.base_run and self._reuse(base, self.opts.base_run)):
+                self._measure(base)
             for cand in list(self.candidates):
                 if cand.status == "pending":
                     self._measure(cand)
@@ -253,6 +257,23 @@ class Sweep:
         tps = f"{cand.tokens_per_s:,.0f} tok/s" if cand.tokens_per_s is not None else cand.reason
         self.progress(f"{cand.key}: {cand.status}, {tps} ({wall:.1f} s)")
         self.on_change()
+
+    def _reuse(self, base: Candidate, bench_json: Path) -> bool:
+        """The shipped tier's result from an earlier run of the same work, if it has a complete one in this mode."""
+        try:
+            data = json.loads(bench_json.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return False
+        result = next((r for r in data.get("results") or [] if r.get("mode") == self.opts.mode), None)
+        if not result or result.get("completed") != result.get("requests") or self._prepare(0, base) is None:
+            return False
+        base.status, base.result = "ran", result
+        base.reason = f"measured by the {self.opts.mode} mode of {bench_json} (the same workload, records, warm-up)"
+        if self.child_env is None:
+            self.child_env = data.get("env")
+        self.progress(f"base: {base.tokens_per_s:,.0f} tok/s, {base.reason}")
+        self.on_change()
+        return True
 
     @staticmethod
     def _read_result(run_dir: Path) -> tuple[Optional[dict], Optional[dict]]:

@@ -15,7 +15,7 @@ from tests.forge_cli import forge, invoke
 def test_quick_mode_writes_every_report(tmp_path):
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    # Five nodes start (forge, fifo, two sweep tiers, the control plane), each card in a fresh worker process
+    # Four nodes start (forge, fifo, the sweep's one change, the control plane), each card in a fresh worker process
     # that imports torch and transformers again: ~5 s each on the 2-core machine, more under load.
     proc = forge("bench", "quick", "--out", tmp_path, "--records", 8, timeout=280)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -51,6 +51,11 @@ def test_quick_mode_writes_every_report(tmp_path):
     assert [(c["key"], c["status"]) for c in sweep["candidates"]] == [("base", "ran"),
                                                                       ("limits.max_num_tokens=768", "ran")]
     assert sweep["winner"]["key"] in ("base", "limits.max_num_tokens=768")
+    # the shipped tier is not run twice: the sweep's base is the forge mode's result, on the same 8 records
+    base, change = sweep["candidates"]
+    assert base["result"] == next(r for r in bench["results"] if r["mode"] == "forge"), base
+    assert "measured by the forge mode of" in base["reason"] and base["wall_s"] is None
+    assert change["result"]["requests"] == 8
     assert sweep["confirm"]["status"] == "skipped" and "bench quick` runs none" in sweep["confirm"]["reason"]
 
     cp = json.loads((tmp_path / "control-plane.json").read_text())["control_plane"]
