@@ -22,7 +22,7 @@ def children(pid: int) -> list[int]:
 
 @pytest.mark.timeout(900)
 def test_a_vllm_worker_killed_mid_job_leaves_no_orphan_and_every_record_settles_once(tmp_path):
-    n = 4000
+    n = 2000
     inp = write_echo_input(tmp_path / "in.jsonl", n)
     out, log, err = tmp_path / "out.jsonl", tmp_path / "invocations.log", tmp_path / "run.err"
     argv = run_argv(ECHO, inp, out, "local-vllm")
