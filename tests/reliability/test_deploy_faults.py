@@ -168,12 +168,12 @@ WINDOW = {"FORGE_STALL_WINDOW_S": f"{WINDOW_S:g}"}
 NOT_A_FAULT = ("has not returned", "lost", "no engine can work", "no token for", "wedged", "restart")
 
 
-def _freeze_deploy_and_resume(tmp_path, node: Node, pids, *, started) -> dict:
+def _freeze_deploy_and_resume(tmp_path, node: Node, pids, *, started, n: int = 20_000) -> dict:
     """Run forge deploy on `node`; once `started(out, proc)` says so, SIGSTOP `pids()` (workers first, as a stop
     of the process group catches them). forge deploy must say the node is silent within the stall window (exit
     4). The stop lasts past the node's own window; after SIGCONT the same command completes on the same node,
     which must have taken nothing for lost, stalled or hung. Returns the figures."""
-    inp = write_echo_input(tmp_path / "in.jsonl", 20_000)
+    inp = write_echo_input(tmp_path / "in.jsonl", n)
     out, ledger = tmp_path / "out.jsonl", tmp_path / "out.jsonl.ledger.sqlite"
     argv = forge_argv("deploy", ECHO, "--node", node.local, "--input", inp, "--output", out, "--progress", "off",
                       "--no-report")
@@ -204,7 +204,7 @@ def _freeze_deploy_and_resume(tmp_path, node: Node, pids, *, started) -> dict:
     assert frozen_s > WINDOW_S + 2
     r = forge(*argv[3:], timeout=300, env_extra={"FORGE_HOME": str(node.home), **WINDOW})
     assert r.returncode == constants.EXIT_ERROR_ROWS, r.stderr         # complete (echo fails a few on purpose)
-    assert_complete(out, ledger, 20_000)
+    assert_complete(out, ledger, n)
     health = httpx.get(node.local + "/health", timeout=10).json()
     assert health["status"] == "ok" and health["healthy_cards"] == ["cpu0"], health
     (card,) = httpx.get(node.local + "/v1/stats", timeout=10).json()["engines"]
@@ -222,8 +222,8 @@ def test_deploy_notices_a_frozen_node_within_the_stall_window_and_resumes(tmp_pa
     for lost (it was, and restarted, when they were timed on the wall clock)."""
     node = Node(tmp_path, NODES / "paced.yaml", env_extra=WINDOW)
     try:
-        figures = _freeze_deploy_and_resume(
-            tmp_path, node, lambda: [node.proc.pid],
+        figures = _freeze_deploy_and_resume(       # 8,000 paced records: ~6 s of work, frozen at the first rows
+            tmp_path, node, lambda: [node.proc.pid], n=8_000,
             started=lambda out, proc: wait_for_growth(out, proc, beyond=2000, timeout_s=60))
         record_figures("deploy_sigstop", **figures)
     finally:

@@ -4,6 +4,7 @@ keeps the damaged file. Never `internal error`."""
 from __future__ import annotations
 
 import random
+import shutil
 from pathlib import Path
 
 import pytest
@@ -20,12 +21,20 @@ def _run(inp, out, *extra, log: Path | None = None):
     return forge(*run_argv(ECHO, inp, out, NODES / "instant.yaml")[3:], *extra, timeout=180, env_extra=env)
 
 
+@pytest.fixture(scope="module")
+def finished_once(tmp_path_factory):
+    """One finished job (input, output, ledger), run once for the module; each test damages a copy of its own."""
+    tmp = tmp_path_factory.mktemp("finished")
+    inp = write_echo_input(tmp / "in.jsonl", N, bad_every=500)
+    assert _run(inp, tmp / "out.jsonl").returncode in (0, 3)      # 3 (error rows); 0 before exit codes said so
+    return tmp
+
+
 @pytest.fixture
-def finished(tmp_path):
-    inp = write_echo_input(tmp_path / "in.jsonl", N, bad_every=500)
-    out = tmp_path / "out.jsonl"
-    assert _run(inp, out).returncode in (0, 3)      # 3 (error rows); 0 before exit codes said so
-    return inp, out, tmp_path / "out.jsonl.ledger.sqlite"
+def finished(finished_once, tmp_path):
+    for p in finished_once.iterdir():          # in.jsonl, out.jsonl and its ledger (a finished run left no -wal)
+        shutil.copy2(p, tmp_path / p.name)
+    return tmp_path / "in.jsonl", tmp_path / "out.jsonl", tmp_path / "out.jsonl.ledger.sqlite"
 
 
 def _damage(ledger: Path, how: str, seed: int) -> None:
