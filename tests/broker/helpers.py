@@ -119,3 +119,16 @@ def simulate(core: BrokerCore, engines: list[SimEngine], reqs: list[BrokerReques
             return tick + 1
     raise AssertionError(f"simulation did not finish in {max_ticks} ticks: {finished}/{total} done, "
                          f"{core.pending()} pending")
+
+
+def drain(core: BrokerCore, engine: str = "e0", *, slots: int = 8, kv: int = 4096, done: bool = True) -> list:
+    """Take until nothing is pending; returns the batches."""
+    batches = []
+    while core.pending():
+        b = core.take(engine, free_slots=slots, free_kv_blocks=kv)
+        assert b, "a take with full capacity returned nothing while work was pending"
+        batches.append(b)
+        if done:
+            for r in b:
+                core.on_done(engine, r)
+    return batches
