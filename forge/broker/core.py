@@ -51,12 +51,14 @@ class BrokerCore:
         pins = BoundedLRU(pin_capacity or max(MIN_PIN_CAPACITY, sum(g.kv_blocks_total for g in engines)))
         # fine output classes for one engine, whole powers of two for several (pending.py's docstring says why)
         class_bits = ONE_ENGINE_CLASS_BITS if len(engines) == 1 else 0
-        self._pending = Pending(len(engines), len(self._buckets), self._bal, pins, class_levels=grouping,
+        # output classes above prefix groups only where every engine asks for them (Engine.output_classes_first)
+        classes = grouping and all(g.output_classes_first for g in engines)
+        self._pending = Pending(len(engines), len(self._buckets), self._bal, pins, class_levels=classes,
                                 class_bits=class_bits)
         self._mirrors = [BlockMirror(g.kv_blocks_total) for g in engines]
         self._warming = Warming(len(engines))      # a prefix new to an engine: its leader first (warming.py)
         self._batcher = Batcher(self._pending, self._bal, pins, self._buckets.lower, grouping, max_group_visits,
-                                strict_classes=len(engines) == 1,   # batching.py's docstring: one engine only
+                                strict_classes=classes and len(engines) == 1,   # batching.py's docstring
                                 mirrors=self._mirrors, warming=self._warming if grouping else None)
         self._entries: dict[str, Entry] = {}       # pending and in flight, by request id
         self._where: dict[str, int] = {}           # in flight: request id -> engine index

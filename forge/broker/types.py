@@ -52,6 +52,8 @@ class EngineGeometry:
     kv_blocks_total: int                          # CardPlan.num_blocks
     # the engine's Engine.shares_prefix_within_step; False: a prefix group new to it sends its leader alone first
     shares_prefix_within_step: bool = True
+    # the engine's Engine.output_classes_first; False: bulk work by prefix group, not longest output first
+    output_classes_first: bool = True
 
     def __post_init__(self) -> None:
         for name in ("max_batch_size", "max_num_tokens", "max_input_len", "max_output_len",

@@ -155,6 +155,11 @@ class Engine(abc.ABC):
     # (vLLM registers a block when it allocates it). False (transformers registers a block after the forward that
     # completed it): the broker sends a prefix group new to the engine its leader alone (forge/broker/warming.py).
     shares_prefix_within_step: bool = True
+    # Whether the broker serves this engine's bulk work by output class above prefix group (longest first across
+    # every group: docs/broker.md, "Longest first"). True suits a step that pays for a mixed batch (transformers'
+    # SDPA path pads every query to the batch's KV read). False (vLLM: ragged steps that mix prefill with decode)
+    # keeps a prefix group's requests together whatever their lengths, so its blocks are reused before eviction.
+    output_classes_first: bool = True
 
     @abc.abstractmethod
     def submit(self, requests: Sequence[EngineRequest]) -> None: ...

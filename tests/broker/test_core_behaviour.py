@@ -87,6 +87,24 @@ def test_longest_first_holds_across_prefix_groups_and_buckets_below_priority():
     assert [r.max_new_tokens for r in got[4:]] == [16, 16]
 
 
+def test_an_engine_that_wants_no_output_classes_gets_prefix_groups_together_whatever_their_lengths():
+    # vLLM's steps mix prefill with decode unpadded (Engine.output_classes_first False): longest first across
+    # groups would scatter each group's requests in time, so a group's blocks are evicted between them
+    from dataclasses import replace
+
+    rs = [req(prefixed(k, 40, 10 * k + j), max_new=m) for k in range(4) for j, m in enumerate((100, 16))]
+    taken = {}
+    for first in (True, False):
+        core = BrokerCore([replace(geom(budget=4000), output_classes_first=first)], grouping=True)
+        for r in rs:
+            core.add(req(r.prompts["t"], max_new=r.max_new_tokens, rid=f"{r.request_id}-{first}"))
+        taken[first] = [r for b in drain(core, slots=2) for r in b]
+    assert [r.max_new_tokens for r in taken[True]] == [100] * 4 + [16] * 4
+    families = [r.prompts["t"][:64] for r in taken[False]]
+    assert all(families[i] == families[i + 1] for i in range(0, 8, 2))      # a group's two requests together
+    assert len(set(families)) == 4
+
+
 def test_one_engine_orders_by_fine_classes_several_by_the_power_of_two_alone():
     # outputs 16-31 are one power of two: with one engine every length below 64 is its own class (the last taken are
     # the shortest, so the tail is as short as the work allows), above it 32 classes to a power of two; with several,

@@ -49,6 +49,8 @@ def test_the_engine_is_what_the_contract_says(engine):
                              "enable_chunked_prefill": True, "async_scheduling": False, "enforce_eager": True}
     assert info["environment"]["VLLM_CPU_KVCACHE_SPACE"] is None
     assert info["load_s"] > 0
+    # the broker keeps a prefix group together for it instead of serving longest output first across groups
+    assert engine.output_classes_first is False
 
 
 def test_generate_greedy_with_token_progress(engine):
