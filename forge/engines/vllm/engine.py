@@ -99,7 +99,7 @@ class VllmEngine(Engine):
     supports_guides = frozenset({"choice", "json_schema", "regex"})
     # vLLM mixes prefill into decode steps without padding: output cohorts gain it nothing, while serving longest
     # first across prefix groups scatters a group's requests until its blocks are evicted (docs/benchmarks.md,
-    # "vLLM on the CPU": prefix reuse 71 % -> 85 %, broker / FIFO 1.0 -> 1.3-1.5 on prefix-heavy-cpu)
+    # "vLLM on the CPU": prefix reuse 71 % -> 85 %, broker / FIFO 0.92-1.06 -> 1.27-1.37 on prefix-heavy-cpu)
     output_classes_first = False
 
     def __init__(self, plan: CardPlan, llm_engine, tokenizer, sink: StepStats, info: dict[str, Any]):
