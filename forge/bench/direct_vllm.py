@@ -56,8 +56,8 @@ class VllmDirectEngine:
         from vllm import LLM
         from vllm.engine.arg_utils import EngineArgs
 
-        # The card worker builds AsyncLLM from AsyncEngineArgs; LLM takes EngineArgs, which lack the async engine's
-        # own switches (request logging): those are left out, and said so in every result.
+        # The card worker builds LLMEngine from these same EngineArgs (forge/engines/vllm/factory.py). Should the
+        # mapping ever pass an argument LLM does not take, it is left out here and said so in every result.
         offline = {f.name for f in dataclasses.fields(EngineArgs)}
         self.left_out = sorted(k for k in self.engine_args if k not in offline)
         self.llm = LLM(**{k: v for k, v in self.engine_args.items() if k in offline})
@@ -96,7 +96,7 @@ class VllmDirectEngine:
         res.prefix_hit_tokens = _prefix_hits(llm) - hits0
         res.engine_steps = (_steps(llm) - steps0) or None
         res.notes.append("engine built: " + ", ".join(f"{k} {v}" for k, v in self.built.items()))
-        res.notes.append("vLLM " + _version() + (f"; async-engine-only arguments left out: {', '.join(self.left_out)}"
+        res.notes.append("vLLM " + _version() + (f"; arguments LLM does not take, left out: {', '.join(self.left_out)}"
                                                  if self.left_out else ""))
         if warm_jobs:
             res.notes.append(f"after {len(warm_jobs)} warm job(s) on the same engine "

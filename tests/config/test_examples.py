@@ -102,3 +102,19 @@ def test_packaged_nodes_are_the_repo_nodes(name, contract):
     assert {k: v for k, v in packaged.items() if k != "contracts"} == {k: v for k, v in repo.items() if k != "contracts"}
     a, b = load_node(PACKAGED_NODES[name]), load_node(REPO / f"node_descriptions/{name}.yaml")
     assert a.contracts[contract].source.resolve() == b.contracts[contract].source.resolve()
+
+
+def test_the_vllm_against_transformers_bench_pair_differs_only_in_engine():
+    """docs/bench/cpu-vllm holds the two nodes of docs/benchmarks.md's "vLLM ÷ transformers" figure: the same cards,
+    and contracts that differ from each other only where the backend does (its name, `backend`, the `vllm:` section),
+    and from the embedded contracts only in precision and the weights' size."""
+    loaded = load_paths([REPO / "docs" / "bench" / "cpu-vllm"])
+    assert loaded.problems == [], "\n".join(p.render() for p in loaded.problems)
+    v, t = loaded.contracts["tiny-llama-vllm-bf16"], loaded.contracts["tiny-llama-cpu-bf16"]
+    for part in ("model", "artifact", "precision", "limits", "kv_cache", "target"):
+        assert getattr(v, part) == getattr(t, part), part
+    assert (v.precision.weights, v.precision.kv_cache) == ("bf16", "bf16")
+    nodes = [loaded.nodes[n] for n in ("vllm-bf16-per-core", "transformers-bf16-per-core")]
+    assert [[(c.index, c.cores, c.memory_gib) for c in n.cards] for n in nodes] == [[(0, [0], 2), (1, [1], 2)]] * 2
+    embedded = load_node(REPO / "node_descriptions" / "local-vllm.yaml").contracts["tiny-llama-vllm"]
+    assert embedded.limits == v.limits and embedded.kv_cache == v.kv_cache and embedded.sections == v.sections
