@@ -118,3 +118,6 @@ def test_the_vllm_against_transformers_bench_pair_differs_only_in_engine():
     assert [[(c.index, c.cores, c.memory_gib) for c in n.cards] for n in nodes] == [[(0, [0], 2), (1, [1], 2)]] * 2
     embedded = load_node(REPO / "node_descriptions" / "local-vllm.yaml").contracts["tiny-llama-vllm"]
     assert embedded.limits == v.limits and embedded.kv_cache == v.kv_cache and embedded.sections == v.sections
+    assert embedded.target == v.target
+    assert embedded.model.model_dump(exclude={"weights_gib"}) == v.model.model_dump(exclude={"weights_gib"})
+    assert embedded.resolve(embedded.artifact.checkpoint).resolve() == v.resolve(v.artifact.checkpoint).resolve()
