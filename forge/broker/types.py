@@ -54,6 +54,8 @@ class EngineGeometry:
     shares_prefix_within_step: bool = True
     # the engine's Engine.output_classes_first; False: bulk work by prefix group, not longest output first
     output_classes_first: bool = True
+    # requests the engine holds waiting beyond its slots (Engine.queues_beyond_slots: max_batch_size, else 0)
+    queue_slots: int = 0
 
     def __post_init__(self) -> None:
         for name in ("max_batch_size", "max_num_tokens", "max_input_len", "max_output_len",
@@ -61,6 +63,13 @@ class EngineGeometry:
             v = getattr(self, name)
             if type(v) is not int or v < 1:
                 raise ValueError(f"engine {self.engine_id}: {name} must be a positive int, got {v!r}")
+        if type(self.queue_slots) is not int or self.queue_slots < 0:
+            raise ValueError(f"engine {self.engine_id}: queue_slots must be an int >= 0, got {self.queue_slots!r}")
+
+    @property
+    def held(self) -> int:
+        """Requests the engine may hold at once: its slots and its own waiting queue."""
+        return self.max_batch_size + self.queue_slots
 
     def limits_text(self) -> str:
         return (f"{self.engine_id} (max_input_len {self.max_input_len}, max_output_len {self.max_output_len}, "

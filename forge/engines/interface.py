@@ -160,6 +160,12 @@ class Engine(abc.ABC):
     # SDPA path pads every query to the batch's KV read). False (vLLM: ragged steps that mix prefill with decode)
     # keeps a prefix group's requests together whatever their lengths, so its blocks are reused before eviction.
     output_classes_first: bool = True
+    # Whether the engine keeps requests beyond its slots in a waiting queue of its own and schedules them into the
+    # very step in which a slot frees (vLLM's scheduler). True: admission hands it up to max_batch_size requests more
+    # than its slots, each with the same KV reservation as a running one (so it still never preempts); a finished
+    # request's slot is then refilled at once, not one round trip (event loop, node) later, when a batch that
+    # started together also ends together and the engine would otherwise run dry (docs/admission.md).
+    queues_beyond_slots: bool = False
 
     @abc.abstractmethod
     def submit(self, requests: Sequence[EngineRequest]) -> None: ...

@@ -32,12 +32,17 @@ log = logging.getLogger("forge.host.admission")
 TPS_HALF_LIFE_S = 2.0                  # tokens_per_s EWMA: a delivery this long ago weighs half as much
 
 
-def geometry_from_plan(plan: CardPlan, tokenizer_key: str = "default") -> EngineGeometry:
-    lim = plan.contract.limits
+def geometry_from_plan(plan: CardPlan, tokenizer_key: str = "default", engine: Optional[Engine] = None) -> EngineGeometry:
+    """The contract's geometry, with what the engine says of its own scheduling (the Engine class defaults without
+    one)."""
+    lim, e = plan.contract.limits, engine if engine is not None else Engine
     return EngineGeometry(engine_id=plan.engine_id, tokenizer_key=tokenizer_key, max_batch_size=lim.max_batch_size,
                           max_num_tokens=lim.max_num_tokens, max_input_len=lim.max_input_len,
                           max_output_len=lim.max_output_len, tokens_per_block=plan.contract.kv_cache.tokens_per_block,
-                          kv_blocks_total=plan.num_blocks)
+                          kv_blocks_total=plan.num_blocks,
+                          shares_prefix_within_step=bool(getattr(e, "shares_prefix_within_step", True)),
+                          output_classes_first=bool(getattr(e, "output_classes_first", True)),
+                          queue_slots=lim.max_batch_size if getattr(e, "queues_beyond_slots", False) else 0)
 
 
 class AdmissionRuntime:
@@ -48,7 +53,7 @@ class AdmissionRuntime:
                  takeback_interval_s: Optional[float] = None,
                  shutdown_timeout_s: float = constants.ENGINE_SHUTDOWN_TIMEOUT_S):
         self.engine, self.plan, self.source, self.deliver = engine, plan, source, deliver
-        self.geometry = g = geometry_from_plan(plan, tokenizer_key)
+        self.geometry = g = geometry_from_plan(plan, tokenizer_key, engine)
         self.engine_id = g.engine_id
         self.stall_window_s = stall_window_s
         self.takeback_interval_s = stall_window_s / 10 if takeback_interval_s is None else takeback_interval_s
@@ -59,7 +64,7 @@ class AdmissionRuntime:
                                     shutdown_timeout_s=shutdown_timeout_s)
         self._stats = EngineStats(node=node, card=self.engine_id, tier=plan.contract.contract, slots=g.max_batch_size,
                                   token_budget=g.max_num_tokens, kv_blocks_total=g.kv_blocks_total)
-        self._table = FlightTable(g.max_batch_size, g.kv_blocks_total)
+        self._table = FlightTable(g.max_batch_size, g.kv_blocks_total, queue_slots=g.queue_slots)
         self._out = Outcomes(engine_id=self.engine_id, source=source, deliver=deliver, stats=self._stats)
         self._stall = StallWatch(stall_window_s, self.takeback_interval_s, time.monotonic())
         self._rate = DeliveryRate(TPS_HALF_LIFE_S)

@@ -69,9 +69,7 @@ class EngineHost:
         self.stall_window_s = stall_window_s
         self.tokenizer = self.engine.tokenizer
         self.tokenizer_key = tokenizer_identity(plan.contract, self.tokenizer)
-        self.geometry = replace(geometry_from_plan(plan, self.tokenizer_key),   # engine_id: card id, or card.rN
-                                shares_prefix_within_step=bool(getattr(self.engine, "shares_prefix_within_step", True)),
-                                output_classes_first=bool(getattr(self.engine, "output_classes_first", True)))
+        self.geometry = geometry_from_plan(plan, self.tokenizer_key, self.engine)   # engine_id: card id, or card.rN
         self.engine_id = engine_id or plan.engine_id
         self.incarnation = uuid.uuid4().hex[:12]
         self.started_at = time.time()

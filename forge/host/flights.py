@@ -27,8 +27,10 @@ class FlightTable:
     """Slots and blocks are held by live flights and by orphans (keys given back or failed whose engine
     copy has not come back yet): the engine still spends its slot and KV blocks on them."""
 
-    def __init__(self, slots: int, kv_blocks: int):
-        self.slots, self.kv_blocks = slots, kv_blocks
+    def __init__(self, slots: int, kv_blocks: int, queue_slots: int = 0):
+        """slots: the engine's (max_batch_size); queue_slots: what it may hold beyond them in its own waiting queue
+        (EngineGeometry.queue_slots). Every held request, running or waiting there, reserves its KV blocks."""
+        self.slots, self.kv_blocks, self.held = slots, kv_blocks, slots + queue_slots
         self.live: dict[RequestKey, Flight] = {}
         self.orphans: dict[RequestKey, int] = {}    # key -> blocks
         self.reserved = 0
@@ -41,12 +43,14 @@ class FlightTable:
         return len(self.live) + len(self.orphans)
 
     def occupancy(self) -> float:
-        """The share of the binding resource in use: slots or KV blocks, whichever is fuller."""
-        return max(self.in_flight() / self.slots if self.slots else 1.0,
+        """The share of the binding resource in use: slots (what waits in the engine's queue runs in none) or KV
+        blocks (reserved for waiting requests too), whichever is fuller."""
+        return max(min(self.in_flight(), self.slots) / self.slots if self.slots else 1.0,
                    self.reserved / self.kv_blocks if self.kv_blocks else 1.0)
 
     def free_slots(self) -> int:
-        return self.slots - self.in_flight()
+        """Requests admission may still hand the engine: its slots and its own queue's, less what it holds."""
+        return self.held - self.in_flight()
 
     def free_kv_blocks(self) -> int:
         return self.kv_blocks - self.reserved

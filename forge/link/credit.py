@@ -14,7 +14,7 @@ class Credit:
     def __init__(self, geometry: EngineGeometry, factor: float = CREDIT_FACTOR):
         self.geometry = geometry
         self._tok, self._tpb = geometry.tokenizer_key, geometry.tokens_per_block
-        self.cap_slots = max(1, int(geometry.max_batch_size * factor))
+        self.cap_slots = max(1, int(geometry.held * factor))     # slots and the engine's own queue
         self.cap_blocks = max(1, int(geometry.kv_blocks_total * factor))
         self.out: dict[str, tuple[BrokerRequest, int, int]] = {}     # rid -> (request, attempt, blocks)
         self.used_slots = self.used_blocks = 0

@@ -3,6 +3,7 @@ a wire item becomes in the host."""
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
@@ -122,3 +123,29 @@ def test_a_wire_item_becomes_a_host_request_keyed_once_with_its_options_and_age(
     assert plain.options is DEFAULT_OPTIONS                    # None on the wire: the defaults
     with pytest.raises(ValueError, match="max_new_tokens"):
         from_wire(("r9", 0, (1,), -1, 0, None, 0.0), "job-3", "tok", now)
+
+
+def test_an_engine_queue_adds_to_what_may_be_held_not_to_occupancy():
+    """An engine that queues beyond its slots (vLLM) is handed up to slots + queue_slots, KV still bounding; the
+    occupancy the broker's speed is measured against counts running slots only."""
+    t = FlightTable(slots=4, kv_blocks=100, queue_slots=4)
+    flights = [t.add(hreq(i), blocks=10, input_tokens=3, deadline=None) for i in range(9)]
+    assert sum(f is not None for f in flights) == 8 and t.free_slots() == 0
+    assert t.occupancy() == 1.0                        # 4 running slots full; 80 of 100 blocks reserved
+    for f in flights[:6]:
+        t.returned(f.key)
+    assert t.free_slots() == 6 and t.occupancy() == 0.5    # 2 held: half the slots; 20 blocks
+    tight = FlightTable(slots=4, kv_blocks=25, queue_slots=4)
+    assert sum(tight.add(hreq(i), blocks=10, input_tokens=3, deadline=None) is not None for i in range(8)) == 2
+
+
+def test_a_links_credit_covers_the_engines_queue_too():
+    from forge.broker import EngineGeometry
+    from forge.link.credit import CREDIT_FACTOR, Credit
+
+    g = EngineGeometry(engine_id="cpu0", tokenizer_key="k", max_batch_size=32, max_num_tokens=512, max_input_len=384,
+                       max_output_len=128, tokens_per_block=32, kv_blocks_total=512)
+    assert Credit(g).free_slots() == int(32 * CREDIT_FACTOR)
+    assert Credit(replace(g, queue_slots=32)).free_slots() == int(64 * CREDIT_FACTOR)
+    with pytest.raises(ValueError, match="queue_slots"):
+        replace(g, queue_slots=-1)

@@ -2,7 +2,7 @@
 
 Why the sync LLMEngine and not AsyncLLM. forge drives every engine from one thread with bounded calls (submit,
 poll(timeout), cancel, stats, shutdown: forge/host/driver.py), which is exactly the shape of LLMEngine:
-`add_request`, `step` (one scheduler iteration: schedule, one forward pass, outputs as DELTAs), `abort_request`.
+`add_request`, `step` (one scheduler iteration: schedule, one forward pass, the requests it ended), `abort_request`.
 poll steps the engine until a request finishes or its timeout passes; a step, bounded by the contract's token
 budget, is the unit of work, so no call waits on anything but one step. AsyncLLM would add an asyncio loop in a
 thread of its own, an output-handler task and its queues between that loop and forge's driver, and it always runs
@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Hashable, Optional, Sequence
 
 from forge.config.plan import CardPlan
@@ -43,7 +43,6 @@ class _Live:
     request: EngineRequest
     external_id: str                                   # what vLLM was given: str(request id)
     internal_id: str                                   # vLLM's own id for it (aborts take this one)
-    tokens: list[int] = field(default_factory=list)
 
 
 class StepStats:
@@ -56,6 +55,7 @@ class StepStats:
         self._lock = threading.Lock()
         self.running = self.waiting = self.kv_used = 0
         self.prefix_hit_tokens = self.preemptions = self.steps = self.tokens_last_step = 0
+        self.generated = 0                     # tokens sampled, cumulative: the poll's token progress
 
     def record(self, scheduler_stats, iteration_stats) -> None:
         with self._lock:
@@ -67,6 +67,7 @@ class StepStats:
             if iteration_stats is not None:
                 self.preemptions += int(iteration_stats.num_preempted_reqs)
                 self.tokens_last_step = int(iteration_stats.num_generation_tokens + iteration_stats.num_prompt_tokens)
+                self.generated += int(iteration_stats.num_generation_tokens)
 
     def snapshot(self) -> IterationStats:
         with self._lock:
@@ -101,6 +102,9 @@ class VllmEngine(Engine):
     # first across prefix groups scatters a group's requests until its blocks are evicted (docs/benchmarks.md,
     # "vLLM on the CPU": prefix reuse 71 % -> 85 %, broker / FIFO 0.92-1.06 -> 1.27-1.37 on prefix-heavy-cpu)
     output_classes_first = False
+    # vLLM schedules its waiting queue into the step in which a slot frees: forge keeps it max_batch_size deep
+    # (docs/benchmarks.md, "vLLM on the CPU": forge's engine ran dry 4 % of the window without it)
+    queues_beyond_slots = True
 
     def __init__(self, plan: CardPlan, llm_engine, tokenizer, sink: StepStats, info: dict[str, Any]):
         self.plan, self.tokenizer, self._engine, self._sink, self._info = plan, tokenizer, llm_engine, sink, info
@@ -117,7 +121,7 @@ class VllmEngine(Engine):
         from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
         self._SamplingParams, self._TokensPrompt = SamplingParams, TokensPrompt
-        self._DELTA, self._Guide = RequestOutputKind.DELTA, StructuredOutputsParams
+        self._FINAL_ONLY, self._Guide = RequestOutputKind.FINAL_ONLY, StructuredOutputsParams
 
     def describe(self) -> dict[str, Any]:
         return dict(self._info)
@@ -166,11 +170,12 @@ class VllmEngine(Engine):
         if external is None or self._closed:
             return
         live = self._forget(external)
+        tokens = self._tokens_so_far(live.internal_id)
         try:
             self._engine.abort_request([live.internal_id], internal=True)
         except Exception as exc:  # noqa: BLE001 - an abort that raises means the engine is broken
             self._fail(f"abort raised {type(exc).__name__}: {exc}")
-        self._ready.append(EngineResult(request_id, live.tokens, "cancelled"))
+        self._ready.append(EngineResult(request_id, tokens, "cancelled"))
 
     def stats(self) -> IterationStats:
         return self._sink.snapshot()
@@ -216,32 +221,42 @@ class VllmEngine(Engine):
                 guide = self._Guide(regex=g.regex)
         return self._SamplingParams(
             max_tokens=r.max_new_tokens, temperature=float(s.temperature), top_p=float(s.top_p), top_k=int(s.top_k),
-            seed=s.seed, ignore_eos=not s.stop_at_eos, detokenize=False, output_kind=self._DELTA,
+            seed=s.seed, ignore_eos=not s.stop_at_eos, detokenize=False, output_kind=self._FINAL_ONLY,
             structured_outputs=guide)
 
     def _step(self, out: Progress) -> None:
+        """One engine step. Requests ask for FINAL_ONLY outputs, as LLM.generate's do: vLLM then builds no
+        RequestOutput for a request until it ends (DELTAs built 32 a step that forge only summed), and the step's
+        token progress comes from the stats vLLM counts anyway."""
+        generated = self._sink.generated
         try:
             outputs = self._engine.step()
         except Exception as exc:  # noqa: BLE001 - a step that raises leaves the engine in no known state
             self._fail(f"step raised {type(exc).__name__}: {' '.join(str(exc).split())[:300]}")
         self._sink.steps += 1
+        out.new_tokens += self._sink.generated - generated
         for o in outputs:
             live = self._live.get(o.request_id)
-            if live is None:
-                continue                       # a request cancelled meanwhile
+            if live is None or not o.finished:
+                continue                       # cancelled meanwhile (or not final: FINAL_ONLY sends none such)
             c = o.outputs[0] if o.outputs else None
-            if c is not None and c.token_ids:
-                live.tokens.extend(c.token_ids)
-                out.new_tokens += len(c.token_ids)
-            if o.finished:
-                reason = FINISH_REASONS.get(str(c.finish_reason) if c is not None else "error", "error")
-                self._forget(live.external_id)
-                if reason == "eos" and c.stop_reason is None and live.tokens:
-                    # vLLM keeps the EOS it stopped at in the ids; output_ids carry text tokens only (as the
-                    # transformers engine's do), and the reason says it ended
-                    live.tokens.pop()
-                out.results.append(EngineResult(live.request.request_id, live.tokens, reason,
-                                                error=None if reason != "error" else "vLLM ended the request"))
+            tokens = list(c.token_ids) if c is not None else []
+            reason = FINISH_REASONS.get(str(c.finish_reason) if c is not None else "error", "error")
+            self._forget(live.external_id)
+            if reason == "eos" and c.stop_reason is None and tokens:
+                # vLLM keeps the EOS it stopped at in the ids; output_ids carry text tokens only (as the
+                # transformers engine's do), and the reason says it ended
+                tokens.pop()
+                out.new_tokens -= 1
+            out.results.append(EngineResult(live.request.request_id, tokens, reason,
+                                            error=None if reason != "error" else "vLLM ended the request"))
+
+    def _tokens_so_far(self, internal_id: str) -> list[int]:
+        """A running request's tokens, read from vLLM's output processor (FINAL_ONLY sends none before the end):
+        its per-request state keeps every sampled id. [] where that state is not there (not yet or no longer)."""
+        state = getattr(self._engine.output_processor, "request_states", {}).get(internal_id)
+        detokenizer = getattr(state, "detokenizer", None)
+        return list(detokenizer.output_token_ids) if detokenizer is not None else []
 
     def _forget(self, external: str) -> _Live:
         live = self._live.pop(external)
