@@ -95,6 +95,8 @@ class EngineRequest:
     sampling: Sampling = Sampling()
     guide: Optional[Guide] = None
     want_hidden: bool = False        # return the final hidden state (embed)
+    priority: int = 0                # the broker's (higher first; online work is above 0): for an engine that
+                                     # orders its own waiting queue (vLLM), ignored by the others
 
 
 REFUSED = "refused"

@@ -196,7 +196,8 @@ class AdmissionRuntime:
             r, o = f.req, f.req.options
             f.state = "sending"
             reqs.append(EngineRequest(request_id=f.key, prompt_ids=r.prompt, max_new_tokens=r.max_new_tokens,
-                                      sampling=o.sampling, guide=o.guide, want_hidden=o.want_hidden))
+                                      sampling=o.sampling, guide=o.guide, want_hidden=o.want_hidden,
+                                      priority=r.priority))
         if not self._driver.submit(reqs):
             self._on_busy([f.key for f in batch])
 

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from _rt_harness import Harness, LinkedCards, contract, faulty, instant, plan
+from _rt_harness import Harness, LinkedCards, contract, faulty, instant, plan, prompt
 from forge import constants
 from forge.engines.instant import synthetic_output
 from forge.requests import RequestOptions
@@ -151,6 +151,26 @@ def test_options_reach_the_engine():
         ids = h.put(1, payload=RequestOptions(want_hidden=True))
         await h.wait_all(ids, 5)
         assert len(h.results["r0"][0][1].hidden) == 16
+        await h.stop()
+
+    run(go())
+
+
+def test_the_brokers_priority_reaches_the_engine():
+    """An engine that orders its own waiting queue (vLLM) is given each request's priority."""
+    c = contract(slots=4)
+    p = plan(c)
+
+    async def go():
+        h = Harness(p)
+        eng, seen = instant(c, p), []
+        submit = eng.submit
+        eng.submit = lambda reqs: (seen.extend((r.request_id.rid, r.priority) for r in reqs), submit(reqs))[1]
+        h.start(eng, p, stall_window_s=2.0)
+        h.backlog.extend([("online", 0, prompt(0), 4, 10, None, 0.0), ("bulk", 0, prompt(1), 4, 0, None, 0.0)])
+        h._send()
+        await h.wait_all(["online", "bulk"], 5)
+        assert sorted(seen) == [("bulk", 0), ("online", 10)]
         await h.stop()
 
     run(go())

@@ -132,3 +132,19 @@ def test_a_request_ended_by_eos_hands_back_text_tokens_only(engine):
     assert got["b"].finish_reason == "eos" and 0 < len(got["b"].output_ids) < 64, got["b"]
     assert eos not in got["b"].output_ids, got["b"].output_ids
     assert got["e"].finish_reason == "length" and len(got["e"].output_ids) == 24
+
+
+def test_a_higher_priority_request_takes_the_next_free_slot_ahead_of_queued_work(engine):
+    """forge keeps up to max_batch_size requests waiting inside vLLM (docs/admission.md): an online request (higher
+    priority) must not wait behind them. 32 bulk requests run, ending one a step (lengths 8, 9, ...); 31 more wait;
+    the online one, submitted last, is scheduled at the first free slot, not after the 31."""
+    never_eos = Sampling(stop_at_eos=False)
+    bulk = [EngineRequest(f"b{i}", prompt(engine), 8 + i, never_eos) for i in range(63)]
+    engine.submit(bulk)
+    engine.submit([EngineRequest("online", prompt(engine), 4, never_eos, priority=10)])
+    order, deadline = [], time.monotonic() + 120
+    while len(order) < 64:
+        assert time.monotonic() < deadline, f"{64 - len(order)} request(s) never finished"
+        order += [r.request_id for r in engine.poll(0.05).results]
+    assert order.index("online") < 8, order          # last in FCFS order, it would end after ~31 bulk requests
+    assert engine.stats().preemptions == 0

@@ -143,7 +143,7 @@ class VllmEngine(Engine):
             external = str(r.request_id)         # the key's text (forge/engines/interface.py), never rewritten
             try:
                 internal = self._engine.add_request(external, self._TokensPrompt(prompt_token_ids=list(r.prompt_ids)),
-                                                    self._params(r))
+                                                    self._params(r), priority=-r.priority)   # vLLM: lower first
             except (ValueError, TypeError) as exc:     # vLLM's own validation (a schema it cannot compile, ...)
                 self._ready.append(EngineResult(r.request_id, [], REFUSED, error=f"vLLM refused the request: "
                                                 f"{' '.join(str(exc).split())[:300]}"))

@@ -135,6 +135,11 @@ def engine_arguments(contract: Contract, plan: CardPlan) -> dict[str, Any]:
         "long_prefill_token_threshold": sec.long_prefill_token_threshold,
         "scheduler_reserve_full_isl": True,
         "async_scheduling": sec.async_scheduling,
+        # forge keeps a queue inside vLLM (docs/admission.md, "An engine's own queue"): its waiting requests are
+        # ordered by the broker's priority, so an online request takes the next free slot ahead of queued bulk work.
+        # vLLM preempts for priority only when a running request cannot get a block, which forge's KV reservation
+        # rules out.
+        "scheduling_policy": "priority",
         "enforce_eager": sec.enforce_eager,
         "attention_backend": sec.attention_backend,
         # guided JSON without free whitespace between tokens: a small model otherwise fills its budget with blanks
