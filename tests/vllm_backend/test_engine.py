@@ -1,4 +1,4 @@
-"""VllmEngine through forge's Engine interface, in this process (one vLLM load for the file): generate, deltas,
+"""VllmEngine through forge's Engine interface, in this process (one vLLM load for the file): generate, token progress,
 guided choice / JSON / regex, cancel = abort, per-request seeds, embed refused, per-step stats."""
 from __future__ import annotations
 
