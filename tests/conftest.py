@@ -51,7 +51,7 @@ SLOW_MODULES = frozenset({
     "tests/node/test_prefix_reuse_replicas.py",
     "tests/reliability/test_closed_streams.py", "tests/reliability/test_error_budget.py",
     "tests/reliability/test_parquet_input.py", "tests/reliability/test_poison_results.py",
-    "tests/reliability/test_side_files.py",
+    "tests/reliability/test_side_files.py", "tests/e2e/test_warm_node.py",
 })
 SLOW_FOLDERS = ("tests/vllm_backend/",)      # the real vLLM engine: its engine core is a process of its own
 # Modules whose tests share a module-scoped fixture that takes seconds to set up (a worker's engine, a Ray

@@ -85,17 +85,36 @@ def _ledger_default(output_path: Path, ledger_path: Path | None) -> Path:
     return ledger_path or output_path.with_name(output_path.name + ".ledger.sqlite")
 
 
+def _warm_node(loaded):
+    """The same node, already up on this machine, that this run may use (forge/runtime/warm_node.py), saying so;
+    None (and why, when a node of that name is up) to provision one in this process."""
+    from forge.runtime import warm_node
+
+    entry, why = warm_node.find(loaded)
+    if why is not None:
+        click.echo(f"forge: note: {why}", err=True)
+    if entry is not None:
+        click.echo(f"forge: using node {entry['node']!r}, already up (pid {entry.get('pid')}); --fresh-node "
+                   "provisions one in this process", err=True)
+    return entry
+
+
 def register(cli: click.Group) -> None:
     @cli.command("run", epilog=EXIT_CODES)
     @click.argument("target", metavar="FILE.py[:NAME]")
     @click.option("--node", "node_arg", default=None, metavar="NODE", help=HELP_DESCRIPTION)
     @click.option("--grouping/--no-grouping", default=True, help="broker prefix/length grouping (off = FIFO)")
     @click.option("--strict", is_flag=True, help="treat validation warnings as errors")
+    @click.option("--fresh-node", is_flag=True,
+                  help="provision the node in this process even when the same node (same description and "
+                  "contracts, started from this checkout) is already up on this machine; without it, a run uses "
+                  "such a node")
     @card_transport_option
     @_common
-    def run_cmd(target, node_arg, grouping, strict, card_transport, input_path, output_path, ledger_path, restart,
+    def run_cmd(target, node_arg, grouping, strict, fresh_node, card_transport, input_path, output_path, ledger_path, restart,
                 accept_changed_function, concurrency, metrics_port, progress, report, max_errors):
-        """Run a function over records on a node provisioned in this process."""
+        """Run a function over records on a node provisioned in this process, or on the same node already up
+        (`forge provision NODE`): see --fresh-node."""
         from forge.cli.node_arg import description_path
         from forge.config.load import load_node
         from forge.functions.job import JobOptions, run_with_node
@@ -110,6 +129,13 @@ def register(cli: click.Group) -> None:
                           ledger_path=_ledger_default(output_path, ledger_path), restart=restart,
                           accept_changed_function=accept_changed_function, concurrency=concurrency,
                           metrics_port=metrics_port, progress=progress, report=report, max_errors=budget)
+        if not fresh_node and card_transport is None and grouping:     # those two flags shape a node of its own
+            warm = _warm_node(loaded)
+            if warm is not None:
+                from forge.functions.remote_stats import StatsRemoteNode
+
+                url, token = warm["control_url"], os.environ.get(loaded.node.control.token_env)
+                return run_with_node(lambda: StatsRemoteNode(url, token=token), opts, node_label=loaded.node.node)
         return run_with_node(lambda: LocalNode(loaded, grouping=grouping, card_transport=card_transport or "process"),
                              opts, node_label=loaded.node.node)
 

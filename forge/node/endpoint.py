@@ -216,7 +216,7 @@ def control_router(node: Any) -> APIRouter:
                 gen, matched = apply_stop(gen, StopRule(tuple(item.stop), item.include_stop_str_in_output),
                                           tokenizer_of(node, gen.card))
             out = {"text": gen.text, "output_tokens": gen.output_tokens, "input_tokens": gen.input_tokens,
-                   "finish_reason": gen.finish_reason, "card": gen.card}
+                   "finish_reason": gen.finish_reason, "card": gen.card, "token_ids": list(gen.token_ids)}
             if item.stop:
                 out["stop_reason"] = matched
             if item.embed:

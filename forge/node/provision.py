@@ -17,7 +17,7 @@ from forge.config.load import LoadedNode
 from forge.errors import ForgeError
 from forge.node.endpoint import build_app, require_token
 from forge.node.local import CardTransport, LocalNode
-from forge.runtime import registry
+from forge.runtime import registry, warm_node
 from forge.runtime.http import NotServing, QuietServer
 
 log = logging.getLogger("forge.provision")
@@ -67,6 +67,7 @@ async def _serve(loaded: LoadedNode, host: str, port: int, metrics_port: int, to
     metrics_url = f"http://{loaded.node.metrics.host}:{mport}/metrics"
     registry.register(runtime.name, {"control_url": control_url, "metrics_url": metrics_url,
                                      "source": str(loaded.node.source), "started_at": time.time(),
+                                     warm_node.DIGEST_KEY: warm_node.description_digest(loaded),
                                      "cards": [c["card"] + ":" + c["tier"] for c in runtime.describe()["cards"]]})
     print(f"forge: node {runtime.name} up in {time.monotonic() - t0:.1f} s — control {control_url}, "
           f"metrics {metrics_url}, {len(runtime.links)} card(s)", flush=True)

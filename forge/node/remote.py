@@ -44,9 +44,10 @@ def generate_item(prompt: str | Sequence[int], params: GenerateParams) -> dict[s
     return item
 
 
-def _generation(out: dict) -> Generation:
+def generation_of(out: dict) -> Generation:
     return Generation(text=out["text"], output_tokens=out["output_tokens"], input_tokens=out["input_tokens"],
-                      finish_reason=out["finish_reason"], card=out.get("card", ""))
+                      finish_reason=out["finish_reason"], card=out.get("card", ""),
+                      token_ids=tuple(out.get("token_ids") or ()))     # a node of an older forge sends none
 
 
 class RemoteNode(Node):
@@ -105,14 +106,14 @@ class RemoteNode(Node):
 
     async def submit(self, prompt: str | Sequence[int], params: GenerateParams, *, wait: bool = True) -> Answer:
         out = await self._call(generate_item(prompt, params))
-        return Answer(_generation(out), out.get("hidden"))
+        return Answer(generation_of(out), out.get("hidden"))
 
     async def chat(self, messages: list[dict], params: GenerateParams) -> Generation:
         """generate() on the prompt the node's own chat template makes of `messages` (its tokenizer is there)."""
         item = generate_item("", params)
         del item["prompt"]
         item["messages"] = messages
-        return _generation(await self._call(item))
+        return generation_of(await self._call(item))
 
     async def _call(self, item: dict) -> dict:
         if self._silent is not None:

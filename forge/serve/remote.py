@@ -12,9 +12,9 @@ import httpx
 
 from forge.broker.types import QueueFull
 from forge.errors import ForgeError, NodeDown, RequestRejected
-from forge.functions.api import GenerateParams, Generation
+from forge.functions.api import GenerateParams
 from forge.node.interface import Answer
-from forge.node.remote import generate_item
+from forge.node.remote import generation_of, generate_item
 from forge.runtime.stops import StopRule
 
 
@@ -59,8 +59,7 @@ class RemoteOnlineNode:
 
     async def submit(self, prompt: str | Sequence[int], params: GenerateParams, *, wait: bool = True) -> Answer:
         out = await self._post(generate_item(prompt, params))
-        gen = Generation(text=out["text"], output_tokens=out["output_tokens"], input_tokens=out["input_tokens"],
-                         finish_reason=out["finish_reason"], card=out.get("card", ""))
+        gen = generation_of(out)
         return Answer(gen, out.get("hidden"))
 
     async def complete(self, prompt: str | Sequence[int], params: GenerateParams, stop: StopRule):
@@ -69,8 +68,7 @@ class RemoteOnlineNode:
         if stop.strings:
             item.update(stop=list(stop.strings), include_stop_str_in_output=stop.include)
         out = await self._post(item)
-        gen = Generation(text=out["text"], output_tokens=out["output_tokens"], input_tokens=out["input_tokens"],
-                         finish_reason=out["finish_reason"], card=out.get("card", ""))
+        gen = generation_of(out)
         return gen, out.get("stop_reason")
 
     async def _post(self, item: dict[str, Any]) -> dict:
