@@ -111,8 +111,8 @@ def register(cli: click.Group) -> None:
                   "such a node")
     @card_transport_option
     @_common
-    def run_cmd(target, node_arg, grouping, strict, fresh_node, card_transport, input_path, output_path, ledger_path, restart,
-                accept_changed_function, concurrency, metrics_port, progress, report, max_errors):
+    def run_cmd(target, node_arg, grouping, strict, fresh_node, card_transport, input_path, output_path, ledger_path,
+                restart, accept_changed_function, concurrency, metrics_port, progress, report, max_errors):
         """Run a function over records on a node provisioned in this process, or on the same node already up
         (`forge provision NODE`): see --fresh-node."""
         from forge.cli.node_arg import description_path
