@@ -120,6 +120,9 @@ def test_stats_report_steps_kv_and_prefix_hits(engine):
     assert after.prefix_hit_tokens - before.prefix_hit_tokens >= 32     # at least one whole block reused
     assert after.kv_blocks_used + after.kv_blocks_free == 512
     assert after.preemptions == 0
+    # forge's logger is the only one: vLLM added its Prometheus logger (every step, on this thread) until it was
+    # given one of that kind (forge/engines/vllm/engine.py::stat_logger_class)
+    assert [type(x).__name__ for x in engine._engine.logger_manager.stat_loggers] == ["ForgeStatLogger"]
 
 
 def test_a_request_ended_by_eos_hands_back_text_tokens_only(engine):

@@ -78,17 +78,33 @@ class StepStats:
 
 
 def stat_logger_class(sink: StepStats):
-    """A vLLM StatLoggerBase class (vLLM instantiates it per engine) that hands every step's stats to `sink`."""
-    from vllm.v1.metrics.loggers import StatLoggerBase
+    """The vLLM stat logger class that hands every step's stats to `sink`, in place of vLLM's Prometheus logger.
 
-    class ForgeStatLogger(StatLoggerBase):
-        def __init__(self, vllm_config, engine_index: int = 0):
-            self.engine_index = engine_index
+    vLLM adds its PrometheusStatLogger to the loggers it is given unless one of them is of that class. forge's
+    metrics are its own (forge/metrics.py), so nothing reads vLLM's registry in a card worker, yet vLLM's logger
+    would set some 20 series every step and observe each token's latency and each finished request's ~10 histograms,
+    on the engine's thread (0.9 % of its samples: docs/benchmarks.md, "vLLM on the CPU"). This class is of
+    PrometheusStatLogger's kind without building its metrics."""
+    from vllm.v1.metrics.loggers import PrometheusStatLogger
+
+    class ForgeStatLogger(PrometheusStatLogger):
+        def __init__(self, vllm_config, engine_indexes=None):      # no super().__init__: no Prometheus series
+            self.vllm_config = vllm_config
+            self.engine_indexes = list(engine_indexes or [0])
 
         def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx: int = 0):
             sink.record(scheduler_stats, iteration_stats)
 
+        def record_admission_rejection(self, reason: str) -> None:
+            pass
+
+        def record_sleep_state(self, sleep: int = 0, level: int = 0):
+            pass
+
         def log_engine_initialized(self):
+            pass
+
+        def log(self):
             pass
 
     return ForgeStatLogger
