@@ -85,12 +85,12 @@ def _ledger_default(output_path: Path, ledger_path: Path | None) -> Path:
     return ledger_path or output_path.with_name(output_path.name + ".ledger.sqlite")
 
 
-def _warm_node(loaded):
+def _warm_node(loaded, token):
     """The same node, already up on this machine, that this run may use (forge/runtime/warm_node.py), saying so;
     None (and why, when a node of that name is up) to provision one in this process."""
     from forge.runtime import warm_node
 
-    entry, why = warm_node.find(loaded)
+    entry, why = warm_node.find(loaded, token)
     if why is not None:
         click.echo(f"forge: note: {why}", err=True)
     if entry is not None:
@@ -130,11 +130,12 @@ def register(cli: click.Group) -> None:
                           accept_changed_function=accept_changed_function, concurrency=concurrency,
                           metrics_port=metrics_port, progress=progress, report=report, max_errors=budget)
         if not fresh_node and card_transport is None and grouping:     # those two flags shape a node of its own
-            warm = _warm_node(loaded)
+            token = os.environ.get(loaded.node.control.token_env)
+            warm = _warm_node(loaded, token)
             if warm is not None:
                 from forge.functions.remote_stats import StatsRemoteNode
 
-                url, token = warm["control_url"], os.environ.get(loaded.node.control.token_env)
+                url = warm["control_url"]
                 return run_with_node(lambda: StatsRemoteNode(url, token=token), opts, node_label=loaded.node.node)
         return run_with_node(lambda: LocalNode(loaded, grouping=grouping, card_transport=card_transport or "process"),
                              opts, node_label=loaded.node.node)

@@ -45,11 +45,13 @@ def provision_and_serve(loaded: LoadedNode, *, host: Optional[str] = None, port:
     token = os.environ.get(token_env) or None
     require_token(host, token, token_env)
     check_hardware(loaded)
-    return asyncio.run(_serve(loaded, host, port, metrics_port, token, ready_file, card_transport))
+    # before any engine library loads: they set variables of the environment the digest reads (transformers does)
+    digest = warm_node.description_digest(loaded)
+    return asyncio.run(_serve(loaded, host, port, metrics_port, token, ready_file, card_transport, digest))
 
 
 async def _serve(loaded: LoadedNode, host: str, port: int, metrics_port: int, token: Optional[str],
-                 ready_file: Optional[str], card_transport: CardTransport) -> int:
+                 ready_file: Optional[str], card_transport: CardTransport, digest: str) -> int:
     from forge.metrics import ForgeMetrics
 
     t0 = time.monotonic()
@@ -67,7 +69,8 @@ async def _serve(loaded: LoadedNode, host: str, port: int, metrics_port: int, to
     metrics_url = f"http://{loaded.node.metrics.host}:{mport}/metrics"
     registry.register(runtime.name, {"control_url": control_url, "metrics_url": metrics_url,
                                      "source": str(loaded.node.source), "started_at": time.time(),
-                                     warm_node.DIGEST_KEY: warm_node.description_digest(loaded),
+                                     warm_node.DIGEST_KEY: digest,
+                                     warm_node.TRANSPORT_KEY: card_transport,
                                      "cards": [c["card"] + ":" + c["tier"] for c in runtime.describe()["cards"]]})
     print(f"forge: node {runtime.name} up in {time.monotonic() - t0:.1f} s — control {control_url}, "
           f"metrics {metrics_url}, {len(runtime.links)} card(s)", flush=True)

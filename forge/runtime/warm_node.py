@@ -5,41 +5,76 @@ bringing the card up (importing torch and transformers alone takes ~3 s) for 3-4
 "Start-up"). With the same node already up (`forge provision local`, once), the run uses it, as Modal reuses
 a warm container, and the whole command takes the job's time and half a second.
 
-When. Only a node that is exactly what this run would provision: the same name, started by this user from this
-checkout, from a description and contracts whose content (every field, the artifacts' resolved paths) is the
-same as what this run loaded (`description_digest`), and that answers its /health. Anything else is said in one
-line and the run provisions its own node, as it always did; `--fresh-node` asks for that outright."""
+When. Only a node that is what this run would provision: the same name, started by this user from this checkout,
+with the same `digest` (below), its cards in worker processes (the run's default), answering /health "ok" and
+taking this run's token. Anything else is said in one line and the run provisions its own node, as it always did;
+`--fresh-node` asks for that outright. What a warm node cannot give a run: a node of its own (other jobs on it
+share its cards, and its counters), and a fresh start of worker restarts spent by earlier jobs."""
 from __future__ import annotations
 
 import hashlib
 import json
+import os
+from pathlib import Path
 from typing import Any, Optional
 
-DIGEST_KEY = "description_digest"      # the registry entry's field: written by `forge provision`
-HEALTH_TIMEOUT_S = 2.0                 # a warm node answers its /health in milliseconds; a stuck one not at all
+DIGEST_KEY = "description_digest"      # the registry entry's fields: written by `forge provision`
+TRANSPORT_KEY = "card_transport"
+HEALTH_TIMEOUT_S = 2.0                 # a warm node answers in milliseconds; a stuck one not at all
+# The environment a node's processes read their settings from (stall window, session lease, plugins, the engines'
+# own variables): a run whose environment differs would have provisioned another node. Secrets are left out.
+ENV_PREFIXES = ("FORGE_", "VLLM_", "CUDA_", "OMP_", "MKL_", "HF_", "TRANSFORMERS_", "TORCH", "PYTORCH_", "TOKENIZERS_")
+ENV_IGNORED = ("FORGE_HOME", "FORGE_TOKEN", "FORGE_DEBUG")
 
 
 def _section(value: Any) -> Any:
     return value.model_dump(mode="json") if hasattr(value, "model_dump") else value
 
 
+def _stamp(path: Optional[Path]) -> list:
+    """A folder's or file's files by name, size and modification time: weights or a tokenizer rewritten in place
+    change it (by stat, not by content: a copy that keeps both would not)."""
+    if path is None or not path.exists():
+        return [str(path), None]
+    files = [path] if path.is_file() else sorted(p for p in path.iterdir() if p.is_file())
+    return [str(path)] + [(f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in files]
+
+
+def _code_stamp() -> str:
+    """forge's own source as this process imported it: a node started before an edit or a pull runs other code."""
+    import forge
+
+    root = Path(forge.__file__).resolve().parent
+    h = hashlib.sha256()
+    for f in sorted(root.rglob("*.py")):
+        st = f.stat()
+        h.update(f"{f.relative_to(root)}:{st.st_size}:{st.st_mtime_ns}\n".encode())
+    return h.hexdigest()
+
+
+def _environment(secret_names: set[str]) -> dict[str, str]:
+    return {k: v for k, v in sorted(os.environ.items())
+            if k.startswith(ENV_PREFIXES) and k not in ENV_IGNORED and k not in secret_names}
+
+
 def description_digest(loaded) -> str:
-    """A digest of what a node description provisions: the node and each of its contracts, every field, with the
-    contracts' artifact paths resolved (two copies of one file in different folders name different models)."""
+    """What a node provisioned from this process would be: the node and each of its contracts (every field, the
+    artifacts' files by stat), forge's source (by stat) and the settings in the environment."""
     contracts = {}
     for name, c in sorted(loaded.contracts.items()):
         art = c.artifact
         contracts[name] = {"fields": c.model_dump(mode="json"),
                            "sections": {k: _section(v) for k, v in sorted(c.sections.items())},
-                           "paths": [str(c.resolve(p)) for p in (art.engine_dir, art.checkpoint, art.tokenizer)]}
+                           "files": [_stamp(c.resolve(p)) for p in (art.engine_dir, art.checkpoint, art.tokenizer)]}
     # the node's `contracts:` names files, whose content is above: a copy of the description elsewhere (the
     # packaged `local` and node_descriptions/local.yaml) that reaches the same contracts is the same node
     node = loaded.node.model_dump(mode="json", exclude={"contracts"})
-    text = json.dumps({"node": node, "contracts": contracts}, sort_keys=True, default=str)
+    text = json.dumps({"node": node, "contracts": contracts, "code": _code_stamp(),
+                       "env": _environment({loaded.node.control.token_env})}, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def find(loaded) -> tuple[Optional[dict], Optional[str]]:
+def find(loaded, token: Optional[str]) -> tuple[Optional[dict], Optional[str]]:
     """(the registry entry of a warm node this run may use, None) or (None, why a node of that name is up but
     not used: one line), or (None, None) when no node of that name is up."""
     from forge.runtime import registry
@@ -49,22 +84,33 @@ def find(loaded) -> tuple[Optional[dict], Optional[str]]:
     if entry is None:
         return None, None
     head = f"node {name!r} is up (pid {entry.get('pid')})"
+    fresh = "provisioning one in this process"
     other = registry.whose(entry)
     if other is not None:
-        return None, f"{head} but is {other}: provisioning one in this process"
+        return None, f"{head} but is {other}: {fresh}"
     if entry.get(DIGEST_KEY) != description_digest(loaded):
-        return None, (f"{head} from another description, or from this one before it or its contracts changed: "
-                      "provisioning one in this process")
-    if not answers(entry["control_url"]):
-        return None, f"{head} but does not answer at {entry['control_url']}: provisioning one in this process"
+        return None, (f"{head} from another description or contracts, other model files, other forge code or "
+                      f"other FORGE_/engine environment variables: {fresh}")
+    if entry.get(TRANSPORT_KEY) != "process":
+        return None, f"{head} with its cards in its own process (--card-transport thread): {fresh}"
+    why = refusal(entry["control_url"], token)
+    if why is not None:
+        return None, f"{head} but {why}: {fresh}"
     return entry, None
 
 
-def answers(url: str) -> bool:
+def refusal(url: str, token: Optional[str]) -> Optional[str]:
+    """None when the node at `url` is healthy and takes `token`; else why not, in a few words."""
     import httpx
 
+    headers = {"authorization": f"Bearer {token}"} if token else {}
     try:
-        httpx.get(url.rstrip("/") + "/health", timeout=HEALTH_TIMEOUT_S)
-    except httpx.HTTPError:
-        return False
-    return True
+        with httpx.Client(base_url=url.rstrip("/"), timeout=HEALTH_TIMEOUT_S, headers=headers) as client:
+            health = client.get("/health")
+            if health.status_code != 200 or health.json().get("status") != "ok":
+                return f"its /health says {health.status_code} {health.json().get('status', '')}".rstrip()
+            if client.get("/v1/node").status_code == 401:
+                return "refuses this run's token (its control.token_env)"
+    except (httpx.HTTPError, ValueError, AttributeError):
+        return f"does not answer at {url}"
+    return None

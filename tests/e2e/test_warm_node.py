@@ -1,6 +1,8 @@
-"""`forge run` on a node already up (docs/top.md, "A warm node"): the same node, provisioned from this checkout,
-runs the job and loads nothing new; a changed description, a node that does not answer, or --fresh-node each
-provision one in the run's own process, the first two saying why. Real processes, real HTTP, the real engine."""
+"""`forge run` on a node already up (forge/runtime/warm_node.py): the same node, provisioned from this checkout, runs
+the job and loads nothing new; a changed description or environment, a node that does not answer, refuses the run's
+token or runs its cards in its own process each make the run provision its own and say why, as --fresh-node does
+without a word. Real processes, real HTTP, the real engine."""
+import contextlib
 import json
 import os
 import re
@@ -31,13 +33,15 @@ def served(metrics_url: str, expect: float = -1.0) -> float:
         time.sleep(0.1)
 
 
-@pytest.fixture
-def warm(tmp_path):
+@contextlib.contextmanager
+def provisioned(tmp_path, *extra, env_extra=None):
+    """`forge provision node_descriptions/local.yaml` on free ports, in a FORGE_HOME of its own; SIGINT on the way out."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
     home = tmp_path / "home"
-    env = forge_env({"FORGE_HOME": str(home)})
+    env = forge_env({"FORGE_HOME": str(home), **(env_extra or {})})
     ready = tmp_path / "ready"
     proc = subprocess.Popen([sys.executable, "-m", "forge", "provision", "node_descriptions/local.yaml", "--port",
-                             "0", "--metrics-port", "0", "--ready-file", str(ready)], cwd=REPO, env=env,
+                             "0", "--metrics-port", "0", "--ready-file", str(ready), *extra], cwd=REPO, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 120
     while not (ready.exists() and ready.read_text().strip()):
@@ -57,6 +61,12 @@ def warm(tmp_path):
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(10)
+
+
+@pytest.fixture
+def warm(tmp_path):
+    with provisioned(tmp_path) as node:
+        yield node
 
 
 def _run(tmp_path, env, name, *extra):
@@ -105,8 +115,12 @@ def test_a_changed_description_or_a_node_that_does_not_answer_is_not_used(warm, 
                        .replace("../forge/embedded/tiny-llama-cpu.yaml", str(REPO / "forge/embedded/tiny-llama-cpu.yaml"))
                        .replace("memory_gib: 4 ", "memory_gib: 3 "))
     other = _run(tmp_path, warm["home"], "changed", "--node", changed)
-    assert (f"forge: note: node 'local' is up (pid {pid}) from another description, or from this one before it or "
-            "its contracts changed: provisioning one in this process") in other.stderr
+    changed_line = (f"forge: note: node 'local' is up (pid {pid}) from another description or contracts, other model "
+                    "files, other forge code or other FORGE_/engine environment variables: provisioning one in this "
+                    "process")
+    assert changed_line in other.stderr
+    window = _run(tmp_path, {**warm["home"], "FORGE_STALL_WINDOW_S": "600"}, "window")   # the node reads 30 s
+    assert changed_line in window.stderr
     assert served(warm["metrics"]) == before
 
     os.kill(pid, signal.SIGSTOP)                             # alive, holding its name, answering nothing
@@ -116,3 +130,18 @@ def test_a_changed_description_or_a_node_that_does_not_answer_is_not_used(warm, 
         os.kill(pid, signal.SIGCONT)
     assert f"forge: note: node 'local' is up (pid {pid}) but does not answer at http://127.0.0.1:" in stuck.stderr
     assert "provisioning one in this process" in stuck.stderr and served(warm["metrics"]) == before
+
+
+def test_a_node_that_refuses_the_runs_token_or_runs_its_cards_in_its_process_is_not_used(tmp_path):
+    with provisioned(tmp_path / "a", env_extra={"FORGE_TOKEN": "s3cret"}) as node:
+        refused = _run(tmp_path / "a", node["home"], "no-token")
+        assert (f"forge: note: node 'local' is up (pid {node['proc'].pid}) but refuses this run's token (its "
+                "control.token_env): provisioning one in this process") in refused.stderr
+        taken = _run(tmp_path / "a", {**node["home"], "FORGE_TOKEN": "s3cret"}, "token")
+        assert "forge: using node 'local', already up" in taken.stderr
+        assert served(node["metrics"], 12) == 12
+    with provisioned(tmp_path / "b", "--card-transport", "thread") as node:
+        inproc = _run(tmp_path / "b", node["home"], "thread-node")
+        assert (f"forge: note: node 'local' is up (pid {node['proc'].pid}) with its cards in its own process "
+                "(--card-transport thread): provisioning one in this process") in inproc.stderr
+        assert served(node["metrics"]) == 0

@@ -1,5 +1,7 @@
 """The digest that tells a `forge run` whether a node already up is the one it would provision: the same for the
-same content wherever the description lies, different for any changed field or a model in another folder."""
+same content wherever the description lies; different for any changed field, a model in another folder or
+rewritten in place, or a setting in the environment."""
+import os
 import shutil
 
 from forge.config.load import load_node
@@ -31,6 +33,20 @@ def test_a_changed_field_of_the_node_or_its_contract_is_another_node(tmp_path):
     moved = description_digest(load_node(here))
     assert moved != base
 
+    weights = next((tmp_path / "tiny-llama").glob("*.safetensors"))
+    os.utime(weights, ns=(weights.stat().st_atime_ns, weights.stat().st_mtime_ns + 10**9))   # rewritten in place
+    rewritten = description_digest(load_node(here))
+    assert rewritten != moved
+
     contract = tmp_path / "tiny-llama-cpu.yaml"
     contract.write_text(contract.read_text().replace("max_batch_size: 32", "max_batch_size: 16"))
-    assert description_digest(load_node(here)) != moved
+    assert description_digest(load_node(here)) != rewritten
+
+
+def test_a_setting_in_the_environment_is_another_node_and_a_token_is_not(monkeypatch):
+    loaded = load_node(PACKAGED_NODES["local"])
+    base = description_digest(loaded)
+    monkeypatch.setenv("FORGE_TOKEN", "a secret")          # checked against the node, never hashed
+    assert description_digest(loaded) == base
+    monkeypatch.setenv("FORGE_STALL_WINDOW_S", "600")      # the node's cards and the run would each read it
+    assert description_digest(loaded) != base
