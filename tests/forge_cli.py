@@ -6,6 +6,7 @@
   signals, a card worker, what an interpreter imports (`importtime=True`), exit at interpreter level.
 - `forge_argv(...)` and `forge_env(...)`: the same command line and environment, for tests that start the
   process themselves (Popen) and talk to it while it runs.
+- `provisioned(home, ...)`: a node brought up as users do (`forge provision`), for as long as a `with` block runs.
 
 Both paths run with the repository root as the working directory, FORGE_LOAD_PLUGINS empty (no third-party
 plugins) and FORGE_DEBUG unset (a traceback is a failure, not a debug aid); the test's own FORGE_HOME
@@ -13,9 +14,13 @@ plugins) and FORGE_DEBUG unset (a traceback is a failure, not a debug aid); the 
 """
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -90,3 +95,38 @@ def invoke(*args, env: Optional[dict] = None, cwd: Path = REPO) -> Invoked:
     finally:
         os.chdir(before)
     return Invoked(code, stdout, stderr)
+
+
+@contextlib.contextmanager
+def provisioned(home: Path, *extra, env: Optional[dict] = None, description: str = "node_descriptions/local.yaml"):
+    """`forge provision DESCRIPTION` on free ports, registered in `home` (its FORGE_HOME), until the block ends; then
+    SIGINT (it drains and unregisters). Yields its control `url`, its whole `env` (a value None in `env` removes that
+    variable), `proc` and its registry `entry`."""
+    import pytest
+
+    home.mkdir(parents=True, exist_ok=True)
+    full = forge_env({"FORGE_HOME": str(home), **{k: v for k, v in (env or {}).items() if v is not None}})
+    for k in [k for k, v in (env or {}).items() if v is None]:
+        full.pop(k, None)
+    ready = home / "ready"
+    proc = subprocess.Popen(forge_argv("provision", description, "--port", 0, "--metrics-port", 0, "--ready-file",
+                                       ready, *extra), cwd=REPO, env=full, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 120
+    while not (ready.exists() and ready.read_text().strip()):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"the node did not come up: {proc.communicate()[0][-1500:]}")
+        time.sleep(0.1)
+    [entry] = [json.loads(f.read_text()) for f in (home / "nodes").glob("*.json")]
+    try:
+        yield {"url": ready.read_text().strip(), "env": full, "proc": proc, "entry": entry}
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGCONT)         # a test may have stopped it
+            proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)

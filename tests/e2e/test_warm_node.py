@@ -3,19 +3,16 @@ the job and loads nothing new; a changed description or environment, a node that
 token or runs its cards in its own process each make the run provision its own and say why, as --fresh-node does
 without a word. Real processes, real HTTP, the real engine."""
 import contextlib
-import json
 import os
 import re
 import signal
-import subprocess
-import sys
 import time
 
 import httpx
 import pytest
 
 from tests.e2e.helpers import REPO, forge, read_output
-from tests.forge_cli import forge_env
+from tests.forge_cli import provisioned
 
 pytestmark = pytest.mark.engine
 
@@ -34,38 +31,14 @@ def served(metrics_url: str, expect: float = -1.0) -> float:
 
 
 @contextlib.contextmanager
-def provisioned(tmp_path, *extra, env_extra=None):
-    """`forge provision node_descriptions/local.yaml` on free ports, in a FORGE_HOME of its own; SIGINT on the way out."""
-    tmp_path.mkdir(parents=True, exist_ok=True)
-    home = tmp_path / "home"
-    env = forge_env({"FORGE_HOME": str(home), **(env_extra or {})})
-    ready = tmp_path / "ready"
-    proc = subprocess.Popen([sys.executable, "-m", "forge", "provision", "node_descriptions/local.yaml", "--port",
-                             "0", "--metrics-port", "0", "--ready-file", str(ready), *extra], cwd=REPO, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    deadline = time.monotonic() + 120
-    while not (ready.exists() and ready.read_text().strip()):
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            pytest.fail(f"the node did not come up: {proc.communicate()[0]}")
-        time.sleep(0.1)
-    entry = json.loads((home / "nodes" / "local.json").read_text())
-    try:
-        yield {"home": {"FORGE_HOME": str(home)}, "proc": proc, "metrics": entry["metrics_url"]}
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGCONT)
-            proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
+def warm_node(tmp_path, *extra, env=None):
+    with provisioned(tmp_path / "home", *extra, env=env) as node:
+        yield {**node, "home": {"FORGE_HOME": str(tmp_path / "home")}, "metrics": node["entry"]["metrics_url"]}
 
 
 @pytest.fixture
 def warm(tmp_path):
-    with provisioned(tmp_path) as node:
+    with warm_node(tmp_path) as node:
         yield node
 
 
@@ -133,14 +106,14 @@ def test_a_changed_description_or_a_node_that_does_not_answer_is_not_used(warm, 
 
 
 def test_a_node_that_refuses_the_runs_token_or_runs_its_cards_in_its_process_is_not_used(tmp_path):
-    with provisioned(tmp_path / "a", env_extra={"FORGE_TOKEN": "s3cret"}) as node:
+    with warm_node(tmp_path / "a", env={"FORGE_TOKEN": "s3cret"}) as node:
         refused = _run(tmp_path / "a", node["home"], "no-token")
         assert (f"forge: note: node 'local' is up (pid {node['proc'].pid}) but refuses this run's token (its "
                 "control.token_env): provisioning one in this process") in refused.stderr
         taken = _run(tmp_path / "a", {**node["home"], "FORGE_TOKEN": "s3cret"}, "token")
         assert "forge: using node 'local', already up" in taken.stderr
         assert served(node["metrics"], 12) == 12
-    with provisioned(tmp_path / "b", "--card-transport", "thread") as node:
+    with warm_node(tmp_path / "b", "--card-transport", "thread") as node:
         inproc = _run(tmp_path / "b", node["home"], "thread-node")
         assert (f"forge: note: node 'local' is up (pid {node['proc'].pid}) with its cards in its own process "
                 "(--card-transport thread): provisioning one in this process") in inproc.stderr

@@ -2,7 +2,6 @@
 `--once` headless, and the live view in a real terminal (tmux; skipped where tmux is absent)."""
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import shlex
@@ -26,37 +25,14 @@ REPO = Path(__file__).resolve().parents[2]
 ROW = re.compile(r"^cpu0\s+tiny-llama-cpu\s+(ok|DOWN)\s+([\d,]+|…)\s+([\d,]+|…)", re.M)
 
 
-from tests.forge_cli import forge  # noqa: E402 - after the engine checks above
+from tests.forge_cli import forge, provisioned as provisioned_node  # noqa: E402 - after the engine checks above
 
 
-@contextlib.contextmanager
 def provisioned(home: Path):
-    """A node brought up as users do (`forge provision node_descriptions/local.yaml`) on free ports,
-    registered in its own FORGE_HOME; stopped with SIGINT (drain, unregister) on the way out."""
-    # COLUMNS pinned: these tests read the whole table (a pytest-xdist worker inherits whatever width its
-    # terminal had; the 80-column form is tests/e2e/test_screens_fit.py's)
-    env = {**os.environ, "FORGE_HOME": str(home), "FORGE_LOAD_PLUGINS": "", "COLUMNS": "160"}
-    env.pop("FORGE_TOKEN", None)
-    ready = home / "ready"
-    proc = subprocess.Popen([sys.executable, "-m", "forge", "provision", "node_descriptions/local.yaml", "--port", "0",
-                             "--metrics-port", "0", "--ready-file", str(ready)], cwd=REPO, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    deadline = time.monotonic() + 60
-    while not (ready.exists() and ready.read_text().strip()):
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            pytest.fail(f"the node did not come up: {proc.communicate()[0]}")
-        time.sleep(0.1)
-    try:
-        yield {"url": ready.read_text().strip(), "env": env, "proc": proc}
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
+    """A node brought up as users do (`forge provision node_descriptions/local.yaml`) on free ports, in its own
+    FORGE_HOME. COLUMNS pinned: these tests read the whole table (a pytest-xdist worker inherits whatever width its
+    terminal had; the 80-column form is tests/e2e/test_screens_fit.py's)."""
+    return provisioned_node(home, env={"COLUMNS": "160", "FORGE_TOKEN": None})
 
 
 @pytest.fixture(scope="module")
