@@ -34,10 +34,13 @@ def _section(value: Any) -> Any:
 def _stamp(path: Optional[Path]) -> list:
     """A folder's or file's files by name, size and modification time: weights or a tokenizer rewritten in place
     change it (by stat, not by content: a copy that keeps both would not)."""
-    if path is None or not path.exists():
-        return [str(path), None]
-    files = [path] if path.is_file() else sorted(p for p in path.iterdir() if p.is_file())
-    return [str(path)] + [(f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in files]
+    try:
+        if path is None or not path.exists():
+            return [str(path), None]
+        stats = [(f.name, f.stat()) for f in ([path] if path.is_file() else sorted(path.iterdir())) if f.is_file()]
+    except OSError as e:          # unreadable or changing under us: a stamp no other state matches, never a traceback
+        return [str(path), f"unreadable: {type(e).__name__}"]
+    return [str(path)] + [(name, st.st_size, st.st_mtime_ns) for name, st in stats]
 
 
 def _code_stamp() -> str:
@@ -47,8 +50,11 @@ def _code_stamp() -> str:
     root = Path(forge.__file__).resolve().parent
     h = hashlib.sha256()
     for f in sorted(root.rglob("*.py")):
-        st = f.stat()
-        h.update(f"{f.relative_to(root)}:{st.st_size}:{st.st_mtime_ns}\n".encode())
+        try:
+            st = f.stat()
+            h.update(f"{f.relative_to(root)}:{st.st_size}:{st.st_mtime_ns}\n".encode())
+        except OSError:           # a file removed while we walk: it differs from any node's stamp, as it should
+            h.update(f"{f.relative_to(root)}:gone\n".encode())
     return h.hexdigest()
 
 
@@ -93,6 +99,8 @@ def find(loaded, token: Optional[str]) -> tuple[Optional[dict], Optional[str]]:
                       f"other FORGE_/engine environment variables: {fresh}")
     if entry.get(TRANSPORT_KEY) != "process":
         return None, f"{head} with its cards in its own process (--card-transport thread): {fresh}"
+    if not isinstance(entry.get("control_url"), str):
+        return None, f"{head} but its registry entry names no control URL: {fresh}"
     why = refusal(entry["control_url"], token)
     if why is not None:
         return None, f"{head} but {why}: {fresh}"
