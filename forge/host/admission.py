@@ -61,7 +61,8 @@ class AdmissionRuntime:
         self._tick_s = max(min(poll_timeout_s, stall_window_s / 10), 0.005)
         self._driver = EngineDriver(engine, name=self.engine_id, poll_timeout_s=poll_timeout_s,
                                     inbox_size=4 * g.max_batch_size + 64, outbox_size=4 * g.max_batch_size + 64,
-                                    shutdown_timeout_s=shutdown_timeout_s)
+                                    shutdown_timeout_s=shutdown_timeout_s,
+                                    hold_results_above=g.max_batch_size if engine.queues_beyond_slots else None)
         self._stats = EngineStats(node=node, card=self.engine_id, tier=plan.contract.contract, slots=g.max_batch_size,
                                   token_budget=g.max_num_tokens, kv_blocks_total=g.kv_blocks_total)
         self._table = FlightTable(g.max_batch_size, g.kv_blocks_total, queue_slots=g.queue_slots)

@@ -6,7 +6,7 @@ back through a bounded outbox, waking the loop with call_soon_threadsafe. Events
 
     ("submitted", keys)          the engine accepted the requests with these keys
     ("busy", keys)               the engine refused them (EngineBusy); the loop decides about retries
-    ("progress", Progress)       results and new tokens since the last poll
+    ("progress", Progress)       results and new tokens since the last progress event
     ("stats", IterationStats)    a periodic snapshot of the engine
     ("failed", message)          the engine raised EngineFailed or anything unexpected; the thread ends
 
@@ -22,20 +22,29 @@ import time
 from typing import Callable, Optional, Sequence
 
 from forge import constants
-from forge.engines.interface import Engine, EngineBusy, EngineFailed, EngineRequest
+from forge.engines.interface import Engine, EngineBusy, EngineFailed, EngineRequest, Progress
 
 log = logging.getLogger("forge.host.driver")
 
 STATS_INTERVAL_S = 0.1          # engine.stats() sampling period
 COMMAND_LATENCY_S = 0.005       # a poll lasts at most this long, so a submit waits at most this for the engine
 PROGRESS_EVERY_S = 0.05         # token progress without results reaches the loop this often (liveness only)
+# An engine holding requests in a queue of its own beyond its slots (Engine.queues_beyond_slots) needs no refill
+# while that queue is not empty: its results are held up to this long and handed over together, so the event loop,
+# which shares the engine's interpreter lock and its core, wakes a third as often (docs/benchmarks.md, "vLLM on the
+# CPU"); once the engine holds no more than its slots, results go at once.
+HOLD_RESULTS_S = 0.03
 OUTBOX_PUT_SLICE_S = 0.05       # a full outbox is retried in slices, checking for stop between
 
 
 class EngineDriver:
     def __init__(self, engine: Engine, *, name: str, poll_timeout_s: float, inbox_size: int, outbox_size: int,
-                 shutdown_timeout_s: float = constants.ENGINE_SHUTDOWN_TIMEOUT_S):
+                 shutdown_timeout_s: float = constants.ENGINE_SHUTDOWN_TIMEOUT_S,
+                 hold_results_above: Optional[int] = None):
+        """hold_results_above: the engine's slots where it queues requests beyond them (HOLD_RESULTS_S); None
+        hands every result over at once."""
         self.engine = engine
+        self.hold_results_above = hold_results_above
         self.poll_timeout_s = poll_timeout_s
         self.shutdown_timeout_s = shutdown_timeout_s
         self._inbox: queue.Queue = queue.Queue(maxsize=inbox_size)
@@ -150,6 +159,7 @@ class EngineDriver:
     def _main(self) -> None:
         last_stats = last_progress = 0.0
         tokens = 0                          # progress polled and not yet handed to the loop
+        held: list = []                     # results polled and not yet handed to the loop
         slice_s = min(self.poll_timeout_s, COMMAND_LATENCY_S)
         try:
             while not self._stop.is_set():
@@ -166,19 +176,29 @@ class EngineDriver:
                         pass
                 else:
                     # Short polls: a submit the loop queued meanwhile (a freed slot's refill) reaches the engine
-                    # within one slice, not at the next result; results still go out as soon as they come.
+                    # within one slice, not at the next result; results go out as soon as they come, or within
+                    # HOLD_RESULTS_S while the engine still has a queue of its own to draw on.
                     progress = self._call(self.engine.poll, slice_s)
                     tokens += progress.new_tokens
-                    if progress.results or (tokens and time.monotonic() - last_progress >= PROGRESS_EVERY_S):
-                        self._active -= len(progress.results)
+                    self._active -= len(progress.results)
+                    held += progress.results
+                    now = time.monotonic()
+                    if held and (self.hold_results_above is None or self._active <= self.hold_results_above
+                                 or now - last_progress >= HOLD_RESULTS_S) \
+                            or tokens and now - last_progress >= PROGRESS_EVERY_S:
+                        progress.results, held = held, []
                         progress.new_tokens, tokens = tokens, 0
-                        last_progress = time.monotonic()
+                        last_progress = now
                         self._emit("progress", progress)
                 now = time.monotonic()
                 if now - last_stats >= STATS_INTERVAL_S:
                     last_stats = now
                     self._emit("stats", self._call(self.engine.stats))
+            if held:                            # told to stop: what the engine finished still reaches the loop
+                self._emit("progress", Progress(results=held))
         except EngineFailed as e:
+            if held:                        # results the engine gave before it failed are results
+                self._emit("progress", Progress(results=held))
             self._emit("failed", f"engine failed: {e}")
         except BaseException as e:  # noqa: BLE001 - any escape from an engine call is a dead engine
             log.exception("engine driver %s crashed", self._thread.name)

@@ -59,3 +59,54 @@ def test_polls_are_short_so_a_refill_reaches_a_busy_engine_at_once_and_progress_
     progress = [v for k, v in events if k == "progress"]
     assert progress and sum(p.new_tokens for p in progress) <= len(eng.poll_timeouts)
     assert len(progress) <= 0.5 / PROGRESS_EVERY_S + 2 < len(eng.poll_timeouts)
+
+
+class FinishingEngine(RecordingEngine):
+    """Each poll finishes one of the requests it holds (a result) after 2 ms."""
+
+    def __init__(self):
+        super().__init__()
+        self.held: list = []
+
+    def submit(self, requests):
+        super().submit(requests)
+        self.held += [r.request_id for r in requests]
+
+    def poll(self, timeout_s):
+        from forge.engines.interface import EngineResult
+
+        time.sleep(0.002)
+        if not self.held:
+            return Progress()
+        return Progress(results=[EngineResult(self.held.pop(0), [7], "length")], new_tokens=1)
+
+
+def result_batches(hold_results_above, n: int) -> list[int]:
+    async def main():
+        eng = FinishingEngine()
+        driver = EngineDriver(eng, name="t", poll_timeout_s=0.05, inbox_size=64, outbox_size=256,
+                              hold_results_above=hold_results_above)
+        batches: list[int] = []
+
+        def on_events(events):
+            batches.extend(len(v.results) for k, v in events if k == "progress" and v.results)
+
+        driver.start(asyncio.get_running_loop(), on_events)
+        driver.submit([EngineRequest(f"r{i}", [1, 2, 3], 4) for i in range(n)])
+        deadline = time.monotonic() + 30
+        while sum(batches) < n and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        driver.stop()
+        await asyncio.to_thread(driver.join, 2.0)
+        return batches
+
+    return asyncio.run(main())
+
+
+def test_results_are_held_while_the_engine_has_a_queue_of_its_own_and_go_at_once_when_it_has_not():
+    slots, n = 4, 40
+    assert result_batches(None, n) == [1] * n                   # the control: every result on its own
+    held = result_batches(slots, n)
+    assert sum(held) == n                                       # every result, once
+    assert len(held) <= 0.6 * n, held                           # held while the engine had a queue to draw on
+    assert held[-slots:] == [1] * slots, held                   # down to its slots: each result at once
