@@ -31,8 +31,8 @@ COMMAND_LATENCY_S = 0.005       # a poll lasts at most this long, so a submit wa
 PROGRESS_EVERY_S = 0.05         # token progress without results reaches the loop this often (liveness only)
 # An engine holding requests in a queue of its own beyond its slots (Engine.queues_beyond_slots) needs no refill
 # while that queue is not empty: its results are held up to this long and handed over together, so the event loop,
-# which shares the engine's interpreter lock and its core, wakes a third as often (docs/benchmarks.md, "vLLM on the
-# CPU"); once the engine holds no more than its slots, results go at once.
+# which shares the engine's interpreter lock and its core, wakes once a batch, not once a step (docs/benchmarks.md,
+# "vLLM on the CPU"); once the engine holds no more than its slots, results go at once.
 HOLD_RESULTS_S = 0.03
 OUTBOX_PUT_SLICE_S = 0.05       # a full outbox is retried in slices, checking for stop between
 
