@@ -156,6 +156,10 @@ class EngineDriver:
         elif kind == "cancel":
             self._call(self.engine.cancel, value)
 
+    def _hand_over(self, held: list) -> None:
+        if held:
+            self._emit("progress", Progress(results=held))
+
     def _main(self) -> None:
         last_stats = last_progress = 0.0
         tokens = 0                          # progress polled and not yet handed to the loop
@@ -194,14 +198,13 @@ class EngineDriver:
                 if now - last_stats >= STATS_INTERVAL_S:
                     last_stats = now
                     self._emit("stats", self._call(self.engine.stats))
-            if held:                            # told to stop: what the engine finished still reaches the loop
-                self._emit("progress", Progress(results=held))
+            self._hand_over(held)               # told to stop: what the engine finished still reaches the loop
         except EngineFailed as e:
-            if held:                        # results the engine gave before it failed are results
-                self._emit("progress", Progress(results=held))
+            self._hand_over(held)           # results the engine gave before it failed are results
             self._emit("failed", f"engine failed: {e}")
         except BaseException as e:  # noqa: BLE001 - any escape from an engine call is a dead engine
             log.exception("engine driver %s crashed", self._thread.name)
+            self._hand_over(held)
             self._emit("failed", f"engine driver crashed: {type(e).__name__}: {e}")
         finally:
             try:
