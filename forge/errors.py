@@ -1,6 +1,7 @@
 """User-facing errors. Anything raised as a ForgeError is printed as one clear line, never a traceback."""
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,10 +33,11 @@ class Problem:
 
 
 def display_path(p: str | Path) -> str:
-    """A path relative to the current directory when it lies below it, else absolute."""
+    """A path as the user gave it: relative to the current directory when it lies below it, else absolute. Symlinks
+    are not resolved: a refusal of `out/x` (a link) names `out/x`, not the file the link points to."""
     p = Path(p)
     try:
-        return str(p.resolve().relative_to(Path.cwd().resolve()))
+        return str(Path(os.path.abspath(p)).relative_to(os.path.abspath(os.getcwd())))
     except (ValueError, OSError):
         return str(p)
 

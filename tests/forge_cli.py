@@ -97,6 +97,19 @@ def invoke(*args, env: Optional[dict] = None, cwd: Path = REPO) -> Invoked:
     return Invoked(code, stdout, stderr)
 
 
+def fill_in(node_file: Path, **values) -> Path:
+    """What a user does with the node `forge contract new --node-out` writes: each `KEY: "FILL IN: ..."` line gets
+    the value given for KEY (memory_gib=, cpu_cores=, model=); returns the file."""
+    import re
+
+    text = node_file.read_text()
+    for key, value in values.items():
+        text, n = re.subn(rf'^(\s*{key}): "FILL IN:[^"]*"', lambda m: f"{m.group(1)}: {value}", text, flags=re.M)
+        assert n == 1, f"no FILL IN placeholder for {key} in {node_file}"
+    node_file.write_text(text)
+    return node_file
+
+
 @contextlib.contextmanager
 def provisioned(home: Path, *extra, env: Optional[dict] = None, description: str = "node_descriptions/local.yaml"):
     """`forge provision DESCRIPTION` on free ports, registered in `home` (its FORGE_HOME), until the block ends; then

@@ -1,29 +1,31 @@
 """`forge contract new`: a transformers contract from a checkpoint's config.json and a card's memory.
 
-Every field is written out, each with a comment saying where its number came from. The geometry is read from
-config.json (checkpoint_dir.geometry, the reading validation checks the contract against); the weights from the
-safetensors headers (parameter count x the weights' bytes); the KV pool with the plan's own arithmetic
-(kvmath.pool_tokens, plan.plan_card) and the backend's working memory (its forge_register_working_memory hook),
-so `forge validate` and `forge provision --dry-run` compute exactly what the comments say. Nothing here loads
-weights or imports torch."""
+Every field is written out, each with a comment saying where its number came from (forge/config/contract_yaml.py).
+The geometry is read from config.json strictly (model_size.read_shape); the parameters from the safetensors headers
+when the folder has them (compared with what the geometry gives), else from the geometry, so a card can be sized
+before the weights are downloaded; the KV pool with the plan's own arithmetic (kvmath, plan.plan_card) and the
+backend's working memory (transformers' attention mask), so `forge validate` and `forge provision --dry-run` compute
+exactly what the comments say. Defaults follow the flags given (a --budget below the default prompt length shortens
+the default prompt), and every refusal says its cause and the flag that lifts it. Nothing here loads weights or
+imports torch."""
 from __future__ import annotations
 
-import json
 import math
 import os
 import re
-import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
 from forge.config import kvmath
-from forge.config.checkpoint_dir import geometry
-from forge.config.files import FileRefused, read_json
-from forge.config.models import Artifact, Card, Contract, KvCache, Limits, ModelGeometry, Precision, Target
-from forge.config.plan import CardPlan, plan_card
+from forge.config.contract_sizing import Lengths, Sizing, size_pool
+from forge.config.files import FileRefused, read_json, shown
+from forge.config.model_size import LongNumber, ModelShape, geometry_parameters, read_shape
+from forge.config.models import Contract
+from forge.config.plan import CardPlan
+from forge.config.safetensors_count import count_safetensors
 from forge.config.units import GIB, fmt_bytes
-from forge.errors import ForgeError, display_path
+from forge.errors import ForgeError
 
 BACKEND = "transformers"
 DEFAULT_WEIGHTS = {"cpu": "fp32", "gpu": "bf16"}      # CPUs run fp32 kernels fastest; GPUs bf16
@@ -32,15 +34,14 @@ DEFAULT_KV_FRACTION = 0.9
 DEFAULT_OUTPUT_LEN = 256
 DEFAULT_INPUT_LEN = 1024
 DEFAULT_TOKENS_PER_BLOCK = 32
-MAX_DEFAULT_SLOTS = 256
-_SAFETENSORS_DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
-                            "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
-_MAX_HEADER = 100 << 20
+FEW_SLOTS = 8                   # below this the console says why the contract is small
+COUNTS_AGREE = 0.01             # headers and geometry within 1%: the same model
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")     # models.Name
 
 
 @dataclass
 class Request:
-    """What the user asked for (None: forge's default, said so in the comment)."""
+    """What the user asked for (None: forge's default, derived from the other flags and said so in the comment)."""
 
     checkpoint: Path
     card: str                        # "cpu" | "gpu"
@@ -55,6 +56,8 @@ class Request:
     kv_fraction: Optional[float] = None
     compute_capability: Optional[str] = None
     name: Optional[str] = None
+    parameters: Optional[int] = None
+    attn_implementation: Optional[str] = None
 
 
 @dataclass
@@ -62,251 +65,159 @@ class Drafted:
     contract: Contract
     plan: CardPlan
     working_bytes: int
-    yaml: str
-    notes: dict[str, str] = field(default_factory=dict)
+    full_length_slots: int
+    notes: dict[str, str] = field(default_factory=dict)       # field -> how its number was reached (the comments)
+    console: list[str] = field(default_factory=list)          # what the user should read now (counts differ, ...)
+    weights_present: bool = True                               # False: sized from config.json alone
 
 
-def count_parameters(ckpt: Path) -> tuple[int, str]:
-    """Parameters in the checkpoint's *.safetensors files (read from their headers), and how that was found."""
-    files = sorted(ckpt.glob("*.safetensors"))
-    if not files:
-        raise ForgeError(f"{display_path(ckpt)}: no *.safetensors weights to count parameters from "
-                         "(contract new reads their headers, never the weights)")
-    total = 0
-    for f in files:
-        try:
-            with open(f, "rb") as fh:
-                (n,) = struct.unpack("<Q", fh.read(8))
-                if n > _MAX_HEADER:
-                    raise ValueError(f"header of {n} bytes")
-                header = json.loads(fh.read(n))
-        except (OSError, ValueError, struct.error) as e:
-            raise ForgeError(f"{display_path(f)}: not a readable safetensors file: {e}") from None
-        for name, t in header.items():
-            if name != "__metadata__":
-                total += math.prod(t.get("shape") or [1])
-    shown = files[0].name if len(files) == 1 else f"{len(files)} *.safetensors files"
-    return total, f"{shown} header{'s' if len(files) > 1 else ''}"
+def section_for(attn_implementation: Optional[str]):
+    """The backend's `transformers:` section at its defaults, with the attention the user chose."""
+    from forge.config.registry import from_plugins
+
+    model = from_plugins().sections.get(BACKEND)
+    if model is None:
+        raise ForgeError(f"the {BACKEND} backend is not registered (is forge installed whole?)")
+    if attn_implementation is None:
+        return model()
+    try:
+        return model.model_validate({"attn_implementation": attn_implementation})
+    except Exception:           # pydantic's message names the allowed values
+        allowed = model.model_fields["attn_implementation"].annotation.__args__
+        raise ForgeError(f"--attn-implementation {attn_implementation}: transformers.attn_implementation is one of "
+                         f"{', '.join(allowed)}") from None
+
+
+def _config(ckpt: Path) -> tuple[dict, Path, ModelShape]:
+    if not ckpt.is_dir():
+        raise ForgeError(f"{shown(ckpt)}: not a checkpoint folder (one holding config.json)")
+    cfg_file = ckpt / "config.json"
+    try:
+        cfg = read_json(cfg_file, parse_int=LongNumber.parse_int)
+    except FileRefused as e:
+        raise ForgeError(f"{shown(cfg_file)}: {e}") from None
+    return cfg, cfg_file, read_shape(cfg, cfg_file)
+
+
+def _parameters(req: Request, cfg_file: Path, shape: ModelShape) -> tuple[int, str, list[str], bool]:
+    """(parameters, how they were counted, console notes, whether weights are in the folder)."""
+    geo = geometry_parameters(shape)
+    headers = count_safetensors(req.checkpoint)
+    console: list[str] = []
+    geo_text = (f"config.json's geometry gives {geo.parameters:,}" if geo.parameters is not None
+                else f"config.json's geometry cannot be counted ({geo.why})")
+    if req.parameters is not None:
+        seen = f"; the {headers.label} hold {headers.parameters:,}" if headers else ""
+        return req.parameters, f"--parameters{seen}; {geo_text}", console, headers is not None
+    if headers is not None:
+        how = f"{headers.label}; {geo_text}"
+        if geo.parameters is not None:
+            off = (geo.parameters - headers.parameters) / max(headers.parameters, 1)
+            if abs(off) > COUNTS_AGREE:
+                how += f", {off:+.1%}: the headers' count is used"
+                console.append(f"note: the {headers.label} hold {headers.parameters:,} parameters; {shown(cfg_file)}'s "
+                               f"geometry gives {geo.parameters:,} ({off:+.1%}). The headers' count sizes the weights "
+                               "(packed or quantized weights, extra tensors or another layout than a Llama-style "
+                               "decoder make the two differ); --parameters N states the count instead")
+            else:
+                how += ", the same" if geo.parameters == headers.parameters else f", within {COUNTS_AGREE:.0%}"
+        return headers.parameters, how, console, True
+    if geo.parameters is None:
+        raise ForgeError(f"{shown(cfg_file)}: no *.safetensors weights in the folder and {geo.why}, so forge cannot "
+                         "count the parameters: put the checkpoint's *.safetensors files beside it, or state the "
+                         "count with --parameters N (the model card's, e.g. 8030261248)")
+    console.append(f"note: no *.safetensors in {shown(req.checkpoint)}: {geo.parameters:,} parameters counted from "
+                   f"config.json's geometry. `forge validate` refuses the contract until the weights are there")
+    return geo.parameters, f"config.json's geometry: {geo.why}; no *.safetensors headers to compare", console, False
+
+
+def _lengths(req: Request, shape: ModelShape, cfg_file: Path) -> Lengths:
+    """max_input_len, max_output_len and max_num_tokens from the flags, each default derived from the flags given,
+    or a refusal naming the flags that contradict each other or the model."""
+    maxpos, kind, at = shape.max_position, req.card, "$.text_config." if shape.text_path else "$."
+    pos_field = f"{shown(cfg_file)}::{at}max_position_embeddings {maxpos}"
+    if req.max_input_len and req.budget and req.max_input_len > req.budget:
+        raise ForgeError(f"--max-input-len {req.max_input_len} is above --budget {req.budget}: a prompt is prefilled "
+                         f"in one engine step, so the budget (limits.max_num_tokens) must hold the longest one: raise "
+                         f"--budget to at least {req.max_input_len} or lower --max-input-len")
+    if maxpos is not None and req.max_input_len and req.max_output_len and \
+            req.max_input_len + req.max_output_len > maxpos:
+        raise ForgeError(f"--max-input-len {req.max_input_len} + --max-output-len {req.max_output_len} exceed "
+                         f"{pos_field}: the model cannot attend that far; shorten one of them")
+    if maxpos is not None and (req.max_input_len or 0) >= maxpos:
+        raise ForgeError(f"--max-input-len {req.max_input_len} leaves no room for output within {pos_field}: "
+                         "lower it")
+    if maxpos is not None and (req.max_output_len or 0) >= maxpos:
+        raise ForgeError(f"--max-output-len {req.max_output_len} leaves no room for a prompt within {pos_field}: "
+                         "lower it")
+    notes: dict[str, str] = {}
+    out_len = req.max_output_len or DEFAULT_OUTPUT_LEN
+    notes["max_output_len"] = "--max-output-len" if req.max_output_len else f"default {DEFAULT_OUTPUT_LEN}"
+    if not req.max_output_len and maxpos is not None and req.max_input_len and req.max_input_len + out_len > maxpos:
+        out_len = maxpos - req.max_input_len
+        notes["max_output_len"] += f", cut so --max-input-len + output <= max_position_embeddings {maxpos}"
+    if req.max_input_len:
+        in_len, notes["max_input_len"] = req.max_input_len, "--max-input-len"
+    else:
+        bounds = [(DEFAULT_INPUT_LEN, f"default {DEFAULT_INPUT_LEN}")]
+        if req.budget:
+            bounds.append((req.budget, f"--budget {req.budget} (a prompt is prefilled in one step)"))
+        if maxpos is not None:
+            bounds.append((maxpos - out_len, f"max_position_embeddings {maxpos} - max_output_len {out_len}"))
+        in_len, why = min(bounds)
+        notes["max_input_len"] = why if in_len == DEFAULT_INPUT_LEN else f"default {DEFAULT_INPUT_LEN}, cut to {why}"
+    if req.budget:
+        budget, notes["max_num_tokens"] = req.budget, "--budget"
+    else:
+        budget = min(max(DEFAULT_BUDGET[kind], in_len, req.slots or 0), 2**31 - 1)
+        notes["max_num_tokens"] = (f"default for a {kind} card: max({DEFAULT_BUDGET[kind]}, max_input_len {in_len}"
+                                   + (f", --slots {req.slots}" if req.slots else "") + ") so a full-length prompt "
+                                   "fits one step" + (" and every slot can decode in one" if req.slots else ""))
+    return Lengths(in_len, out_len, budget, notes)
 
 
 def draft(req: Request) -> Drafted:
     """The contract for `req` and its plan on the card, or a ForgeError naming what is missing or does not fit."""
-    ckpt = req.checkpoint
-    if not ckpt.is_dir():
-        raise ForgeError(f"{display_path(ckpt)}: not a checkpoint folder (one holding config.json)")
-    try:
-        cfg = read_json(ckpt / "config.json")
-    except FileRefused as e:
-        raise ForgeError(f"{display_path(ckpt / 'config.json')}: {e}") from None
-    geo = geometry(cfg)
-    for key, hf in (("num_layers", "num_hidden_layers"), ("num_kv_heads", "num_key_value_heads"),
-                    ("head_dim", "head_dim (or hidden_size / num_attention_heads)"), ("vocab_size", "vocab_size")):
-        if not isinstance(geo[key], int) or geo[key] <= 0:
-            raise ForgeError(f"{display_path(ckpt / 'config.json')}: has no {hf}; a contract needs the model's {key}")
-    archs = cfg.get("architectures")
-    if not (isinstance(archs, list) and archs and isinstance(archs[0], str)):
-        raise ForgeError(f"{display_path(ckpt / 'config.json')}: names no architectures")
-    maxpos = geo["max_position_embeddings"] if isinstance(geo["max_position_embeddings"], int) else None
-
-    kind = req.card
-    if kind == "gpu" and req.compute_capability is None:
+    if req.card == "gpu" and req.compute_capability is None:
         raise ForgeError("--card gpu needs --compute-capability (e.g. 9.0 for an H100/H200): a GPU engine runs on "
                          "the capability it was planned for")
-    weights_prec = req.weights or DEFAULT_WEIGHTS[kind]
-    params, counted_from = count_parameters(ckpt)
+    if req.name is not None and not NAME_PATTERN.match(req.name):
+        raise ForgeError(f"--name {req.name!r}: a contract name is 1-128 letters, digits, '.', '_' or '-', starting "
+                         "with a letter or digit")
+    cfg, cfg_file, shape = _config(req.checkpoint)
+    section = section_for(req.attn_implementation)
+    params, counted_from, console, weights_present = _parameters(req, cfg_file, shape)
+    weights_prec = req.weights or DEFAULT_WEIGHTS[req.card]
     dtype_bytes = kvmath.KV_DTYPE_BYTES[weights_prec]
     weights_gib = math.ceil(params * dtype_bytes / GIB * 1000) / 1000      # rounded up: never understated
-    notes: dict[str, str] = {
-        "weights_gib": f"{params:,} parameters ({counted_from}) x {dtype_bytes} bytes ({weights_prec}) = "
-                       f"{fmt_bytes(params * dtype_bytes)}, rounded up to 0.001 GiB",
-        "precision": ("--weights" if req.weights else f"the default for a {kind} card") +
-                     "; transformers keeps the KV cache in the model's dtype, so kv_cache is the same",
-    }
-
-    out_len = req.max_output_len or DEFAULT_OUTPUT_LEN
-    in_len = req.max_input_len or DEFAULT_INPUT_LEN
-    if maxpos is not None and req.max_input_len is None and in_len + out_len > maxpos:
-        in_len = maxpos - out_len
-    notes["max_output_len"] = "--max-output-len" if req.max_output_len else f"default {DEFAULT_OUTPUT_LEN}"
-    notes["max_input_len"] = ("--max-input-len" if req.max_input_len else
-                              f"default {DEFAULT_INPUT_LEN}" + (f", cut so input + output <= max_position_embeddings "
-                                                                f"{maxpos}" if in_len != DEFAULT_INPUT_LEN else ""))
-    if in_len <= 0:
-        raise ForgeError(f"--max-output-len {out_len} leaves no room for a prompt in max_position_embeddings {maxpos}")
-    tpb = req.tokens_per_block or DEFAULT_TOKENS_PER_BLOCK
-    notes["tokens_per_block"] = "--tokens-per-block" if req.tokens_per_block else f"default {DEFAULT_TOKENS_PER_BLOCK}"
-    budget = req.budget or max(DEFAULT_BUDGET[kind], in_len)
-    notes["max_num_tokens"] = ("--budget" if req.budget else
-                               f"default for a {kind} card: max({DEFAULT_BUDGET[kind]}, max_input_len {in_len}) so a "
-                               "full-length prompt fits one step")
-    fraction = req.kv_fraction or DEFAULT_KV_FRACTION
-
-    name = req.name or _name_for(ckpt, kind)
-    art_path = os.path.relpath(os.path.abspath(ckpt), os.path.abspath(req.out.parent))
-    if art_path.startswith(".."):       # not below the contract's folder: where it is
-        art_path = os.path.abspath(ckpt)
-    model = ModelGeometry(architecture=archs[0], num_layers=geo["num_layers"], num_kv_heads=geo["num_kv_heads"],
-                          head_dim=geo["head_dim"], vocab_size=geo["vocab_size"], weights_gib=weights_gib)
-    target = Target(kind=kind, compute_capability=req.compute_capability)
-    card = Card(index=0, kind=kind, model="cpu" if kind == "cpu" else "gpu", memory_gib=req.memory_gib,
-                compute_capability=req.compute_capability, engine=name)
-    precision = Precision(weights=weights_prec, kv_cache=weights_prec)
-
-    def contract_with(pool_tokens: int, slots: int) -> Contract:
-        c = Contract(contract=name, backend=BACKEND, model=model, artifact=Artifact(checkpoint=art_path),
-                     precision=precision,
-                     limits=Limits(max_batch_size=slots, max_num_tokens=budget, max_input_len=in_len,
-                                   max_output_len=out_len),
-                     kv_cache=KvCache(tokens_per_block=tpb, max_tokens=max(pool_tokens, tpb), host_cache_size=0,
-                                      block_reuse=True),
-                     target=target)
-        c._source = req.out.resolve()
-        return c
-
-    # The largest whole-block pool that takes at most `fraction` of what the weights and the backend's working memory
-    # (transformers: an attention mask that grows with the pool) leave of the card: a search over block counts, each
-    # step the plan's own arithmetic (plan_card) and the backend's own working memory, as validation computes them.
-    bpt = kvmath.kv_bytes_per_token(model.num_layers, model.num_kv_heads, model.head_dim, precision.kv_cache)
-    card_bytes = kvmath.gib(req.memory_gib)
-    weights_bytes = kvmath.gib(weights_gib)
-
-    def fits(blocks: int) -> tuple[bool, int]:
-        plan = plan_card(card, contract_with(blocks * tpb, 1))
-        work = _working(plan)
-        return plan.kv_pool_bytes <= fraction * (card_bytes - weights_bytes - work), work
-
-    lo, hi = 0, kvmath.pool_tokens(card_memory_bytes=card_bytes, weights_bytes=weights_bytes, bytes_per_token=bpt,
-                                   tokens_per_block=tpb, free_gpu_memory_fraction=fraction, max_tokens=None) // tpb
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if fits(mid)[0]:
-            lo = mid
-        else:
-            hi = mid - 1
-    pool = lo * tpb
-    working_at_pool = fits(lo)[1] if lo else 0
-    seq = in_len + out_len
-    per_seq = kvmath.blocks_for(seq, tpb)
-    if pool // tpb < per_seq:
-        raise ForgeError(f"--memory-gib {req.memory_gib:g}: after the weights ({fmt_bytes(weights_bytes)}) and the "
-                         f"backend's working memory, {fraction:g} of the card holds {pool:,} KV tokens; one full-length "
-                         f"sequence ({in_len} + {out_len} tokens) needs {per_seq * tpb:,}: give more memory or "
-                         "shorter --max-input-len / --max-output-len")
-    full = (pool // tpb) // per_seq
-    slots = req.slots or min(full, MAX_DEFAULT_SLOTS, budget)
-    notes["max_batch_size"] = ("--slots" if req.slots else
-                               f"the full-length sequences the pool holds ({full:,}), at most {min(MAX_DEFAULT_SLOTS, budget)}")
-    contract = contract_with(pool, slots)
-    plan = plan_card(card, contract)
-    working = _working(plan)
-    notes["max_tokens"] = (f"the largest pool of whole blocks within {fraction:g} x (card {fmt_bytes(card_bytes)} - "
-                           f"weights {fmt_bytes(weights_bytes)} - working memory {fmt_bytes(working_at_pool)}) at "
-                           f"{bpt:,} bytes per token "
-                           f"(2 x {model.num_layers} layers x {model.num_kv_heads} KV heads x {model.head_dim} "
-                           f"head_dim x {kvmath.KV_DTYPE_BYTES[precision.kv_cache]} bytes) = "
-                           f"{plan.num_blocks:,} blocks, {fmt_bytes(plan.kv_pool_bytes)}; {full:,} full-length "
-                           f"({seq}-token) sequences")
-    yaml = render(contract, req, notes, cfg_path=ckpt / "config.json", working=working, plan=plan)
-    return Drafted(contract=contract, plan=plan, working_bytes=working, yaml=yaml, notes=notes)
+    lengths = _lengths(req, shape, cfg_file)
+    notes = {"weights_gib": f"{params:,} parameters ({counted_from}) x {dtype_bytes} bytes ({weights_prec}) = "
+                            f"{fmt_bytes(params * dtype_bytes)}, rounded up to 0.001 GiB",
+             "precision": ("--weights" if req.weights else f"the default for a {req.card} card") +
+                          "; transformers keeps the KV cache in the model's dtype, so kv_cache is the same",
+             "tokens_per_block": "--tokens-per-block" if req.tokens_per_block else
+                                 f"default {DEFAULT_TOKENS_PER_BLOCK}",
+             "attn_implementation": "--attn-implementation" if req.attn_implementation else
+                                    "the backend's default (--attn-implementation changes it)",
+             **lengths.notes}
+    sizing = Sizing(req=req, shape=shape, weights_gib=weights_gib, precision=weights_prec, lengths=lengths,
+                    tpb=req.tokens_per_block or DEFAULT_TOKENS_PER_BLOCK,
+                    fraction=req.kv_fraction or DEFAULT_KV_FRACTION, section=section,
+                    name=req.name or _name_for(req.checkpoint, req.card), checkpoint=_artifact_path(req))
+    pool = size_pool(sizing)
+    notes.update(pool.notes)
+    if pool.slots < FEW_SLOTS and not req.slots:
+        console.append(pool.few_slots_note)
+    return Drafted(contract=pool.contract, plan=pool.plan, working_bytes=pool.working_bytes,
+                   full_length_slots=pool.full, notes=notes, console=console, weights_present=weights_present)
 
 
-def _working(plan: CardPlan) -> int:
-    from forge.config.working_memory import working_memory
-
-    return sum(n for _, n in working_memory(plan))
+def _artifact_path(req: Request) -> str:
+    art = os.path.relpath(os.path.abspath(req.checkpoint), os.path.abspath(req.out.parent))
+    return os.path.abspath(req.checkpoint) if art.startswith("..") else art   # not below the contract's folder
 
 
 def _name_for(ckpt: Path, kind: str) -> str:
-    base = re.sub(r"[^A-Za-z0-9._-]+", "-", ckpt.resolve().name).strip("-._") or "model"
-    return f"{base}-{kind}"[:128]
+    base = re.sub(r"[^A-Za-z0-9._-]+", "-", Path(os.path.abspath(ckpt)).name).strip("-._") or "model"
+    return f"{base[:120]}-{kind}"
 
-
-def _q(text: str) -> str:
-    return json.dumps(text)         # a JSON string is a YAML string
-
-
-def render(c: Contract, req: Request, notes: dict[str, str], *, cfg_path: Path, working: int, plan: CardPlan) -> str:
-    m, lim, kv = c.model, c.limits, c.kv_cache
-    from_cfg = f"{display_path(cfg_path)}"
-    section = _section_lines()
-    total = plan.weights_bytes + plan.kv_pool_bytes + working
-    lines = [
-        f"# Written by `forge contract new` from {from_cfg} for a {req.card} card of {req.memory_gib:g} GiB.",
-        f"# On that card: weights {fmt_bytes(plan.weights_bytes)} + KV pool {fmt_bytes(plan.kv_pool_bytes)} + "
-        f"working memory {fmt_bytes(working)} = {fmt_bytes(total)} of {fmt_bytes(plan.card_memory_bytes)}.",
-        "# Every field is explicit; each comment says how its number was reached. `forge validate` checks it again.",
-        f"contract: {c.contract}",
-        f"backend: {c.backend}",
-        "model:                            # read from config.json",
-        f"  architecture: {m.architecture}             # architectures[0]",
-        f"  num_layers: {m.num_layers}                  # num_hidden_layers",
-        f"  num_kv_heads: {m.num_kv_heads}                # num_key_value_heads (else num_attention_heads)",
-        f"  head_dim: {m.head_dim}                    # head_dim (else hidden_size / num_attention_heads)",
-        f"  vocab_size: {m.vocab_size}                # vocab_size",
-        f"  weights_gib: {m.weights_gib}              # {notes['weights_gib']}",
-        "artifact:",
-        f"  checkpoint: {_q(c.artifact.checkpoint)}  # "
-        + ("absolute: not below this file's folder" if os.path.isabs(c.artifact.checkpoint) else "relative to this file"),
-        f"precision:                        # {notes['precision']}",
-        f"  weights: {c.precision.weights}",
-        f"  kv_cache: {c.precision.kv_cache}",
-        "limits:",
-        f"  max_batch_size: {lim.max_batch_size}              # {notes['max_batch_size']}",
-        f"  max_num_tokens: {lim.max_num_tokens}             # {notes['max_num_tokens']}",
-        f"  max_input_len: {lim.max_input_len}              # {notes['max_input_len']}",
-        f"  max_output_len: {lim.max_output_len}             # {notes['max_output_len']}",
-        "kv_cache:",
-        f"  tokens_per_block: {kv.tokens_per_block}            # {notes['tokens_per_block']}",
-        f"  max_tokens: {kv.max_tokens}                # {notes['max_tokens']}",
-        "  host_cache_size: 0               # no host offload (transformers has none)",
-        "  block_reuse: true                # reuse the KV blocks of shared prompt prefixes",
-        "target:",
-        f"  kind: {c.target.kind}",
-    ]
-    if c.target.compute_capability is not None:
-        lines.append(f"  compute_capability: {_q(c.target.compute_capability)}")
-    lines += [f"{BACKEND}:                     # the backend's options, each at its stated default (forge schema)",
-              *section]
-    return "\n".join(_align(line) for line in lines) + "\n"
-
-
-def _align(line: str, column: int = 34) -> str:
-    """`key: value   # comment` with the comments in one column (YAML comments start at ' #')."""
-    body, sep, comment = line.partition("  # ")
-    if not sep or line.startswith("#"):
-        return line
-    return f"{body.rstrip():<{column - 1}} # {comment.strip()}"
-
-
-def _section_lines() -> list[str]:
-    from forge.config.registry import from_plugins
-
-    section = from_plugins().sections.get(BACKEND)
-    if section is None:
-        raise ForgeError(f"the {BACKEND} backend is not registered (is forge installed whole?)")
-    out = []
-    for key, f in section.model_fields.items():
-        v = f.default
-        text = "null" if v is None else json.dumps(v) if isinstance(v, (bool, str)) else str(v)
-        out.append(f"  {key}: {text}")
-    return out
-
-
-def node_yaml(c: Contract, req: Request, contract_file: Path, node_file: Path) -> str:
-    rel = os.path.relpath(os.path.abspath(contract_file), os.path.abspath(node_file.parent))
-    cores = os.cpu_count() or 1
-    lines = [f"# Written by `forge contract new`: one {req.card} card running {c.contract}.",
-             f"node: {c.contract}",
-             f"contracts: {_q(rel)}",
-             "host:",
-             f"  memory_gib: {max(req.memory_gib, 1):g}                 # at least the card's memory (a CPU card's is the host's)",
-             f"  cpu_cores: {cores}                   # this machine's (os.cpu_count)",
-             "cards:",
-             "  - index: 0",
-             f"    kind: {req.card}",
-             f"    model: {'cpu' if req.card == 'cpu' else _q('NVIDIA GPU')}",
-             f"    memory_gib: {req.memory_gib:g}                # --memory-gib"]
-    if req.compute_capability is not None:
-        lines.append(f"    compute_capability: {_q(req.compute_capability)}")
-    lines += [f"    engine: {c.contract}", "metrics:", "  port: 0                          # 0 picks a free port"]
-    return "\n".join(lines) + "\n"

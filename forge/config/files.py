@@ -107,17 +107,20 @@ def walk_configs(root: Path) -> tuple[list[Path], list[tuple[Path, str, str]]]:
     return files, notes
 
 
-def read_json(path: Path) -> dict:
-    """A JSON object from a bounded file; FileRefused with a one-line reason otherwise."""
+def read_json(path: Path, *, parse_int=None) -> dict:
+    """A JSON object from a bounded file; FileRefused with a one-line reason otherwise. `parse_int`: json.loads's
+    (a reader that names a field holding a 5,000-digit number passes one that keeps it apart instead of failing)."""
     import json
 
     text = decode_text(read_bytes(path))
     try:
-        data = json.loads(text)
+        data = json.loads(text, parse_int=parse_int)
     except json.JSONDecodeError as e:
         raise FileRefused(f"not valid JSON: {e.msg} (line {e.lineno}, column {e.colno})") from None
     except RecursionError:
         raise FileRefused("JSON nested too deeply") from None
+    except ValueError as e:            # an integer of more digits than Python converts (4,300): say so, no traceback
+        raise FileRefused(f"not readable JSON: {' '.join(str(e).split())[:160]}") from None
     if not isinstance(data, dict):
         raise FileRefused("expected a JSON object at the top level")
     return data

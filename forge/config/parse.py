@@ -13,6 +13,7 @@ from forge.config import schema as schemas
 from forge.config.files import FileRefused, decode_text, read_bytes, shown
 from forge.config.messages import describe, did_you_mean, json_path, pydantic_findings, schema_findings
 from forge.config.models import Contract, Node
+from forge.config.placeholders import find_placeholders, placeholder_message
 from forge.config.registry import Registry
 from forge.config.yamlsafe import YamlRefused, load_yaml
 from forge.errors import Problem
@@ -151,11 +152,16 @@ def parse_file(path: Path, reg: Registry) -> ParsedFile:
     _normalize(kind, data, pf)
     if pf.problems:
         return pf
-    found = schema_findings(schemas.validator_for(kind, reg), data)
-    model, rule_findings = _build(kind, data, reg, schema_found=bool(found))
+    holes = find_placeholders(data)
+    for path_, asks in holes:
+        pf.add(path_, placeholder_message(asks))
+    hole_paths = {path_ for path_, _ in holes}          # a placeholder's type error is said by its own line
+    schema_found = schema_findings(schemas.validator_for(kind, reg), data)
+    model, rule_findings = _build(kind, data, reg, schema_found=bool(schema_found))
+    found = [item for item in schema_found if item[0] not in hole_paths]
     seen = set(found)
     for item in rule_findings:
-        if item not in seen:
+        if item not in seen and item[0] not in hole_paths:
             seen.add(item)
             found.append(item)
     for path_, message in found:

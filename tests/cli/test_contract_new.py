@@ -8,7 +8,7 @@ import shutil
 import pytest
 
 from forge.config.load import load_node
-from tests.forge_cli import invoke
+from tests.forge_cli import fill_in, invoke
 from tests.reliability._rel import REPO, assert_no_traceback, forge
 
 TINY = REPO / "forge" / "embedded" / "tiny-llama"
@@ -33,9 +33,11 @@ def test_a_contract_from_the_model_validates_plans_and_runs(tmp_path):
                  "max_input_len: 256", "max_output_len: 64", "max_num_tokens: 512", "tokens_per_block: 32",
                  "host_cache_size: 0", "block_reuse: true", "attn_implementation: \"sdpa\""):
         assert line in text, line
-    assert "2,885,888 parameters (model.safetensors header) x 4 bytes (fp32)" in text
+    assert ("2,885,888 parameters (model.safetensors header; config.json's geometry gives 2,885,888, the same) x 4 "
+            "bytes (fp32)") in text
     assert re.search(r"max_tokens: \d+ +# the largest pool of whole blocks within 0.9 x", text)
 
+    fill_in(tmp_path / "node.yaml", memory_gib=8, cpu_cores=2)      # what the user states of their machine
     v = invoke("validate", tmp_path / "c.yaml", tmp_path / "node.yaml")
     assert v.returncode == 0 and "valid (0 error(s), 0 warning(s))" in v.stderr, v.stdout + v.stderr
 
@@ -65,6 +67,7 @@ def test_a_gpu_contract_is_bf16_and_names_its_capability(tmp_path):
     text = (tmp_path / "c.yaml").read_text()
     assert "weights: bf16" in text and "kv_cache: bf16" in text and 'compute_capability: "9.0"' in text
     assert "max_batch_size: 64 " in text and "max_num_tokens: 4096 " in text and "# --slots" in text
+    fill_in(tmp_path / "node.yaml", memory_gib=256, cpu_cores=32, model='"NVIDIA H100 80GB HBM3"')
     v = invoke("validate", tmp_path / "c.yaml", tmp_path / "node.yaml")
     assert v.returncode == 0, v.stdout + v.stderr
 
@@ -77,7 +80,7 @@ def test_refusals_are_one_line(tmp_path):
     assert r.returncode == 1 and "c.yaml: exists; --out never writes over a file" in r.stderr
     assert (tmp_path / "c.yaml").read_text() == "mine\n"
     r = _new(tmp_path, "--card", "cpu", "--memory-gib", "0.01", out="small.yaml", node=None)
-    assert r.returncode == 1 and "one full-length sequence" in r.stderr, r.stderr
+    assert r.returncode == 1 and "the weights alone (11.26 MiB, fp32) do not fit" in r.stderr, r.stderr
     assert not (tmp_path / "small.yaml").exists()
     bare = tmp_path / "bare"
     shutil.copytree(TINY, bare)

@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from tests.forge_cli import fill_in
 from tests.reliability._rel import REPO, assert_no_traceback, forge
 
 FN = REPO / "tests" / "e2e" / "fixtures" / "chat_stop.py"
@@ -30,7 +31,7 @@ def _templated_node(tmp_path):
     r = forge("contract", "new", model, "--card", "cpu", "--memory-gib", "0.25", "--max-input-len", "256",
               "--max-output-len", "64", "--out", tmp_path / "c.yaml", "--node-out", tmp_path / "node.yaml")
     assert r.returncode == 0, r.stderr
-    return tmp_path / "node.yaml"
+    return fill_in(tmp_path / "node.yaml", memory_gib=8, cpu_cores=2)
 
 
 def _input(tmp_path):
