@@ -101,7 +101,8 @@ def register(cli: click.Group) -> None:
             click.echo(f"forge: {line}", err=True)
         plan, lim = drafted.plan, drafted.contract.limits
         click.echo(f"forge: wrote {', '.join(display_path(p) for p in written.files)}: {drafted.contract.contract}, "
-                   f"{plan.num_blocks:,} KV blocks ({fmt_bytes(plan.kv_pool_bytes)}), {lim.max_batch_size} slots "
+                   f"{plan.num_blocks:,} KV blocks ({fmt_bytes(plan.kv_pool_bytes)}), {lim.max_batch_size} "
+                   f"slot{'s' if lim.max_batch_size > 1 else ''} "
                    f"({drafted.notes['max_batch_size']}), budget {lim.max_num_tokens}, prompts up to "
                    f"{lim.max_input_len} and outputs up to {lim.max_output_len} tokens", err=True)
         for line in written.pending:

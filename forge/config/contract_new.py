@@ -19,6 +19,7 @@ from typing import Optional
 
 from forge.config import kvmath
 from forge.config.contract_sizing import Lengths, Sizing, size_pool
+from forge.config.checkpoint_dir import WEIGHT_GLOBS
 from forge.config.files import FileRefused, read_json, shown
 from forge.config.model_size import LongNumber, ModelShape, geometry_parameters, read_shape
 from forge.config.models import Contract
@@ -99,23 +100,29 @@ def _config(ckpt: Path) -> tuple[dict, Path, ModelShape]:
     return cfg, cfg_file, read_shape(cfg, cfg_file)
 
 
+def _hold(headers) -> str:
+    return "hold" if headers.files > 1 else "holds"
+
+
 def _parameters(req: Request, cfg_file: Path, shape: ModelShape) -> tuple[int, str, list[str], bool]:
     """(parameters, how they were counted, console notes, whether weights are in the folder)."""
     geo = geometry_parameters(shape)
     headers = count_safetensors(req.checkpoint)
+    present = any(any(req.checkpoint.glob(g)) for g in WEIGHT_GLOBS)      # *.bin: weights without headers to read
     console: list[str] = []
     geo_text = (f"config.json's geometry gives {geo.parameters:,}" if geo.parameters is not None
                 else f"config.json's geometry cannot be counted ({geo.why})")
     if req.parameters is not None:
-        seen = f"; the {headers.label} hold {headers.parameters:,}" if headers else ""
-        return req.parameters, f"--parameters{seen}; {geo_text}", console, headers is not None
+        seen = f"; the {headers.label} {_hold(headers)} {headers.parameters:,}" if headers else ""
+        return req.parameters, f"--parameters{seen}; {geo_text}", console, present
     if headers is not None:
         how = f"{headers.label}; {geo_text}"
         if geo.parameters is not None:
             off = (geo.parameters - headers.parameters) / max(headers.parameters, 1)
             if abs(off) > COUNTS_AGREE:
                 how += f", {off:+.1%}: the headers' count is used"
-                console.append(f"note: the {headers.label} hold {headers.parameters:,} parameters; {shown(cfg_file)}'s "
+                console.append(f"note: the {headers.label} {_hold(headers)} {headers.parameters:,} parameters; "
+                               f"{shown(cfg_file)}'s "
                                f"geometry gives {geo.parameters:,} ({off:+.1%}). The headers' count sizes the weights "
                                "(packed or quantized weights, extra tensors or another layout than a Llama-style "
                                "decoder make the two differ); --parameters N states the count instead")
@@ -127,8 +134,10 @@ def _parameters(req: Request, cfg_file: Path, shape: ModelShape) -> tuple[int, s
                          "count the parameters: put the checkpoint's *.safetensors files beside it, or state the "
                          "count with --parameters N (the model card's, e.g. 8030261248)")
     console.append(f"note: no *.safetensors in {shown(req.checkpoint)}: {geo.parameters:,} parameters counted from "
-                   f"config.json's geometry. `forge validate` refuses the contract until the weights are there")
-    return geo.parameters, f"config.json's geometry: {geo.why}; no *.safetensors headers to compare", console, False
+                   "config.json's geometry" + ("" if present else
+                                              "; `forge validate` refuses the contract until the weights are there"))
+    return (geo.parameters, f"config.json's geometry: {geo.why}; no *.safetensors headers to compare", console,
+            present)
 
 
 def _lengths(req: Request, shape: ModelShape, cfg_file: Path) -> Lengths:

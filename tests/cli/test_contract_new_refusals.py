@@ -116,6 +116,14 @@ def test_a_fifo_for_weights_is_refused_without_blocking(tmp_path):
     _refused(result["r"], "model.safetensors::$: not a regular file (a FIFO, a device or a folder)")
 
 
+@pytest.mark.timeout(60)
+def test_a_fifo_for_config_json_is_refused_without_blocking(tmp_path):
+    ckpt = tiny_copy(tmp_path)
+    (ckpt / "config.json").unlink()
+    os.mkfifo(ckpt / "config.json")
+    _refused(_new(ckpt, tmp_path / "c.yaml"), "config.json: not a regular file")
+
+
 def test_a_folder_named_like_weights_is_refused(tmp_path):
     ckpt = tiny_copy(tmp_path)
     (ckpt / "extra.safetensors").mkdir()

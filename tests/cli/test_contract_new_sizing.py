@@ -62,7 +62,7 @@ def test_counts_that_differ_are_said_and_the_headers_win(tmp_path):
     (ckpt / "config.json").write_text(json.dumps(tiny_config(intermediate_size=1024)))
     err = _ok(invoke("contract", "new", ckpt, "--card", "cpu", "--memory-gib", "1", "--out", tmp_path / "c.yaml"))
     geometry = TINY_PARAMETERS + 4 * 3 * 256 * 512
-    assert f"the model.safetensors header hold {TINY_PARAMETERS:,} parameters" in err
+    assert f"the model.safetensors header holds {TINY_PARAMETERS:,} parameters" in err
     assert f"geometry gives {geometry:,} (+" in err and "--parameters N states the count instead" in err
     assert f"{TINY_PARAMETERS:,} parameters (model.safetensors header; config.json's geometry gives {geometry:,}, +" \
         in (tmp_path / "c.yaml").read_text()
@@ -181,3 +181,13 @@ def test_the_node_is_refused_only_for_what_the_user_must_state(tmp_path, card):
     fill_in(node, **values)
     v = invoke("validate", out, node)
     assert v.returncode == 0 and "valid (0 error(s), 0 warning(s))" in v.stderr, v.stdout + v.stderr
+
+
+def test_bin_weights_without_headers_are_counted_from_the_geometry_and_validate(tmp_path):
+    ckpt = tiny_copy(tmp_path)
+    (ckpt / "model.safetensors").rename(ckpt / "pytorch_model.bin")     # weights forge reads no header of
+    err = _ok(invoke("contract", "new", ckpt, "--card", "cpu", "--memory-gib", "1", "--out", tmp_path / "c.yaml"))
+    assert f"{TINY_PARAMETERS:,} parameters counted from config.json's geometry" in err and "refuses" not in err
+    assert "Sized from config.json alone" not in (tmp_path / "c.yaml").read_text()
+    v = invoke("validate", tmp_path / "c.yaml")
+    assert v.returncode == 0, v.stdout + v.stderr
