@@ -177,7 +177,10 @@ def _too_small(s: Sizing, blocks: int, work: int, per_seq: int) -> str:
                      else f"still only {fb * s.tpb:,} KV tokens")
             lifts.append(f"flash attention, which builds no mask: --attn-implementation {FLASH} (the contract's "
                          f"transformers.attn_implementation; needs the flash-attn package) gives {gives}")
-        if lengths.budget > lengths.in_len:
+        if lengths.budget > lengths.in_len and not req.budget and req.slots and lengths.budget == req.slots:
+            lifts.append(f"fewer --slots (the default budget, the mask's rows, is at least --slots {req.slots:,}) "
+                         "or a --budget below them")
+        elif lengths.budget > lengths.in_len:
             lifts.append(f"a smaller --budget (the mask's rows; at least max_input_len {lengths.in_len:,})")
         if req.card == "cpu":
             parts.append("Flash attention, which has no mask, needs a GPU.")
