@@ -197,6 +197,7 @@ def _write_report(output: Path, summary: dict, sampler, **continued) -> None:
     from forge.report import report_paths, write_report
 
     json_path, md_path = report_paths(output)
+    json_before = _identity(json_path)
     try:
         problem = report_overwrite_problem(json_path, kind="json") or report_overwrite_problem(md_path, kind="md")
         if problem is None:
@@ -213,4 +214,17 @@ def _write_report(output: Path, summary: dict, sampler, **continued) -> None:
         why = "the output's file name is not UTF-8, and the report quotes it"
     except Exception as e:  # noqa: BLE001 - whatever it is, the rows are written; say so and carry on
         why = f"{type(e).__name__}: {e}"
+    if _identity(json_path) != json_before:    # the JSON report went in before the failure: say so, truly
+        print(f"forge: warning: report {display_path(json_path)} written, but not {display_path(md_path)}: {why}",
+              file=sys.stderr)
+        return
     print(f"forge: warning: no report written: {why}", file=sys.stderr)
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    """A file's (inode, mtime): the report is replaced by a rename, so a report written anew has another."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_ino, st.st_mtime_ns

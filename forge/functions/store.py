@@ -16,6 +16,7 @@ class JobStore:
         self.source = open_input(opts.input_path)
         self.is_pipe = getattr(self.source, "is_pipe", False)
         shards = getattr(self.source, "shards", None)
+        _say_skipped(opts.input_path, getattr(self.source, "skipped", ()))
         if shards is not None and not self.is_pipe:
             _refuse_output_among_shards(self.source, opts)
         if getattr(opts, "report", False):     # the report is written beside the output: never onto the input
@@ -149,6 +150,16 @@ def _refuse_pipe_over_earlier_run(opts) -> None:
                              "pass --restart to start over, or choose another --output")
 
 
+def _say_skipped(given, skipped) -> None:
+    """One line for forge's own files a folder or glob held and the input left out (at most three named)."""
+    if not skipped:
+        return
+    named = ", ".join(f"{display_path(path)} ({what})" for path, what in skipped[:3])
+    more = f" and {len(skipped) - 3:,} more" if len(skipped) > 3 else ""
+    print(f"forge: --input {given}: left out {named}{more}: forge never reads its own files as input",
+          file=sys.stderr)
+
+
 def _refuse_output_among_shards(source, opts) -> None:
     from forge.ledger.resume import staging_path
     from forge.records.guard import same_file
@@ -156,6 +167,9 @@ def _refuse_output_among_shards(source, opts) -> None:
     for path, flag in ((opts.output_path, "--output"), (staging_path(opts.output_path), "--output"),
                        (opts.ledger_path, "--ledger")):
         if source.would_read(path) or any(same_file(path, s.path) for s in source.shards):
+            if getattr(source, "single", False):
+                raise ForgeError(f"{display_path(path)}: {flag} is the input file --input {opts.input_path}; forge "
+                                 f"would overwrite it: choose another {flag}")
             raise ForgeError(f"{display_path(path)}: {flag} lies among the input shards of --input {opts.input_path}; "
                              "the next run would read it as a shard: write it outside them")
 

@@ -92,7 +92,8 @@ def parquet_is_forge_output(path: Path) -> bool:
     try:
         import pyarrow.parquet as pq
 
-        names = set(pq.read_schema(path).names)
+        with open(path, "rb") as source:     # a file object: pyarrow cannot take a path that is not UTF-8
+            names = set(pq.read_schema(source).names)
     except Exception:  # noqa: BLE001 - not readable as Parquet: not ours
         return False
     return names in ({"index", "result", "error_type", "error_message"},

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from forge.errors import ForgeError, display_path
+from forge.records.writer import valid_text
 
 _BATCH_ROWS = 4096
 MAX_TYPED_DEPTH = 16        # deeper results go to the JSON column (Parquet readers refuse deep schemas)
@@ -97,7 +98,8 @@ def _write(pa, pq, staging: Path, tmp: Path, result_type) -> int:
                         ("result_json", pa.string()) if as_json else ("result", result_type),
                         ("error_type", pa.string()), ("error_message", pa.string())])
     total = 0
-    with pq.ParquetWriter(tmp, schema) as writer:
+    # A file object, not the path: pyarrow encodes a path as UTF-8, and a file name that is not UTF-8 fails there.
+    with open(tmp, "wb") as sink, pq.ParquetWriter(sink, schema) as writer:
         for rows in _batches(staging):
             results = [r.get("result") for r in rows]
             if as_json:
@@ -106,11 +108,16 @@ def _write(pa, pq, staging: Path, tmp: Path, result_type) -> int:
             writer.write_table(pa.Table.from_arrays([
                 pa.array([r["index"] for r in rows], pa.int64()),
                 pa.array(results, schema.field(1).type),
-                pa.array([e.get("type") for e in errors], pa.string()),
-                pa.array([e.get("message") for e in errors], pa.string()),
+                # valid text even in a staging file an earlier forge wrote with lone surrogates escaped
+                pa.array([_text(e.get("type")) for e in errors], pa.string()),
+                pa.array([_text(e.get("message")) for e in errors], pa.string()),
             ], schema=schema))
             total += len(rows)
     return total
+
+
+def _text(value: object) -> object:
+    return valid_text(value) if isinstance(value, str) else value
 
 
 def _read_back(path: Path, rows: int) -> str | None:
@@ -119,8 +126,9 @@ def _read_back(path: Path, rows: int) -> str | None:
     try:
         import pyarrow.parquet as pq
 
-        f = pq.ParquetFile(path)
-        seen = sum(batch.num_rows for batch in f.iter_batches(batch_size=_BATCH_ROWS))
+        with open(path, "rb") as source:
+            f = pq.ParquetFile(source)
+            seen = sum(batch.num_rows for batch in f.iter_batches(batch_size=_BATCH_ROWS))
     except Exception as e:  # noqa: BLE001 - whatever the reader raises, the file is not fit to be the output
         return " ".join(f"{type(e).__name__}: {e}".split())
     return None if seen == rows else f"it reads back {seen:,} rows, not {rows:,}"
@@ -175,9 +183,10 @@ def iter_index_column(path: str | os.PathLike) -> Iterator[tuple[list[int], list
     """A forge Parquet output's (indices, is_error) in row batches (rebuilding a lost ledger from it)."""
     pa, pq = _arrow()
     try:
-        f = pq.ParquetFile(path)
-        for batch in f.iter_batches(batch_size=_BATCH_ROWS, columns=["index", "error_type"]):
-            cols = batch.to_pydict()
-            yield cols["index"], [e is not None for e in cols["error_type"]]
+        with open(path, "rb") as source:
+            f = pq.ParquetFile(source)
+            for batch in f.iter_batches(batch_size=_BATCH_ROWS, columns=["index", "error_type"]):
+                cols = batch.to_pydict()
+                yield cols["index"], [e is not None for e in cols["error_type"]]
     except (OSError, pa.ArrowException, KeyError) as e:
         raise ForgeError(f"{display_path(path)}: cannot read its index column: {e}") from None

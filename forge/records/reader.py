@@ -93,7 +93,8 @@ class RecordSource:
     def count(self) -> int:
         """Number of records, cheaply: a newline byte scan (JSONL) or the file footer (Parquet)."""
         if self.format == "parquet":
-            return _parquet_file(self.path).metadata.num_rows
+            with open(self.path, "rb") as source:
+                return _parquet_file(self.path, source).metadata.num_rows
         lines, last = 0, b"\n"
         with self._open_bytes() as f:
             while chunk := f.read(_SCAN_CHUNK_BYTES):
@@ -133,7 +134,10 @@ class RecordSource:
     def _parquet_records(self, skip: Callable[[int], bool] | None) -> Iterator[tuple[int, dict | InputError]]:
         """Row group by row group: a group that cannot be decoded (a damaged page, its footer intact) fails the
         records it holds, each an InputUnreadable row, and the next group is read."""
-        f = _parquet_file(self.path)
+        with open(self.path, "rb") as source:
+            yield from self._parquet_groups(_parquet_file(self.path, source), skip)
+
+    def _parquet_groups(self, f, skip: Callable[[int], bool] | None) -> Iterator[tuple[int, dict | InputError]]:
         index = 0
         for group in range(f.metadata.num_row_groups):
             end = index + f.metadata.row_group(group).num_rows
@@ -163,14 +167,16 @@ def _discard_rest_of_line(f) -> None:
             return
 
 
-def _parquet_file(path: Path):
+def _parquet_file(path: Path, source):
+    """`source`: `path` opened for reading. pyarrow is handed the file object, never the path, which it encodes
+    as UTF-8 (a shard whose name is not UTF-8 would fail there)."""
     try:
         import pyarrow.parquet as pq
     except ImportError:
         raise ForgeError(f"{display_path(path)}: reading Parquet needs pyarrow "
                          "(pip install 'forge-llm[parquet]')") from None
     try:
-        return pq.ParquetFile(path)
+        return pq.ParquetFile(source)
     except Exception as e:  # pyarrow raises ArrowInvalid/OSError for a file that is not Parquet
         raise ForgeError(f"{display_path(path)}: not a readable Parquet file: {e}") from None
 
@@ -189,5 +195,6 @@ def open_records(path: str | os.PathLike, *, max_line_bytes: int = constants.MAX
     fmt = "parquet" if p.suffix.lower() in PARQUET_SUFFIXES else "jsonl"
     source = RecordSource(p, fmt, max_line_bytes=max_line_bytes)
     if fmt == "parquet":
-        _parquet_file(p)  # refuse a missing pyarrow or a broken file now, not mid-run
+        with open(p, "rb") as f:
+            _parquet_file(p, f)  # refuse a missing pyarrow or a broken file now, not mid-run
     return source

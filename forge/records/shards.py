@@ -8,7 +8,10 @@ first and last MiB), so a resume over another shard set is refused like a resume
 
 Formats by suffix: .parquet/.pq (Parquet); .gz (gzip'd JSONL); .zst/.zstd (zstandard'd JSONL, when the
 `zstandard` module is importable); anything else is JSONL. A folder is read recursively; its files whose names
-start with "." or "_" (`_SUCCESS`, `.crc`) and files of other suffixes are left out.
+start with "." or "_" (`_SUCCESS`, `.crc`) and files of other suffixes are left out, and so are forge's own files
+beside an output (its report, ledger, a Parquet run's staging file: forge/records/side_files.py), which a folder or
+a glob never gives as shards (`skipped` lists them, and the run says so). A single `.gz`/`.zst` file is that file
+only: an output beside it is not among its shards.
 
 A pipe (`--input -` for standard input, or `--input <(zcat x.gz)`) is read once, as it comes: its length is
 unknown until it ends, and it cannot be read again, so such a run cannot resume (it is refused over an earlier
@@ -18,7 +21,6 @@ from __future__ import annotations
 import glob
 import gzip
 import hashlib
-import io
 import os
 import stat
 import sys
@@ -28,6 +30,8 @@ from pathlib import Path
 from forge import constants
 from forge.errors import ForgeError, display_path
 from forge.records.reader import PARQUET_SUFFIXES, InputError, RecordSource, open_records
+from forge.records.guard import same_file
+from forge.records.side_files import LEDGER_SUFFIXES, STAGING_SUFFIX, forge_side_file
 
 GZIP_SUFFIXES = (".gz",)
 ZSTD_SUFFIXES = (".zst", ".zstd")
@@ -50,11 +54,9 @@ class CompressedShard(RecordSource):
     def _open_bytes(self):
         if self.codec == "gzip":
             return gzip.open(self.path, "rb")
-        import zstandard
+        from forge.records.zstd import open_zstd
 
-        raw = open(self.path, "rb")
-        return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True,
-                                                                             closefd=True))
+        return open_zstd(self.path)      # refuses a file cut short, as gzip does (forge/records/zstd.py)
 
     def count(self) -> int:
         try:
@@ -93,8 +95,12 @@ class ShardedSource:
 
     is_pipe = False
 
-    def __init__(self, given: str, shards: list[RecordSource], *, root: Path | None) -> None:
+    def __init__(self, given: str, shards: list[RecordSource], *, root: Path | None, single: bool = False,
+                 skipped: tuple[tuple[Path, str], ...] = ()) -> None:
+        """`single`: one compressed file given by name (its only shard); `skipped`: forge's own files the folder or
+        glob holds, each with what it is, left out."""
         self.given, self.shards, self.root = given, shards, root
+        self.single, self.skipped = single, skipped
         self.path = Path(given)
         self._counts: list[int] | None = None
 
@@ -152,6 +158,10 @@ class ShardedSource:
     def would_read(self, path: Path) -> bool:
         """Would a later run's --input pick `path` up as a shard? (an output written among the shards would be)"""
         p = Path(os.path.abspath(path))
+        if self.single:           # that one file: an output beside it is no shard of it
+            return any(same_file(p, s.path) or p == Path(os.path.abspath(s.path)) for s in self.shards)
+        if p.name.lower().endswith(_SKIPPED_BY_NAME):
+            return False          # a ledger or a staging file: left out of a folder or glob (forge_side_file)
         if self.root is not None and self.root.is_dir() and not _has_glob(self.given):
             return _in_folder(p, Path(os.path.abspath(self.root))) and p.name.lower().endswith(FOLDER_SUFFIXES)
         return _glob_matches(self.given, p)
@@ -208,18 +218,23 @@ def open_input(given: str | os.PathLike, *, max_line_bytes: int = constants.MAX_
             raise ForgeError(f"{text}: Parquet cannot be read from a pipe (it is read from its end): give a file")
         return PipeSource(text, _open_pipe(p, text), max_line_bytes=max_line_bytes)
     if st is not None and stat.S_ISDIR(st.st_mode):
-        files = _folder_shards(p)
+        files, skipped = _without_side_files(_folder_shards(p))
         if not files:
             raise ForgeError(f"{display_path(p)}: the input folder holds no shards (files ending in "
-                             f"{', '.join(FOLDER_SUFFIXES)}; names starting with '.' or '_' are left out)")
-        return ShardedSource(text, [open_shard(f, max_line_bytes=max_line_bytes) for f in files], root=p)
+                             f"{', '.join(FOLDER_SUFFIXES)}; names starting with '.' or '_' are left out, and so "
+                             "are forge's own reports, ledgers and staging files)")
+        return ShardedSource(text, [open_shard(f, max_line_bytes=max_line_bytes) for f in files], root=p,
+                             skipped=skipped)
     if st is None and _has_glob(text):
-        files = sorted((Path(m) for m in glob.glob(text, recursive=True) if os.path.isfile(m)), key=lambda q: str(q))
+        found = sorted((Path(m) for m in glob.glob(text, recursive=True) if os.path.isfile(m)), key=lambda q: str(q))
+        files, skipped = _without_side_files(found)
         if not files:
-            raise ForgeError(f"{text}: the input pattern matches no file")
-        return ShardedSource(text, [open_shard(f, max_line_bytes=max_line_bytes) for f in files], root=None)
+            raise ForgeError(f"{text}: the input pattern matches no file" +
+                             (" but forge's own (reports, ledgers, staging files)" if skipped else ""))
+        return ShardedSource(text, [open_shard(f, max_line_bytes=max_line_bytes) for f in files], root=None,
+                             skipped=skipped)
     if st is not None and p.name.lower().endswith(GZIP_SUFFIXES + ZSTD_SUFFIXES):
-        return ShardedSource(text, [open_shard(p, max_line_bytes=max_line_bytes)], root=p.parent)
+        return ShardedSource(text, [open_shard(p, max_line_bytes=max_line_bytes)], root=p.parent, single=True)
     return open_records(p, max_line_bytes=max_line_bytes)   # one file: refused there when missing or unreadable
 
 
@@ -269,6 +284,21 @@ def _folder_shards(root: Path) -> list[Path]:
             if not name.startswith((".", "_")) and name.lower().endswith(FOLDER_SUFFIXES):
                 found.append(Path(dirpath) / name)
     return sorted(found, key=lambda q: q.relative_to(root).as_posix())
+
+
+_SKIPPED_BY_NAME = LEDGER_SUFFIXES + tuple(q + STAGING_SUFFIX for q in PARQUET_SUFFIXES)
+
+
+def _without_side_files(files: list[Path]) -> tuple[list[Path], tuple[tuple[Path, str], ...]]:
+    """(the shards, forge's own files among them with what each is): those are never read as input."""
+    kept, skipped = [], []
+    for f in files:
+        what = forge_side_file(f)
+        if what is None:
+            kept.append(f)
+        else:
+            skipped.append((f, what))
+    return kept, tuple(skipped)
 
 
 def _file_identity(path: Path) -> tuple[int, str]:

@@ -25,11 +25,24 @@ _TORN_HEAD = re.compile(rb'\{"index": (0|[1-9]\d{0,18})\D')
 _ROW_HEAD = re.compile(rb'\{"index": (0|[1-9]\d{0,18}), "(result|error)": ')
 
 
+def valid_text(text: str) -> str:
+    """`text` as valid Unicode, writable as UTF-8 (JSON, Parquet): a lone surrogate (an undecodable byte of a file
+    name read through surrogateescape, an exception message holding one) becomes its escape as plain text
+    (`\\udcff`, the byte stays recognisable). Anything else is returned as it is."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def encode_error(index: int, type_: str, message: str) -> str:
-    """An error row. ASCII-escaped, so any message (even with lone surrogates) encodes."""
+    """An error row. Its strings are made valid text first (valid_text), so the row is strict JSON whatever the
+    message held, and a Parquet output can hold it."""
+    message = str(message)
     if len(message) > MAX_ERROR_MESSAGE_CHARS:
         message = message[:MAX_ERROR_MESSAGE_CHARS] + " ... (truncated)"
-    body = json.dumps({"type": str(type_), "message": str(message)})
+    body = json.dumps({"type": valid_text(str(type_)), "message": valid_text(message)})
     return f'{{"index": {int(index)}, "error": {body}}}'
 
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from forge.atomic import replace_text
 from forge.errors import display_path
+from forge.records.writer import valid_text
 from forge.report.markdown import render_markdown
 from forge.report.sampler import Sampler
 
@@ -179,7 +180,8 @@ def write_report(target: str | os.PathLike, summary: dict[str, Any], sampler: Sa
         report = add_unreported_starts(report, starts)
     json_path.parent.mkdir(parents=True, exist_ok=True)
     replace_text(json_path, json.dumps(report, indent=1, default=str) + "\n")
-    replace_text(md_path, render_markdown(report, display_path(json_path)))
+    # the Markdown names the JSON file: a name that is not UTF-8 is quoted with its bytes escaped, as in the JSON
+    replace_text(md_path, render_markdown(report, valid_text(display_path(json_path))))
     _refresh_plots(json_path)
     return json_path, md_path
 
