@@ -103,8 +103,9 @@ async def _run(spec, node: Any, opts: JobOptions, *, node_label: str, engine_sta
                                                             sink=store, stats=stats, concurrency=concurrency,
                                                             on_tick=tick, max_errors=opts.max_errors)
             except ForgeError as e:     # the output or the ledger cannot be written (a full disk, ...): rows missing
-                print(f"forge: stopped: {e}; every row written so far is kept — once that is fixed, run the same "
-                      "command again to resume", file=sys.stderr)
+                note = getattr(e, "resume_note", None) or ("every row written so far is kept — once that is fixed, "
+                                                           "run the same command again to resume")
+                print(f"forge: stopped: {e}; {note}", file=sys.stderr)
                 return constants.EXIT_INCOMPLETE
         counts = store.counts()
         stats.retried = counts.retried - store.retried_before     # the records this start made retried (attempts > 1)

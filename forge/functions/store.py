@@ -64,7 +64,13 @@ class JobStore:
             print(f"forge: resuming {display_path(opts.output_path)}: {stats.skipped} of {total} records already "
                   f"settled ({rep.recovered} written now from the ledger, {rep.truncated_bytes} torn bytes cut)",
                   file=sys.stderr)
-        if rep.regenerated:
+        if rep.regenerated and rep.lost_why:
+            from forge.ledger.resume import staging_path
+
+            print(f"forge: {display_path(staging_path(opts.output_path))}: an earlier start stopped because it "
+                  f"{rep.lost_why}; the {rep.regenerated:,} row(s) it lost are made again (every row still in it is "
+                  "kept)", file=sys.stderr)
+        elif rep.regenerated:
             print(f"forge: {display_path(opts.output_path)} was cut short: {rep.regenerated:,} row(s) the ledger had "
                   "written were lost with its end; they are made again (every row before the cut is kept)",
                   file=sys.stderr)

@@ -12,12 +12,21 @@ import threading
 import time
 
 from forge import constants
-from forge.errors import ForgeError
+from forge.errors import ForgeError, display_path
 from forge.ledger.sqlite import Ledger
 from forge.records.writer import OutputWriter
 
 _ATTEMPT, _ROW = 0, 1
 _PUT_POLL_S = 0.1          # a blocked producer re-checks the committer's health this often
+# Ledger meta key: set (to why) when the output stopped being the file this run wrote (deleted, replaced, cut);
+# the next start then makes again the rows the ledger had marked written and the output lost (resume.py).
+OUTPUT_LOST = "output_lost"
+
+
+class OutputLost(ForgeError):
+    """The output was deleted, replaced or cut short while the run wrote it: the run stops (exit 4)."""
+
+    resume_note = "run the same command again: it makes again only the rows the output lost"
 
 
 class Committer:
@@ -122,19 +131,24 @@ class Committer:
                 items, last = self._take()
                 attempts = [it[1] for it in items if it[0] == _ATTEMPT]
                 rows = [(it[1], it[2], it[3]) for it in items if it[0] == _ROW]
+                if to_mark:
+                    self._check_output()        # the rows to mark are still in the output
                 if attempts or rows or to_mark:
                     self.ledger.apply(attempts=attempts, settled=rows, written=to_mark)   # 1. commit
                     to_mark = []
                 if rows:
+                    self._check_output()        # never append to a file cut short: its rows would follow a torn one
                     try:
                         self.writer.append([line for _, line, _ in rows])                    # 2. write
                         self.writer.sync()                                                   #    + fsync
                     except OSError as e:
                         raise ForgeError(f"{self.writer.path}: cannot write the output: {e.strerror or e}") from None
+                    self._check_output()        # they went into the output, not a file deleted meanwhile
                     self.rows_written += len(rows)
                     to_mark = [(i, err) for i, _, err in rows]                              # 3. next txn
                 if last:
                     if to_mark:
+                        self._check_output()
                         self.ledger.apply(written=to_mark)
                     return
         except BaseException as e:  # kept and raised in the producers and in close()
@@ -142,6 +156,18 @@ class Committer:
                 self.error = e
                 self._cond.notify_all()
                 self._wake_async_waiters()
+
+    def _check_output(self) -> None:
+        """Stop (OutputLost) when the output is no longer the file written; the ledger keeps why, for the rerun."""
+        why = self.writer.lost()
+        if why is None:
+            return
+        try:
+            self.ledger.set_meta(OUTPUT_LOST, why)
+        except ForgeError:
+            pass                # the ledger cannot be written either: that rerun refuses, naming the lost rows
+        raise OutputLost(f"{display_path(self.writer.path)}: {why}; the rows written to it are not in the output "
+                         "and no more rows go into it")
 
     def close(self, timeout_s: float = 300.0) -> None:
         """Drain everything queued (commit, write, mark written) and stop. Raises the thread's error."""

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from forge.errors import ForgeError, display_path
-from forge.ledger.committer import Committer
+from forge.ledger.committer import OUTPUT_LOST, Committer
 from forge.ledger import recovery
 from forge.ledger.damage import LedgerDamaged
 from forge.ledger.sqlite import Ledger, LedgerCounts
@@ -60,6 +60,7 @@ class ResumeReport:
     recovered: int = 0             # rows from the ledger written now, without regenerating them
     truncated_bytes: int = 0       # torn tail cut off the output
     regenerated: int = 0           # rows the ledger marked written that a cut end of the output lost: made again
+    lost_why: str = ""             # an earlier start found the output deleted, replaced or cut: why (regenerated)
     duplicates: int = 0            # rows present twice in the output (never expected)
     first_duplicates: tuple[int, ...] = ()
     complete: bool = False         # nothing left to do
@@ -273,12 +274,14 @@ def _reconcile(ledger: Ledger, writer: OutputWriter, rec: Reconciliation,
                          f"{total} records; pass --restart to start over")
     ledger_written = ledger.indices("written")
     lost = ledger_written.difference(rec.present)
-    if lost and _cut_short(rec, lost):
+    lost_why = ledger.get_meta(OUTPUT_LOST) or ""
+    if lost and (lost_why or _cut_short(rec, lost)):
         # The output ends in a torn row and lost rows the ledger marked written: it was cut short (a copy or a
-        # disk that lost its end). Those rows are no longer in the ledger either (it keeps a row only until it is
-        # written), so they are made again; everything before the cut is kept.
+        # disk that lost its end); or an earlier start saw it deleted, replaced or cut while it wrote (the ledger
+        # says so). Those rows are no longer in the ledger either (it keeps a row only until it is written), so
+        # they are made again; every row still in the output is kept.
         ledger.forget(lost)
-        report.regenerated = len(lost)
+        report.regenerated, report.lost_why = len(lost), lost_why
         ledger_written = ledger_written.difference(lost)
         lost = IndexBitmap()
     if lost:
@@ -286,6 +289,8 @@ def _reconcile(ledger: Ledger, writer: OutputWriter, rec: Reconciliation,
                          f"{next(iter(lost))}); the output was changed outside forge; pass --restart to start over")
     writer.cut_tail(rec)
     report.truncated_bytes = rec.truncated_bytes
+    if lost_why:
+        ledger.set_meta(OUTPUT_LOST, "")        # handled: the ledger and the output agree again
     adopt = rec.present.difference(ledger_written)
     del ledger_written, lost
     batch: list[tuple[int, bool]] = []

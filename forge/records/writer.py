@@ -128,6 +128,7 @@ class OutputWriter:
         except OSError:
             os.close(self._fd)
             raise ForgeError(f"{self._shown}: another forge run is writing this output") from None
+        self._end = os.fstat(self._fd).st_size      # where forge's bytes end: the file is never shorter (lost())
 
     def append(self, lines: list[str]) -> int:
         """Append rows (no newline in them) with one write; not durable until sync(). Returns bytes."""
@@ -135,6 +136,7 @@ class OutputWriter:
         view, written = memoryview(data), 0
         while written < len(data):
             written += os.write(self._fd, view[written:])
+        self._end += written
         return written
 
     def sync(self) -> None:
@@ -143,6 +145,27 @@ class OutputWriter:
     def truncate(self, size: int = 0) -> None:
         os.ftruncate(self._fd, size)
         os.fsync(self._fd)
+        self._end = size
+
+    def lost(self) -> str | None:
+        """Why the file this writer appends to is no longer the output, or None while it is. Rows appended to a
+        file deleted, moved away or replaced under the output's name, or to one cut below what forge wrote, are not
+        in the output: nothing may be marked written then."""
+        held = os.fstat(self._fd)
+        if held.st_nlink == 0:
+            return "was deleted during the run"
+        try:
+            named = os.stat(self.path)
+        except FileNotFoundError:
+            return "was deleted (or moved away) during the run"
+        except OSError as e:
+            return f"cannot be checked any more ({e.strerror})"
+        if (named.st_dev, named.st_ino) != (held.st_dev, held.st_ino):
+            return "was replaced by another file during the run"
+        if held.st_size < self._end:
+            return (f"was cut short during the run ({held.st_size:,} bytes where forge had written "
+                    f"{self._end:,})")
+        return None
 
     def close(self) -> None:
         if self._fd >= 0:
