@@ -152,12 +152,10 @@ class OutputWriter:
         file deleted, moved away or replaced under the output's name, or to one cut below what forge wrote, are not
         in the output: nothing may be marked written then."""
         held = os.fstat(self._fd)
-        if held.st_nlink == 0:
-            return "was deleted during the run"
         try:
             named = os.stat(self.path)
         except FileNotFoundError:
-            return "was deleted (or moved away) during the run"
+            return "was deleted during the run" if held.st_nlink == 0 else "was moved away during the run"
         except OSError as e:
             return f"cannot be checked any more ({e.strerror})"
         if (named.st_dev, named.st_ino) != (held.st_dev, held.st_ino):

@@ -128,3 +128,31 @@ def test_an_output_among_the_shards_is_seen(shards, tmp_path):
     assert not src.would_read(tmp_path / "out.jsonl")
     g = open_input(str(shards / "*.jsonl"))
     assert g.would_read(shards / "out.jsonl") and not g.would_read(shards / "part=2" / "out.jsonl")
+
+
+def test_forge_own_side_files_are_never_shards_and_are_listed(shards):
+    """A report, a ledger (and its -wal), a Parquet run's staging file in the input folder: left out, each named
+    with what it is. A user's file that only looks like one by name is read."""
+    (shards / "results.report.json").write_text('{\n "format": "forge-run-report",\n "version": 1\n}\n')
+    (shards / "results.report.md").write_text("# forge run report\n")
+    (shards / "out.parquet.staging.jsonl").write_text(_lines([50]))
+    (shards / "mine.report.json").write_text(_lines([60]))         # the user's own data, named like a report
+    src = open_input(shards)
+    names = [s.path.name for s in src.shards]
+    assert "results.report.json" not in names and "out.parquet.staging.jsonl" not in names
+    assert "mine.report.json" in names
+    assert sorted((p.name, what) for p, what in src.skipped) == [
+        ("out.parquet.staging.jsonl", "a Parquet run's staging file"), ("results.report.json", "forge's run report")]
+    g = open_input(str(shards / "*"))
+    assert {p.name for p, _ in g.skipped} == {"results.report.json", "results.report.md", "out.parquet.staging.jsonl"}
+    assert not g.would_read(shards / "out.jsonl.ledger.sqlite")
+
+
+def test_a_single_compressed_file_reads_only_itself(tmp_path):
+    """Issue 50 item 5: an output beside a lone .jsonl.gz is not among its shards (it is for a folder)."""
+    gz = tmp_path / "in.jsonl.gz"
+    gz.write_bytes(gzip.compress(_lines(range(3)).encode()))
+    src = open_input(gz)
+    assert src.single and not src.would_read(tmp_path / "out.jsonl")
+    assert src.would_read(gz)
+    assert open_input(tmp_path).would_read(tmp_path / "out.jsonl")

@@ -118,3 +118,57 @@ def test_parquet_output_without_pyarrow_is_refused(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "pyarrow", None)
     with pytest.raises(ForgeError, match="writing Parquet needs pyarrow"):
         jsonl_to_parquet(tmp_path / "s.jsonl", tmp_path / "out.parquet")
+
+
+def _strict_json(line: str) -> dict:
+    """Parse as a strict reader would: a lone surrogate (escaped or not) is not text."""
+    row = json.loads(line)
+    json.dumps(row, ensure_ascii=False).encode("utf-8")      # raises UnicodeEncodeError on a lone surrogate
+    return row
+
+
+@pytest.mark.parametrize("message", ["in/a\udcff.jsonl:3: not valid JSON", "lone \ud800 high", "ok é ✓"])
+def test_error_rows_are_valid_text_whatever_the_message_holds(message):
+    """A file name that is not UTF-8 (surrogateescape) or an exception message holding a lone surrogate: the row is
+    strict JSON, the undecodable part written as an escape in the text; valid text is kept as it is."""
+    row = _strict_json(encode_error(1, "ValueError\udcfe", message))["error"]
+    if message.isascii() or "✓" in message:
+        assert row["message"] == message
+    else:
+        assert "\\ud" in row["message"] and row["message"].replace("\\udcff", "").replace("\\ud800", "") == \
+            message.replace("\udcff", "").replace("\ud800", "")
+    assert row["type"] == "ValueError\\udcfe"
+
+
+def test_the_writer_notices_its_output_deleted_replaced_or_cut(tmp_path):
+    path = tmp_path / "out.jsonl"
+    w = OutputWriter(path)
+    w.append(_rows(0, 1))
+    assert w.lost() is None
+    path.unlink()                                   # rm out.jsonl while the run writes it
+    assert "was deleted" in w.lost()
+    w.close()
+    w = OutputWriter(path)
+    w.append(_rows(0, 1))
+    with open(path, "r+b") as f:                    # : > out.jsonl
+        f.truncate(0)
+    assert "was cut short during the run (0 bytes where forge had written" in w.lost()
+    w.close()
+    w = OutputWriter(path)
+    (tmp_path / "other.jsonl").write_text("")
+    (tmp_path / "other.jsonl").replace(path)        # another file moved in under the output's name
+    assert "replaced by another file" in w.lost()
+    w.close()
+
+
+def test_a_file_that_grows_or_is_written_by_forge_alone_is_still_the_output(tmp_path):
+    path = tmp_path / "out.jsonl"
+    path.write_text(_rows(0)[0] + "\n")
+    w = OutputWriter(path)                          # an earlier start's rows: where forge's bytes end now
+    w.append(_rows(1))
+    w.truncate(path.stat().st_size)
+    assert w.lost() is None
+    with open(path, "a") as f:
+        f.write("more\n")                            # longer is not lost (a resume refuses foreign lines)
+    assert w.lost() is None
+    w.close()
