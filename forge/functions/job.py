@@ -134,6 +134,11 @@ def _verdict(outcome: RunOutcome, store, counts, opts: JobOptions) -> tuple[int,
     missing = total - counts.written
     again = store.resume_hint() if hasattr(store, "resume_hint") else "run the same command again to resume"
     changed = store.input_changed()
+    gone = store.only_shards_gone() if changed is not None and not missing else ()
+    if gone:        # every row was made from the shards as read: the output is complete, and stays so on a rerun
+        print(f"forge: --input {display_path(opts.input_path)}: shard(s) {', '.join(gone[:3])} deleted during the run, "
+              "after they were read; the output holds their rows", file=sys.stderr)
+        changed = None
     if changed is not None:     # rows were made for the input as counted at the start: not this input
         return constants.EXIT_INCOMPLETE, (
             f"stopped: the input {display_path(opts.input_path)} changed during the run ({changed}); {missing:,} of "

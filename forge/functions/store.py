@@ -6,6 +6,7 @@ from typing import Any, Iterator, Optional
 
 from forge.errors import ForgeError, display_path
 from forge.ledger import make_run_key, open_run
+from forge.ledger.shard_set import finished_with_shards_gone, record_shards
 from forge.records.guard import refuse_overlaps
 from forge.records.shards import open_input
 from forge.stats import LedgerStats, RunStats
@@ -39,11 +40,19 @@ class JobStore:
             print(f"forge: --input {opts.input_path}: {len(shards):,} shard(s), {total:,} records, read in path "
                   "order (a row's index counts records across the shards in that order)", file=sys.stderr)
         key = make_run_key(function_file=function_file, function_name=function_name, source=self.source)
+        self.shards_gone: tuple[str, ...] = ()
+        if shards is not None and not self.is_pipe and not opts.restart:
+            finished = finished_with_shards_gone(opts.ledger_path, key, self.source.shard_ids)
+            if finished is not None:    # a complete run, its shards only fewer since: it stays complete
+                key, total, self.shards_gone = finished.run_key, finished.total, finished.gone
+                _say_gone(opts.input_path, self.shards_gone)
         accept = ("function_sha256",) if getattr(opts, "accept_changed_function", False) else ()
         self._fingerprint = self.source.fingerprint()      # what the run was counted on (a change is noticed)
         self.run = open_run(opts.output_path, run_key=key, total=total, ledger_path=opts.ledger_path,
                             restart=opts.restart, info={"node": node, "input": str(opts.input_path)},
                             input_path=None if shards is not None else opts.input_path, accept_changes=accept)
+        if shards is not None and not self.is_pipe and not self.shards_gone:
+            record_shards(self.run.ledger, self.source.shard_ids())
         rep = self.run.report
         self.run_id = self.run.ledger.get_meta("created")      # the run's identity (a --restart makes a new one)
         self.retried_before = self.run.counts().retried        # records invoked more than once, before this start
@@ -74,6 +83,16 @@ class JobStore:
             print(f"forge: {display_path(opts.output_path)} was cut short: {rep.regenerated:,} row(s) the ledger had "
                   "written were lost with its end; they are made again (every row before the cut is kept)",
                   file=sys.stderr)
+
+    def only_shards_gone(self) -> tuple[str, ...]:
+        """The shards deleted since this start counted them, when that is the input's only change (else ()): the rows
+        of a complete run were made from what was read, and its rerun still finds it complete."""
+        if self.is_pipe or not hasattr(self.source, "shard_ids"):
+            return ()
+        then = [tuple(x) for x in self.source.shard_ids()]
+        now = {tuple(x) for x in self.source.shard_ids(now=True)}
+        gone = tuple(str(x[0]) for x in then if x not in now)
+        return gone if gone and now <= set(then) else ()
 
     def records(self) -> Iterator:
         """The records still to do, never past the line count the run was opened with (an input that grows while
@@ -154,6 +173,12 @@ def _refuse_pipe_over_earlier_run(opts) -> None:
             raise ForgeError(f"{display_path(path)}: {what} is there, and --input {opts.input_path} is a pipe: a run "
                              "from a pipe cannot resume (the pipe cannot be read again from where the run stopped); "
                              "pass --restart to start over, or choose another --output")
+
+
+def _say_gone(given, gone: tuple[str, ...]) -> None:
+    named = ", ".join(gone[:3]) + (f" and {len(gone) - 3:,} more" if len(gone) > 3 else "")
+    print(f"forge: --input {given}: shard(s) {named} deleted since the run read them; the output keeps their rows",
+          file=sys.stderr)
 
 
 def _say_skipped(given, skipped) -> None:

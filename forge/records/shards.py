@@ -103,6 +103,7 @@ class ShardedSource:
         self.single, self.skipped = single, skipped
         self.path = Path(given)
         self._counts: list[int] | None = None
+        self._first_ids: list[list] | None = None
 
     def __iter__(self) -> Records:
         return self.records()
@@ -138,11 +139,32 @@ class ShardedSource:
     def fingerprint(self) -> dict[str, object]:
         h = hashlib.sha256()
         size = 0
+        ids = []
         for shard in self.shards:
             fp = _file_identity(shard.path)
             size += fp[0]
             h.update(f"{self._name(shard.path)}\0{fp[0]}\0{fp[1]}\n".encode("utf-8", "surrogateescape"))
+            ids.append([self._name(shard.path), *fp])
+        if self._first_ids is None and self._counts is not None:
+            self._first_ids = [[*i, n] for i, n in zip(ids, self._counts)]
         return {"input_size": size, "input_shards": len(self.shards), "input_sha256_head_tail": h.hexdigest()}
+
+    def shard_ids(self, *, now: bool = False) -> list[list]:
+        """[name, size, hash of first and last MiB, records] per shard: what the ledger keeps, so that a complete run
+        whose shards were only deleted since is still known complete (forge/ledger/shard_set.py). As first taken
+        (fingerprint()), or with `now` as the files are now, leaving out shards that are gone."""
+        if self._counts is None:
+            self.count()
+        if not now and self._first_ids is not None:
+            return self._first_ids
+        ids = []
+        for shard, n in zip(self.shards, self._counts):
+            try:
+                ids.append([self._name(shard.path), *_file_identity(shard.path), n])
+            except OSError:
+                if not now:
+                    raise
+        return ids
 
     def describe(self) -> str:
         return f"{len(self.shards)} shards"

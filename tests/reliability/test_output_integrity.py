@@ -162,3 +162,36 @@ def test_a_truncated_zst_input_is_refused_in_one_line(tmp_path):
     r = forge(*run_argv(ECHO, z, tmp_path / "out.jsonl")[3:], timeout=120)
     assert r.returncode == 1 and len(_lines(r.stderr)) == 1 and "not zstandard data" in r.stderr, r.stderr
     assert not Path(tmp_path / "out.jsonl").exists()
+
+
+def test_a_shard_deleted_after_it_was_read_leaves_a_complete_output_complete(tmp_path):
+    """The issue's case: exit 4 and a refused rerun. The first shard is deleted while the run works on the second:
+    every row was made from what was read, so the run is complete (exit 3: echo's error rows) and says what happened,
+    and the rerun finds it complete. A shard added since is a changed input, refused as before."""
+    data = tmp_path / "data"
+    data.mkdir()
+    write_echo_input(data / "a.jsonl", 10)
+    with open(data / "b.jsonl", "w") as f:
+        f.write("".join(json.dumps({"id": i, "text": f"record {i}"}) + "\n" for i in range(10, N)))
+    out = tmp_path / "out.jsonl"
+    proc = start(run_argv(ECHO, data, out, NODES / "paced.yaml"), stderr_path=tmp_path / "run.err")
+    try:
+        assert wait_for_growth(out, proc, beyond=20_000, timeout_s=60), (tmp_path / "run.err").read_text()
+        (data / "a.jsonl").unlink()
+        rc = proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    err = (tmp_path / "run.err").read_text()
+    assert_no_traceback(err)
+    assert rc == EXIT_ERROR_ROWS, err
+    assert "shard(s) a.jsonl deleted during the run, after they were read; the output holds their rows" in err, err
+    assert_complete(out, tmp_path / "out.jsonl.ledger.sqlite", N)
+    rerun = forge(*run_argv(ECHO, data, out, NODES / "paced.yaml")[3:], timeout=120)
+    assert rerun.returncode == EXIT_ERROR_ROWS, rerun.stderr
+    assert "shard(s) a.jsonl deleted since the run read them" in rerun.stderr, rerun.stderr
+    assert f"is already complete: all {N:,} records are in it" in rerun.stderr, rerun.stderr
+    write_echo_input(data / "c.jsonl", 1)
+    added = forge(*run_argv(ECHO, data, out, NODES / "paced.yaml")[3:], timeout=120)
+    assert added.returncode == 1 and "this ledger belongs to another run" in added.stderr, added.stderr
+    assert_complete(out, tmp_path / "out.jsonl.ledger.sqlite", N)
