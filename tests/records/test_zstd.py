@@ -47,16 +47,19 @@ def test_bytes_after_a_frame_are_refused_naming_the_file(tmp_path, frame):
         open_input(z).count()
 
 
+@pytest.mark.slow
 def test_a_bomb_is_read_in_bounded_memory(tmp_path):
-    """1 GiB of newlines in ~32 KiB: counted in a fresh interpreter whose peak RSS stays far below the data."""
+    """512 MiB of newlines in ~16 KiB: counted in a fresh interpreter whose peak RSS stays far below the data."""
     z = tmp_path / "bomb.jsonl.zst"
-    with open(z, "wb") as f, zstandard.ZstdCompressor(level=19).stream_writer(f) as w:
+    with open(z, "wb") as f, zstandard.ZstdCompressor(level=1).stream_writer(f) as w:
         block = b"\n" * (1 << 24)
-        for _ in range(64):
+        for _ in range(32):
             w.write(block)
-    code = ("import resource, sys; from forge.records.shards import open_input; "
+    # VmHWM: the peak since exec (ru_maxrss would count pages shared with the pytest process before the exec)
+    code = ("import sys; from forge.records.shards import open_input; "
             "n = open_input(sys.argv[1]).count(); "
-            "print(n, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)")
+            "hwm = [x for x in open('/proc/self/status') if x.startswith('VmHWM:')][0].split()[1]; "
+            "print(n, hwm)")
     out = subprocess.run([sys.executable, "-c", code, str(z)], capture_output=True, text=True, timeout=120)
     n, peak_kib = map(int, out.stdout.split())
-    assert n == 1 << 30 and peak_kib < 200 * 1024, (n, peak_kib)
+    assert n == 1 << 29 and peak_kib < 150 * 1024, (n, peak_kib)
