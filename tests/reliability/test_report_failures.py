@@ -35,9 +35,15 @@ def _ok_already_complete(r) -> None:
 
 
 def test_an_output_name_that_is_not_utf8(tmp_path):
+    """Issue 48: it said "no report written" while the JSON report was written. Both reports are written now (the
+    name quoted with its byte escaped in the Markdown) and the run says so."""
     inp = write_echo_input(tmp_path / "in.jsonl", N)
     out = os.fsdecode(os.fsencode(str(tmp_path)) + b"/out-\xff.jsonl")
-    _ok_with_warning(_run(inp, out), "not UTF-8")
+    r = _run(inp, out)
+    assert r.returncode == 0 and "warning" not in r.stderr and "forge: report " in r.stderr, r.stderr
+    md = (tmp_path / os.fsdecode(b"out-\xff.jsonl.report.md")).read_bytes().decode("utf-8")
+    assert "out-\\udcff.jsonl.report.json" in md
+    assert (tmp_path / os.fsdecode(b"out-\xff.jsonl.report.json")).read_bytes().startswith(b'{\n "format"')
     _ok_already_complete(_run(inp, out))                  # the rerun of the complete job (exit 1 before)
     assert_complete(tmp_path / os.fsdecode(b"out-\xff.jsonl"), tmp_path / os.fsdecode(b"out-\xff.jsonl.ledger.sqlite"), N)
 
