@@ -120,6 +120,7 @@ def test_any_exception_or_return_value_becomes_one_valid_output_row(index, exc, 
         parsed = json.loads(line)
         assert parsed["index"] == index and set(parsed) in ({"index", "result"}, {"index", "error"})
         line.encode("utf-8")                  # writable as UTF-8 (no lone surrogates)
+        json.dumps(parsed, ensure_ascii=False).encode("utf-8")    # nor escaped ones: strict text once parsed
         STATS["rows"] += 1
 
 
