@@ -151,3 +151,59 @@ def test_a_higher_priority_request_takes_the_next_free_slot_ahead_of_queued_work
         order += [r.request_id for r in engine.poll(0.05).results]
     assert order.index("online") < 8, order          # last in FCFS order, it would end after ~31 bulk requests
     assert engine.stats().preemptions == 0
+
+
+CATEGORIES = ("outdoor", "kitchen", "electronics", "fitness", "other")
+
+
+def test_a_choice_is_spelled_in_the_tokenizers_own_tokens_within_max_tokens(engine):
+    """vLLM's `choice` grammar lets a model spell a choice in more tokens than its tokenizer gives it (issue 49:
+    'electronic' cut at max_tokens 8). forge's guide allows only each choice's own tokens, so max_tokens 8 holds
+    every category here (the longest, "electronics", is 7 tokens), hot sampling included."""
+    canonical = {tuple(engine.tokenizer.hf.encode(c, add_special_tokens=False)): c for c in CATEGORIES}
+    assert max(len(ids) for ids in canonical) <= 8
+    texts = ["waterproof camping tent", "steel kettle for the kitchen", "wireless headphones", "yoga mat",
+             "a lantern", "the blender", "phone charger", "heavy dumbbell"]
+    requests = [EngineRequest(f"c{i}", prompt(engine, f"Product: {t}\nCategory:"), 8,
+                              Sampling(temperature=1.0), guide=Guide(choice=CATEGORIES))
+                for i, t in enumerate(texts * 6)]
+    got, _ = run(engine, requests)
+    for key, res in got.items():
+        assert tuple(res.output_ids) in canonical, (key, res.output_ids, engine.tokenizer.decode(res.output_ids))
+    assert len({canonical[tuple(r.output_ids)] for r in got.values()}) >= 2        # the sampling chose, not the guide
+
+
+def test_a_choice_max_tokens_cannot_hold_is_refused_before_it_runs_naming_the_choice_and_card(engine):
+    choices = CATEGORIES[:4]                                     # "other" is one token; these are 3 or more
+    shortest = min(len(engine.tokenizer.hf.encode(c, add_special_tokens=False)) for c in choices)
+    got, _ = run(engine, [EngineRequest("short", prompt(engine), shortest - 1, guide=Guide(choice=choices)),
+                          EngineRequest("fits", prompt(engine), shortest, guide=Guide(choice=choices))])
+    assert got["short"].finish_reason == "refused" and "\n" not in got["short"].error
+    assert "'outdoor'" in got["short"].error and "card cpu0" in got["short"].error
+    assert f"max_tokens {shortest - 1} cannot hold the shortest choice" in got["short"].error
+    assert engine.tokenizer.decode(got["fits"].output_ids) in choices
+
+
+# JSON schemas vLLM's xgrammar backend refuses at add_request (VLLMValidationError, which is no ValueError): issue 48
+UNCOMPILABLE = {
+    "uniqueItems": {"type": "array", "items": {"type": "string"}, "uniqueItems": True},
+    "multipleOf": {"type": "integer", "multipleOf": 3},
+    "contains": {"type": "array", "items": {"type": "integer"}, "contains": {"const": 1}},
+    "format+maxLength": {"type": "string", "format": "email", "maxLength": 20},
+    "int64": {"type": "integer", "minimum": 2**70},
+}
+
+
+def test_a_schema_the_backend_cannot_compile_is_that_requests_refusal_not_the_engines(engine):
+    good = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+            "additionalProperties": False}
+    requests = [EngineRequest(name, prompt(engine), 32, guide=Guide(json_schema=schema))
+                for name, schema in UNCOMPILABLE.items()]
+    got, _ = run(engine, requests + [EngineRequest("good", prompt(engine), 32, guide=Guide(json_schema=good))])
+    for name in UNCOMPILABLE:
+        assert got[name].finish_reason == "refused", (name, got[name])
+        assert got[name].error.startswith("vLLM refused the request") and "\n" not in got[name].error
+    assert got["good"].finish_reason in ("eos", "length")
+    jsonschema.validate(json.loads(engine.tokenizer.decode(got["good"].output_ids)), good)
+    again, _ = run(engine, [EngineRequest("after", prompt(engine), 4)])      # the engine lives on
+    assert again["after"].finish_reason in ("eos", "length")

@@ -26,6 +26,7 @@ from typing import Any, Optional, Sequence
 import torch
 from transformers.generation.continuous_batching.cb_logits_processors import ContinuousBatchingLogitsProcessor
 
+from forge.engines.choice_trie import ChoiceState, ChoiceTrie, budget_problem, encode_choices  # noqa: F401 - re-exported
 from forge.engines.hf.guided_json import Closer, JsonState, strict_objects
 from forge.engines.interface import Guide
 
@@ -37,51 +38,6 @@ def guide_kind(guide: Guide) -> Optional[str]:
     kinds = [k for k in ("choice", "json_schema", "regex") if getattr(guide, k) is not None]
     return kinds[0] if len(kinds) == 1 else None
 
-
-class ChoiceTrie:
-    """Token trie of the choices; `need[n]` = fewest tokens from node n to a complete choice."""
-
-    def __init__(self, encoded: Sequence[tuple[int, ...]]):
-        self.children: list[dict[int, int]] = [{}]
-        self.terminal: list[bool] = [False]
-        for ids in encoded:
-            node = 0
-            for t in ids:
-                nxt = self.children[node].get(t)
-                if nxt is None:
-                    nxt = len(self.children)
-                    self.children[node][t] = nxt
-                    self.children.append({})
-                    self.terminal.append(False)
-                node = nxt
-            self.terminal[node] = True
-        self.need = [0] * len(self.children)
-        for n in reversed(range(len(self.children))):     # children always have higher ids than their parent
-            self.need[n] = 0 if self.terminal[n] else 1 + min(self.need[c] for c in self.children[n].values())
-        self.members = {tuple(ids) for ids in encoded}
-
-
-class ChoiceState:
-    def __init__(self, trie: ChoiceTrie, eos: Sequence[int]):
-        self.trie, self.eos = trie, list(eos)
-        self.node, self.seen, self.error = 0, 0, None
-
-    def allowed(self, generated: Sequence[int], left: int) -> list[int]:
-        t = self.trie
-        for tok in generated[self.seen:]:
-            nxt = t.children[self.node].get(tok)
-            if nxt is None:
-                self.error = f"token {tok} left the choice trie"
-                return self.eos
-            self.node = nxt
-        self.seen = len(generated)
-        ok = [tok for tok, c in t.children[self.node].items() if 1 + t.need[c] <= left]
-        return ok + self.eos if t.terminal[self.node] or not ok else ok
-
-    def finish(self, tokens: Sequence[int]) -> Optional[str]:
-        if tuple(tokens) in self.trie.members:
-            return None
-        return self.error or "the output is not one of the choices (max_tokens ran out before a choice completed)"
 
 class GuideCompiler:
     """Turns a Guide into per-request state; compiled tries and grammars are cached (bounded)."""
@@ -133,23 +89,12 @@ class GuideCompiler:
     def _choice(self, choices: Sequence[str], max_new_tokens: int):
         if not choices or not all(isinstance(c, str) and c for c in choices):
             return None, "choice must be a non-empty list of non-empty strings"
-
-        def build():
-            encoded = []
-            for c in dict.fromkeys(choices):
-                ids = tuple(self.hf.encode(c, add_special_tokens=False))
-                if self.tokenizer.decode(list(ids)) != c:
-                    return f"choice {c!r} does not survive this tokenizer's encode/decode round trip"
-                encoded.append(ids)
-            return ChoiceTrie(encoded)
-
-        trie = self._cached("c:" + json.dumps(list(choices)), build)
+        trie = self._cached("c:" + json.dumps(list(choices)), lambda: encode_choices(
+            choices, lambda c: self.hf.encode(c, add_special_tokens=False), self.tokenizer.decode))
         if isinstance(trie, str):
             return None, trie
-        if trie.need[0] > max_new_tokens:
-            return None, (f"max_tokens {max_new_tokens} cannot hold the shortest choice "
-                          f"({trie.need[0]} tokens with this tokenizer)")
-        return ChoiceState(trie, self.eos), None
+        why = budget_problem(trie, max_new_tokens)
+        return (None, why) if why else (ChoiceState(trie, self.eos), None)
 
     def _json(self, schema: Any, max_new_tokens: int):
         import llguidance

@@ -17,6 +17,11 @@ scheduler's Python and the forward share this process with the worker's event lo
 
 Stop strings are applied by forge to the finished text (forge/runtime/stops.py), as for every backend; the engine
 runs each request to EOS or its max_new_tokens. Embeddings need a pooling runner; a generation tier refuses them.
+
+Guides: a choice is guided by forge's token trie (forge/engines/vllm/choice.py), the same guide as on transformers,
+never by vLLM's character-level `choice` grammar; JSON schemas and regexes by the tier's structured-output backend.
+A request vLLM refuses at add_request (a schema its backend cannot compile: VLLMValidationError, which is no
+ValueError) is that request's REFUSED result, never the engine's failure.
 """
 from __future__ import annotations
 
@@ -29,11 +34,14 @@ from typing import Any, Hashable, Optional, Sequence
 from forge.config.plan import CardPlan
 from forge.engines.interface import (REFUSED, Engine, EngineBusy, EngineFailed, EngineRequest, EngineResult,
                                      IterationStats, Progress, sampling_problem)
+from forge.engines.choice_trie import ChoiceTrie, budget_problem, encode_choices
 from forge.engines.vllm import mapping
+from forge.engines.vllm.choice import extra_args as choice_extra_args
 
 log = logging.getLogger("forge.engines.vllm")
 
 FINISH_REASONS = {"stop": "eos", "length": "length", "abort": "cancelled", "error": "error"}
+CHOICE_CACHE_ENTRIES = 256                             # choice lists' tries kept (a bulk job repeats one)
 EMBED_REFUSAL = ("embed needs a pooling tier (vLLM runner 'pooling'); backend vllm runs this tier for generation "
                  "only")
 
@@ -122,8 +130,11 @@ class VllmEngine(Engine):
     # (docs/benchmarks.md, "vLLM on the CPU": forge's engine ran dry 4 % of the window without it)
     queues_beyond_slots = True
 
-    def __init__(self, plan: CardPlan, llm_engine, tokenizer, sink: StepStats, info: dict[str, Any]):
+    def __init__(self, plan: CardPlan, llm_engine, tokenizer, sink: StepStats, info: dict[str, Any],
+                 eos: Sequence[int] = ()):
         self.plan, self.tokenizer, self._engine, self._sink, self._info = plan, tokenizer, llm_engine, sink, info
+        self._eos = [int(e) for e in eos]                  # what vLLM stops at: the choice guide ends with one
+        self._tries: dict[str, Any] = {}                   # choice list (JSON) -> ChoiceTrie or why it cannot guide
         lim = plan.contract.limits
         self._lim = lim
         self._capacity = 2 * lim.max_batch_size            # held at most: the slots and one more batch
@@ -133,10 +144,9 @@ class VllmEngine(Engine):
         self._closed = False
         self._failed: Optional[str] = None
         from vllm import SamplingParams
-        from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
-        self._SamplingParams, self._TokensPrompt = SamplingParams, TokensPrompt
+        self._SamplingParams, self._prompt, self._refused_by_vllm = SamplingParams, tokens_prompt(), request_errors()
         self._FINAL_ONLY, self._Guide = RequestOutputKind.FINAL_ONLY, StructuredOutputsParams
 
     def describe(self) -> dict[str, Any]:
@@ -153,14 +163,17 @@ class VllmEngine(Engine):
                 raise ValueError(f"request {r.request_id!r} is already in the engine")
         for r in requests:
             why = self._refusal(r)
+            params = None
+            if why is None:
+                params, why = self._params(r)
             if why is not None:
                 self._ready.append(EngineResult(r.request_id, [], REFUSED, error=why))
                 continue
             external = str(r.request_id)         # the key's text (forge/engines/interface.py), never rewritten
             try:
-                internal = self._engine.add_request(external, self._TokensPrompt(prompt_token_ids=list(r.prompt_ids)),
-                                                    self._params(r), priority=-r.priority)   # vLLM: lower first
-            except (ValueError, TypeError) as exc:     # vLLM's own validation (a schema it cannot compile, ...)
+                internal = self._engine.add_request(external, self._prompt(list(r.prompt_ids)), params,
+                                                    priority=-r.priority)   # vLLM: lower first
+            except self._refused_by_vllm as exc:  # vLLM's own validation (a schema its backend cannot compile, ...)
                 self._ready.append(EngineResult(r.request_id, [], REFUSED, error=f"vLLM refused the request: "
                                                 f"{' '.join(str(exc).split())[:300]}"))
                 continue
@@ -226,11 +239,16 @@ class VllmEngine(Engine):
         return None
 
     def _params(self, r: EngineRequest):
+        """(vLLM's SamplingParams, None) or (None, why the request is refused before it runs)."""
         s, g = r.sampling, r.guide
-        guide = None
+        guide, extra = None, None
         if g is not None:
             if g.choice is not None:
-                guide = self._Guide(choice=list(g.choice))
+                trie = self._choice_trie(g.choice)
+                why = trie if isinstance(trie, str) else budget_problem(trie, r.max_new_tokens)
+                if why is not None:
+                    return None, f"choice {list(g.choice)!r:.120} on card {self.plan.card_id}: {why}"
+                extra = choice_extra_args(trie, self._eos)
             elif g.json_schema is not None:
                 guide = self._Guide(json=g.json_schema)
             elif g.regex is not None:
@@ -238,7 +256,20 @@ class VllmEngine(Engine):
         return self._SamplingParams(
             max_tokens=r.max_new_tokens, temperature=float(s.temperature), top_p=float(s.top_p), top_k=int(s.top_k),
             seed=s.seed, ignore_eos=not s.stop_at_eos, detokenize=False, output_kind=self._FINAL_ONLY,
-            structured_outputs=guide)
+            structured_outputs=guide, extra_args=extra), None
+
+    def _choice_trie(self, choices) -> "ChoiceTrie | str":
+        import json
+
+        key = json.dumps(list(choices))
+        trie = self._tries.get(key)
+        if trie is None:
+            hf = getattr(self.tokenizer, "hf", self.tokenizer)
+            trie = encode_choices(choices, lambda c: hf.encode(c, add_special_tokens=False), self.tokenizer.decode)
+            if len(self._tries) >= CHOICE_CACHE_ENTRIES:
+                self._tries.pop(next(iter(self._tries)))
+            self._tries[key] = trie
+        return trie
 
     def _step(self, out: Progress) -> None:
         """One engine step. Requests ask for FINAL_ONLY outputs, as LLM.generate's do: vLLM then builds no
@@ -288,3 +319,23 @@ class VllmEngine(Engine):
             raise EngineFailed("vLLM engine is shut down")
         if self._failed:
             raise EngineFailed(f"vLLM engine: {self._failed}")
+
+
+def tokens_prompt():
+    """ids -> the prompt vLLM takes: `vllm.inputs.tokens_input` where the installed vLLM has it (the raw
+    TokensPrompt dict is deprecated there), else that dict."""
+    import vllm.inputs
+
+    if hasattr(vllm.inputs, "tokens_input"):
+        return vllm.inputs.tokens_input
+    return lambda ids: vllm.inputs.TokensPrompt(prompt_token_ids=ids)
+
+
+def request_errors() -> tuple[type, ...]:
+    """The exceptions with which vLLM's add_request refuses one request (its validation): ValueError and TypeError,
+    and vLLM's VLLMClientError (VLLMValidationError is one), which derives from neither."""
+    try:
+        from vllm.exceptions import VLLMClientError
+    except ImportError:
+        return (ValueError, TypeError)
+    return (ValueError, TypeError, VLLMClientError)

@@ -30,12 +30,16 @@ def import_vllm():
 
 
 def engine_args(arguments: dict[str, Any]):
-    """vLLM's EngineArgs from mapping.engine_arguments() (its nested configs as vLLM's config objects)."""
+    """vLLM's EngineArgs from mapping.engine_arguments() (its nested configs as vLLM's config objects), with forge's
+    choice guide as a logits processor (forge/engines/vllm/choice.py)."""
     from vllm import EngineArgs
     from vllm.config import StructuredOutputsConfig
 
+    from forge.engines.vllm.choice import processor_class
+
     kwargs = dict(arguments)
     kwargs["structured_outputs_config"] = StructuredOutputsConfig(**kwargs["structured_outputs_config"])
+    kwargs["logits_processors"] = [processor_class()]
     return EngineArgs(**kwargs)
 
 
@@ -86,7 +90,8 @@ def build_engine(contract, plan: CardPlan):
             "load_s": round(load_s, 2),
             "vllm_version": _version()}
     log.info("%s: vLLM engine loaded in %.1f s (%s)", plan.card_id, load_s, built)
-    return VllmEngine(plan, llm_engine, tokenizer, sink, info)
+    eos = tokenizer.hf.eos_token_id                # vLLM stops at the tokenizer's EOS (generation_config "vllm")
+    return VllmEngine(plan, llm_engine, tokenizer, sink, info, eos=[eos] if eos is not None else [])
 
 
 def geometry_problems(contract, vllm_config) -> list:
