@@ -29,6 +29,10 @@ class Backend:
     engine_arguments: Optional[Callable[..., dict]] = None  # (contract, card_plan) -> what the engine is given
     environment: Optional[Callable[[], dict]] = None        # () -> variables the engine host sets (None: clears)
     label: str = ""                              # one line for listings, e.g. "vLLM (v1 engine)"
+    # (contract, card_plan) -> problems: the installed engine's own configuration objects built from what forge
+    # would pass, without a device; run by `forge validate` only, where `engine_library` can be imported
+    engine_check: Optional[Callable[..., list]] = None
+    engine_library: str = ""                     # the module engine_check imports (its absence skips the check)
 
 
 def registered() -> dict[str, Backend]:
@@ -63,3 +67,27 @@ def factory(name: str, *, card: str) -> Callable[..., Any]:
         raise ForgeError(f"card {card}: backend {name!r} is not installed on {socket.gethostname()} "
                          f"(known: {', '.join(sorted(known))})")
     return known[name].factory
+
+
+def engine_check_problems(loaded) -> list:
+    """`forge validate`: each card plan's contract checked by its backend's engine_check where the engine library
+    is importable here (once per contract). A contract forge's own rules already refuse is not built again."""
+    import importlib.util
+
+    from forge.errors import ConfigError
+
+    known, out, seen = registered(), [], set()
+    for plans in loaded.plans.values():
+        for plan in plans:
+            contract = plan.contract
+            b = known.get(contract.backend)
+            if b is None or b.engine_check is None or contract.contract in seen:
+                continue
+            seen.add(contract.contract)
+            if b.engine_library and importlib.util.find_spec(b.engine_library) is None:
+                continue
+            try:
+                out += list(b.engine_check(contract, plan))
+            except ConfigError:
+                continue                 # the same problems the backend's rules reported already
+    return out

@@ -18,7 +18,13 @@ def register(cli: click.Group) -> None:
         (warnings may print), 1 when anything is invalid, 2 for usage errors."""
         from forge.config.load import load_paths
 
+        from forge.backends import engine_check_problems
+
         loaded = load_paths(list(paths), strict=strict)
+        # what the installed engines' own configuration objects refuse (built without a device; imports them),
+        # where forge's rules have not already refused that field
+        said = {(p.file, p.path) for p in loaded.errors}
+        loaded.problems += [p for p in engine_check_problems(loaded) if (p.file, p.path) not in said]
         for p in loaded.problems:
             click.echo(p.render())
         n_err, n_warn = len(loaded.errors), len(loaded.warnings)

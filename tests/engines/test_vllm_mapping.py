@@ -146,3 +146,46 @@ def test_a_contract_leaving_any_vllm_field_out_is_refused_naming_it(field, tmp_p
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(data))
     monkeypatch.chdir(tmp_path)
     assert [p.render() for p in load_paths(["c.yaml"]).problems] == [f"c.yaml::$.vllm.{field}: missing required key"]
+
+
+def test_version_rules_refuse_what_each_vllm_release_refuses_at_load(loaded):
+    """vLLM 0.33 refuses a bf16/fp16 KV cache whose dtype differs from the weights' (_reject_mismatched_float_kv_
+    cache); 0.34 a seed above 2**32 - 1. Read from vLLM's sources; scripts/check_vllm_wheel.py shows the releases."""
+    from forge.engines.vllm import rules
+
+    c = loaded.contracts["tiny-llama-vllm"]
+    mixed = _variant(c, **{"precision.weights": "bf16", "precision.kv_cache": "fp16"})
+    seeded = _variant(c, vllm={**c.sections["vllm"].model_dump(), "seed": 2**32})
+    paths = lambda contract, version: [p.path for p in mapping.problems(contract, vllm_version=version)]  # noqa: E731
+    assert paths(mixed, (0, 32)) == [] and paths(seeded, (0, 33)) == []
+    assert paths(mixed, (0, 33)) == ["$.precision.kv_cache"] and paths(mixed, (0, 34)) == ["$.precision.kv_cache"]
+    assert paths(seeded, (0, 34)) == ["$.vllm.seed"]
+    assert paths(mixed, None) == ["$.precision.kv_cache"] and paths(seeded, None) == ["$.vllm.seed"]  # not installed
+    (p,) = mapping.problems(seeded, vllm_version=(0, 34))
+    assert p.message == "4294967296 is above 4294967295, which vLLM 0.34 refuses"
+    # the same weights and KV, or fp8, stay allowed
+    assert paths(_variant(c, **{"precision.weights": "bf16", "precision.kv_cache": "bf16"}), (0, 34)) == []
+    assert rules.SUPPORTED[-1] == (0, 34)
+
+
+@pytest.mark.parametrize("backend, compact", [("xgrammar", True), ("guidance", True), ("outlines", False),
+                                              ("lm-format-enforcer", False)])
+def test_compact_json_is_asked_only_of_the_backends_vllm_allows_it_with(loaded, backend, compact):
+    """vLLM's StructuredOutputsConfig refuses disable_any_whitespace with outlines and lm-format-enforcer: forge
+    sent it always, so those tiers could never load."""
+    c = _variant(loaded.contracts["tiny-llama-vllm"],
+                 vllm={**loaded.contracts["tiny-llama-vllm"].sections["vllm"].model_dump(),
+                       "structured_outputs_backend": backend})
+    args = mapping.engine_arguments(c, loaded.plans[0])
+    assert args["structured_outputs_config"] == {"backend": backend, "disable_any_whitespace": compact}
+
+
+def test_a_vllm_refusal_is_placed_at_the_contract_field_it_names():
+    from forge.engines.vllm.rules import field_of
+
+    assert field_of('kv_cache_dtype="float16" is incompatible with dtype="bfloat16"') == "$.precision.kv_cache"
+    assert field_of("disable_any_whitespace is only supported for xgrammar and guidance backends.") == \
+        "$.vllm.structured_outputs_backend"
+    assert field_of("User-specified max_model_len (4128) is greater than the derived max_model_len") == \
+        "$.limits.max_input_len"
+    assert field_of("something else entirely") == "$"

@@ -10,7 +10,11 @@ shortest choice is refused before it runs.
 The guide is a vLLM logits processor (the v1 `LogitsProcessor` interface, per-request state through
 `AdapterLogitsProcessor`), registered at engine build (`logits_processors`); a request carries its choices' token
 ids in `SamplingParams.extra_args[EXTRA_KEY]` and nothing else of vLLM's structured outputs. A request without
-that key costs the processor nothing (vLLM skips it in the batch update; apply() has no row to mask)."""
+that key costs the processor nothing (vLLM skips it in the batch update; apply() has no row to mask).
+
+vLLM 0.34 removed that interface (its model runner V2 has another). There the choice goes to vLLM's own grammar,
+and the engine refuses, before it runs, a request whose max_tokens could not hold every spelling the grammar
+allows: `spelling_bound`, the UTF-8 length of the longest choice (every token spells at least one byte)."""
 from __future__ import annotations
 
 import threading
@@ -28,10 +32,20 @@ def extra_args(trie: ChoiceTrie, eos: Sequence[int]) -> dict:
     return {EXTRA_KEY: {"ids": [list(ids) for ids in trie.sequences], "eos": list(eos)}}
 
 
+def spelling_bound(choices: Sequence[str]) -> int:
+    """Tokens that always hold a choice however a character-level grammar lets the model spell it."""
+    return max(len(c.encode("utf-8")) for c in choices)
+
+
 def processor_class():
-    """The vLLM logits processor class (built here so vLLM is imported only in the card worker)."""
+    """The vLLM logits processor class (built here so vLLM is imported only in the card worker); None where the
+    installed vLLM has no per-request adapter (0.34 and later)."""
     import torch
-    from vllm.v1.sample.logits_processor import AdapterLogitsProcessor
+
+    try:
+        from vllm.v1.sample.logits_processor import AdapterLogitsProcessor
+    except ImportError:
+        return None
 
     class ForgeChoiceProcessor(AdapterLogitsProcessor):
         def __init__(self, vllm_config, device, is_pin_memory):

@@ -37,6 +37,7 @@ from forge.engines.interface import (REFUSED, Engine, EngineBusy, EngineFailed, 
 from forge.engines.choice_trie import ChoiceTrie, budget_problem, encode_choices
 from forge.engines.vllm import mapping
 from forge.engines.vllm.choice import extra_args as choice_extra_args
+from forge.engines.vllm.choice import spelling_bound
 
 log = logging.getLogger("forge.engines.vllm")
 
@@ -131,10 +132,11 @@ class VllmEngine(Engine):
     queues_beyond_slots = True
 
     def __init__(self, plan: CardPlan, llm_engine, tokenizer, sink: StepStats, info: dict[str, Any],
-                 eos: Sequence[int] = ()):
+                 eos: Sequence[int] = (), trie_choices: bool = True):
         self.plan, self.tokenizer, self._engine, self._sink, self._info = plan, tokenizer, llm_engine, sink, info
         self._eos = [int(e) for e in eos]                  # what vLLM stops at: the choice guide ends with one
         self._tries: dict[str, Any] = {}                   # choice list (JSON) -> ChoiceTrie or why it cannot guide
+        self._trie_choices = trie_choices                  # False: vLLM without the adapter (0.34): its grammar
         lim = plan.contract.limits
         self._lim = lim
         self._capacity = 2 * lim.max_batch_size            # held at most: the slots and one more batch
@@ -243,7 +245,14 @@ class VllmEngine(Engine):
         s, g = r.sampling, r.guide
         guide, extra = None, None
         if g is not None:
-            if g.choice is not None:
+            if g.choice is not None and not self._trie_choices:
+                need = spelling_bound(g.choice)
+                if r.max_new_tokens < need:
+                    return None, (f"choice {list(g.choice)!r:.120} on card {self.plan.card_id}: this vLLM guides a "
+                                  f"choice by its characters, which may take {need} tokens; raise max_tokens to "
+                                  f"{need}")
+                guide = self._Guide(choice=list(g.choice))
+            elif g.choice is not None:
                 trie = self._choice_trie(g.choice)
                 why = trie if isinstance(trie, str) else budget_problem(trie, r.max_new_tokens)
                 if why is not None:

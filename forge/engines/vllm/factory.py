@@ -39,7 +39,9 @@ def engine_args(arguments: dict[str, Any]):
 
     kwargs = dict(arguments)
     kwargs["structured_outputs_config"] = StructuredOutputsConfig(**kwargs["structured_outputs_config"])
-    kwargs["logits_processors"] = [processor_class()]
+    choice_guide = processor_class()
+    if choice_guide is not None:
+        kwargs["logits_processors"] = [choice_guide]
     return EngineArgs(**kwargs)
 
 
@@ -91,7 +93,8 @@ def build_engine(contract, plan: CardPlan):
             "vllm_version": _version()}
     log.info("%s: vLLM engine loaded in %.1f s (%s)", plan.card_id, load_s, built)
     eos = tokenizer.hf.eos_token_id                # vLLM stops at the tokenizer's EOS (generation_config "vllm")
-    return VllmEngine(plan, llm_engine, tokenizer, sink, info, eos=[eos] if eos is not None else [])
+    return VllmEngine(plan, llm_engine, tokenizer, sink, info, eos=[eos] if eos is not None else [],
+                      trie_choices=bool(llm_engine.vllm_config.model_config.logits_processors))
 
 
 def geometry_problems(contract, vllm_config) -> list:

@@ -11,7 +11,8 @@
     artifact.checkpoint/tokenizer  -> model / tokenizer, load_format ("dummy" for random_weights)
     vllm.*                         -> enforce_eager, attention_backend, async_scheduling, enable_chunked_prefill,
                                       long_prefill_token_threshold, structured_outputs_config, stream_interval, seed
-    fixed by forge                 -> guided JSON without free whitespace, generation_config="vllm" (the checkpoint's generation_config.json never changes
+    fixed by forge                 -> guided JSON without free whitespace (xgrammar, guidance: the backends vLLM
+                                      allows it with), generation_config="vllm" (the checkpoint's generation_config.json never changes
                                       sampling), one device (tensor/pipeline parallel 1), the engine core in the card
                                       worker's process (executor "uni", VLLM_ENABLE_V1_MULTIPROCESSING=0: see
                                       forge/engines/vllm/engine.py), scheduler_reserve_full_isl, stats on
@@ -25,6 +26,7 @@ from typing import Any, Optional
 from forge.config.models import Contract
 from forge.config.plan import CardPlan
 from forge.config.units import GIB
+from forge.engines.vllm import rules
 from forge.engines.vllm.section import VllmSection
 from forge.errors import ConfigError, Problem, display_path
 
@@ -68,8 +70,12 @@ def kv_cache_dtype(contract: Contract) -> Optional[str]:
     return KV_DTYPES.get(kv)
 
 
-def problems(contract: Contract) -> list[Problem]:
-    """What vLLM would refuse, or silently change, in a vllm contract: one Problem each, at the field."""
+INSTALLED = "installed"
+
+
+def problems(contract: Contract, vllm_version=INSTALLED) -> list[Problem]:
+    """What vLLM would refuse, or silently change, in a vllm contract: one Problem each, at the field. Version rules
+    for `vllm_version` ((major, minor); the installed release by default; None: every supported release)."""
     w, out = where(contract), []
     raw = contract.sections.get(BACKEND)
     if raw is None:
@@ -91,6 +97,8 @@ def problems(contract: Contract) -> list[Problem]:
     if sec.long_prefill_token_threshold > lim.max_num_tokens:
         out.append(Problem(w, "$.vllm.long_prefill_token_threshold", f"{sec.long_prefill_token_threshold} is above "
                            f"limits.max_num_tokens ({lim.max_num_tokens}): no chunk can be that large"))
+    version = rules.installed_version() if vllm_version == INSTALLED else vllm_version
+    out += rules.version_problems(contract, w, sec.seed, version)
     if contract.target.kind == "cpu":
         if sec.async_scheduling:
             out.append(Problem(w, "$.vllm.async_scheduling", "vLLM's CPU platform turns async scheduling off; a cpu "
@@ -110,6 +118,12 @@ def engine_arguments(contract: Contract, plan: CardPlan) -> dict[str, Any]:
     found = problems(contract)
     if found:
         raise ConfigError(found)
+    return unchecked_arguments(contract, plan)
+
+
+def unchecked_arguments(contract: Contract, plan: CardPlan) -> dict[str, Any]:
+    """engine_arguments() without forge's checks: what an engine would be given (scripts/check_vllm_wheel.py asks a
+    vLLM release about contracts forge refuses)."""
     sec = section(contract)
     lim, kv, prec, art = contract.limits, contract.kv_cache, contract.precision, contract.artifact
     checkpoint = str(contract.resolve(art.checkpoint))
@@ -143,7 +157,9 @@ def engine_arguments(contract: Contract, plan: CardPlan) -> dict[str, Any]:
         "enforce_eager": sec.enforce_eager,
         "attention_backend": sec.attention_backend,
         # guided JSON without free whitespace between tokens: a small model otherwise fills its budget with blanks
-        "structured_outputs_config": {"backend": sec.structured_outputs_backend, "disable_any_whitespace": True},
+        # (vLLM refuses the setting with outlines and lm-format-enforcer, which keep their own whitespace rules)
+        "structured_outputs_config": {"backend": sec.structured_outputs_backend, "disable_any_whitespace":
+                                      sec.structured_outputs_backend in rules.COMPACT_JSON_BACKENDS},
         "stream_interval": sec.stream_interval,
         "generation_config": "vllm",
         "tensor_parallel_size": 1,
