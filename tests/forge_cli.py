@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -26,6 +27,7 @@ from pathlib import Path
 from typing import Optional
 
 REPO = Path(__file__).resolve().parent.parent
+WORKER_MARK = "runpy.run_module('forge.host'"      # forge/link/worker_argv.py's bootstrap
 
 
 def forge_env(extra: Optional[dict] = None) -> dict[str, str]:
@@ -37,11 +39,25 @@ def forge_env(extra: Optional[dict] = None) -> dict[str, str]:
 
 
 def runs_the_product(args) -> bool:
-    """Whether a process's command line runs forge (its CLI or a card worker) or Ray: what makes a test slow."""
-    argv = [args] if isinstance(args, (str, bytes, os.PathLike)) else list(args)
-    words = [os.path.basename(str(a)) for a in argv]
-    return any(w in ("forge", "ray") for w in words) or any(
-        words[i] == "-m" and words[i + 1].split(".")[0] in ("forge", "ray") for i in range(len(words) - 1))
+    """Whether a process's command line runs forge (its CLI or a card worker) or Ray: what makes a test slow.
+    Only what starts them counts: the program itself (`forge`, `ray`, their console scripts), `-m forge...` /
+    `-m ray...`, or forge's card-worker bootstrap (forge/link/worker_argv.py); an argument that merely names a
+    path through a folder called `forge` (a clone of that name: `ruff check .../forge`) does not."""
+    if isinstance(args, (str, bytes, os.PathLike)):
+        text = os.fsdecode(args)
+        argv = shlex.split(text) if " " in text else [text]
+    else:
+        argv = [os.fsdecode(a) if isinstance(a, (bytes, os.PathLike)) else str(a) for a in args]
+    if not argv:
+        return False
+    if os.path.basename(argv[0]) in ("forge", "ray"):
+        return True
+    for flag, value in zip(argv, argv[1:]):
+        if flag == "-m" and value.split(".")[0] in ("forge", "ray"):
+            return True
+        if flag == "-c" and WORKER_MARK in value:
+            return True
+    return False
 
 
 def forge_argv(*args, importtime: bool = False) -> list[str]:

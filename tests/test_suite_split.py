@@ -14,9 +14,16 @@ from tests.forge_cli import forge_argv, runs_the_product
     ["ray", "start", "--head"],
     [sys.executable, "-m", "ray.scripts.scripts", "stop"],
     "forge",
+    "/venv/bin/forge run fn.py",
 ])
 def test_forge_a_card_worker_or_ray_is_the_product(argv):
     assert runs_the_product(argv)
+
+
+def test_a_card_worker_is_the_product():
+    from forge.link.worker_argv import worker_argv
+
+    assert runs_the_product(worker_argv(7))
 
 
 @pytest.mark.parametrize("argv", [
@@ -24,6 +31,9 @@ def test_forge_a_card_worker_or_ray_is_the_product(argv):
     [sys.executable, "-m", "pytest", "tests/forge_cli.py"],
     ["sh", "-c", "exit 0"],
     ["/tmp/forged/tool", "--forge"],
+    [sys.executable, "-m", "ruff", "check", "--no-cache", "/home/me/forge"],     # a clone named forge
+    [sys.executable, "/home/me/forge/tests/script.py", "/home/me/forge"],
+    ["git", "-C", "/home/me/forge", "status"],
 ])
 def test_other_processes_are_not(argv):
     assert not runs_the_product(argv)

@@ -1,6 +1,6 @@
 """The process transport: the engine host in a worker process this node started (forge/host/worker.py).
 
-Spawned: `python -m forge.host FD` is a fresh interpreter that inherits nothing of the node's state but its
+Spawned: `python -P -c BOOT FD` (forge/link/worker_argv.py: forge.host's main, of the node's own forge) is a fresh interpreter that inherits nothing of the node's state but its
 environment and one end of a Unix socket pair, over which it gets its WorkerSpec and answers the link's calls
 (forge/host/channel.py). Not multiprocessing's "spawn" start method: that one re-runs the parent's main
 module in every child (a user's script that starts a node without an `if __name__ == "__main__"` guard would
@@ -15,7 +15,6 @@ import logging
 import os
 import socket
 import subprocess
-import sys
 import time
 from typing import Any, Optional
 
@@ -26,6 +25,7 @@ from forge.host.worker import WorkerSpec
 from forge.host.channel import CallChannel, frame, open_socket
 from forge.host.protocol import Hello, HostMethod
 from forge.link.transport import LinkGone, Transport
+from forge.link.worker_argv import worker_argv
 
 log = logging.getLogger("forge.link.process")
 
@@ -59,9 +59,7 @@ class ProcessTransport(Transport):
         the thread that runs the node's loop: the worker's parent-death signal follows that thread."""
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            # The interpreter's own flags go along (-X importtime, -W, -O ...), as multiprocessing passes them.
-            argv = [sys.executable, *subprocess._args_from_interpreter_flags(), "-m", "forge.host",
-                    str(theirs.fileno())]
+            argv = worker_argv(theirs.fileno())       # the node's own forge, wherever the user stands
             self.proc = subprocess.Popen(argv, pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
         except BaseException:
             mine.close()
