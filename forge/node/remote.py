@@ -6,7 +6,9 @@ within `linger_s` (or until `max_batch`) travel together, with a bounded number 
 Every call ends: each batch's futures are resolved whatever its POST does (an item that cannot be sent, a reply
 that cannot be read, a short reply, a cancelled task), and a watchdog probes the node's /health: a node that has
 answered nothing for `stall_window_s` (frozen, SIGSTOP, a dead host) fails every open call with NodeDown, the
-same window in which an embedded run notices a stalled engine."""
+same window in which an embedded run notices a stalled engine. So does a node that answers /health but, with a
+batch posted, answers no POST and shows no progress in its /v1/stats (engine steps, tokens, requests, dispatches)
+for that window: the POST's own read timeout (minutes, for work queued on a busy node) never decides alone."""
 from __future__ import annotations
 
 import asyncio
@@ -18,6 +20,7 @@ import httpx
 
 from forge import constants
 from forge.errors import ForgeError, NodeDown, RequestRejected
+from forge.node import answer_check
 from forge.node.interface import Answer, Node
 from forge.requests import GenerateParams, Generation
 from forge.runtime.awake import pause_clock
@@ -25,6 +28,10 @@ from forge.runtime.awake import pause_clock
 CONNECT_RETRIES = 3
 PROBE_INTERVAL_S = 2.0
 CLOSE_GRACE_S = 5.0
+# The counters of a node's /v1/stats engines that move while it works (engine_steps, on every step of even one
+# long generation): any change is progress.
+PROGRESS_FIELDS = ("card", "engine_steps", "output_tokens", "input_tokens", "requests_ok", "requests_failed",
+                   "requests_cancelled", "in_flight")
 
 
 def generate_item(prompt: str | Sequence[int], params: GenerateParams) -> dict[str, Any]:
@@ -44,10 +51,9 @@ def generate_item(prompt: str | Sequence[int], params: GenerateParams) -> dict[s
     return item
 
 
-def generation_of(out: dict) -> Generation:
-    return Generation(text=out["text"], output_tokens=out["output_tokens"], input_tokens=out["input_tokens"],
-                      finish_reason=out["finish_reason"], card=out.get("card", ""),
-                      token_ids=tuple(out.get("token_ids") or ()))     # a node of an older forge sends none
+def generation_of(out: dict, node: str = "at the other end") -> Generation:
+    """A node's answer to one request, every field checked (forge/node/answer_check.py), or that request's error."""
+    return answer_check.generation_of(out, node)
 
 
 class RemoteNode(Node):
@@ -70,6 +76,8 @@ class RemoteNode(Node):
         self._open: set[asyncio.Future] = set()          # every call not yet answered, queued or posted
         self._watchdog: Optional[asyncio.Task] = None
         self._silent: Optional[NodeDown] = None
+        self._posting = 0                                # POSTs sent and not yet answered
+        self._answered_at = time.monotonic()             # when a POST last got an answer
         self.name = "?"
         self.info: dict = {}
 
@@ -106,14 +114,14 @@ class RemoteNode(Node):
 
     async def submit(self, prompt: str | Sequence[int], params: GenerateParams, *, wait: bool = True) -> Answer:
         out = await self._call(generate_item(prompt, params))
-        return Answer(generation_of(out), out.get("hidden"))
+        return Answer(generation_of(out, self.name), answer_check.hidden_of(out, self.name))
 
     async def chat(self, messages: list[dict], params: GenerateParams) -> Generation:
         """generate() on the prompt the node's own chat template makes of `messages` (its tokenizer is there)."""
         item = generate_item("", params)
         del item["prompt"]
         item["messages"] = messages
-        return generation_of(await self._call(item))
+        return generation_of(await self._call(item), self.name)
 
     async def _call(self, item: dict) -> dict:
         if self._silent is not None:
@@ -131,10 +139,7 @@ class RemoteNode(Node):
         elif self._timer is None:
             self._timer = asyncio.get_running_loop().call_later(self._linger_s, self._flush)
         out = await fut
-        if "error" in out:
-            err = out["error"]
-            cls = {"RequestRejected": RequestRejected, "NodeDown": NodeDown}.get(err.get("type"), ForgeError)
-            raise cls(err.get("message", "node error"))
+        answer_check.raise_if_error(out, self.name)
         return out
 
     def _flush(self) -> None:
@@ -153,15 +158,20 @@ class RemoteNode(Node):
             async with self._posts:
                 body = b'{"requests":[' + b",".join(b for b, _ in batch) + b"]}"
                 for attempt in range(CONNECT_RETRIES):
+                    r = None
                     if self._silent is not None:
                         err = self._silent
                         break
+                    self._posting += 1
                     try:
                         r = await self._client.post("/v1/generate", content=body,
                                                     headers={"content-type": "application/json"})
+                        self._answered_at = time.monotonic()
                     except httpx.TransportError as e:
                         err = NodeDown(f"node {self.name} at {self.url} is unreachable: {type(e).__name__}: {e}")
-                    else:
+                    finally:
+                        self._posting -= 1
+                    if r is not None:
                         if r.status_code == 200:
                             self._answer(batch, r)
                             return
@@ -185,8 +195,8 @@ class RemoteNode(Node):
     def _answer(self, batch: list[tuple[bytes, asyncio.Future]], r: httpx.Response) -> None:
         try:
             results = r.json()["results"]
-            if not isinstance(results, list) or not all(isinstance(x, dict) for x in results):
-                raise TypeError("results is not a list of objects")
+            if not isinstance(results, list):        # each result is checked by its own call (answer_check)
+                raise TypeError("results is not a list")
         except (ValueError, KeyError, TypeError) as e:
             raise ForgeError(f"node {self.name} sent a reply forge cannot read ({type(e).__name__}: {e})") from None
         for (_, fut), res in zip(batch, results):
@@ -196,16 +206,18 @@ class RemoteNode(Node):
             raise ForgeError(f"node {self.name} answered {len(results)} of {len(batch)} requests")
 
     async def _watch(self) -> None:
-        """Probe /health while calls are open; silence for the stall window fails them all (NodeDown). Silence is
-        counted in this process's running time: a job stopped (Ctrl-Z) and woken does not blame the node for its
-        own absence (forge/runtime/awake.py)."""
+        """Probe /health while calls are open; silence for the stall window fails them all (NodeDown). With POSTs
+        waiting, /v1/stats too: a node that answers no POST and shows no progress for the window fails them as
+        well. Silence is counted in this process's running time: a job stopped (Ctrl-Z) and woken does not blame
+        the node for its own absence (forge/runtime/awake.py)."""
         clock = pause_clock()
-        last_heard = time.monotonic()
+        last_heard = last_progress = time.monotonic()
+        mark: Optional[str] = None
         probe_timeout = max(1.0, min(10.0, self._stall_window_s / 3))
         while True:
             await asyncio.sleep(min(PROBE_INTERVAL_S, self._stall_window_s / 4))
             if not self._open:
-                last_heard = time.monotonic()         # nothing waits on the node: nothing to notice
+                last_heard = last_progress = time.monotonic()    # nothing waits on the node: nothing to notice
                 continue
             wait_s = min(probe_timeout, max(self._stall_window_s - clock.awake_since(last_heard), 0.1))
             try:    # bounded here (whatever the transport does), and never past the end of the window
@@ -215,11 +227,34 @@ class RemoteNode(Node):
                 pass
             silent_s = clock.awake_since(last_heard)
             if silent_s >= self._stall_window_s:
-                self._silent = NodeDown(f"node {self.name} at {self.url} has answered nothing for {silent_s:.0f} s "
-                                        "(frozen, stopped or unreachable)")
-                for task in list(self._tasks):
-                    task.cancel()
-                for fut in list(self._open):
-                    if not fut.done():
-                        fut.set_exception(self._silent)
-                return
+                return self._give_up(NodeDown(f"node {self.name} at {self.url} has answered nothing for "
+                                              f"{silent_s:.0f} s (frozen, stopped or unreachable)"))
+            if not self._posting:
+                last_progress = time.monotonic()
+                continue
+            now_mark = await self._progress_mark(wait_s)
+            if now_mark is not None and now_mark != mark:
+                mark, last_progress = now_mark, time.monotonic()
+            idle_s = clock.awake_since(max(last_progress, self._answered_at))
+            if idle_s >= self._stall_window_s:
+                return self._give_up(NodeDown(
+                    f"node {self.name} at {self.url} answers /health but has answered no request and shown no "
+                    f"progress for {idle_s:.0f} s (FORGE_STALL_WINDOW_S is {self._stall_window_s:g} s)"))
+
+    async def _progress_mark(self, timeout_s: float) -> Optional[str]:
+        """What of the node's /v1/stats moves while it works (None when it cannot be read)."""
+        try:
+            r = await asyncio.wait_for(self._client.get("/v1/stats", timeout=timeout_s), timeout_s)
+            body = r.json()
+            moving = [[e.get(k) for k in PROGRESS_FIELDS] for e in body["engines"]]
+            return json.dumps([moving, body["broker"].get("dispatched"), body.get("open_requests")], default=str)
+        except (httpx.HTTPError, asyncio.TimeoutError, ValueError, TypeError, KeyError, AttributeError):
+            return None
+
+    def _give_up(self, why: NodeDown) -> None:
+        self._silent = why
+        for task in list(self._tasks):
+            task.cancel()
+        for fut in list(self._open):
+            if not fut.done():
+                fut.set_exception(why)

@@ -106,7 +106,7 @@ def _ok(i):
 @pytest.mark.parametrize("case, reply, expect", [
     ("not JSON", lambda req: httpx.Response(200, content=b"<html>proxy error</html>"), "cannot read"),
     ("no results", lambda req: httpx.Response(200, json={"oops": 1}), "cannot read"),
-    ("results not objects", lambda req: httpx.Response(200, json={"results": [1, 2, 3, 4, 5]}), "cannot read"),
+    ("results not objects", lambda req: httpx.Response(200, json={"results": [1, 2, 3, 4, 5]}), "not an object"),
     ("short reply", lambda req: httpx.Response(200, json={"results": [_ok(0), _ok(1)]}), "answered 2 of 5"),
     ("a 500", lambda req: httpx.Response(500, text="boom"), "answered 500"),
     ("a 503 each time", lambda req: httpx.Response(503, text="draining"), "answered 503"),
