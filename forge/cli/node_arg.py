@@ -76,8 +76,22 @@ def provisioned(value: Optional[str]) -> dict:
         if live is None:
             raise ForgeError(f"--node {value}: its node {name!r} is not provisioned on this machine; "
                              f"`forge provision {value}` starts it") from None
-        return live
-    return registry.resolve(value)
+        return _proven(live)
+    info = registry.resolve(value)
+    return info if is_url(info["node"]) else _proven(info)
+
+
+def _proven(entry: dict) -> dict:
+    """A node picked from the registry, once it proved it is that node: only then may a token or a record go to it
+    (forge/runtime/node_proof.py). A URL the user gives is the user's choice, and is used as given."""
+    from forge.runtime.warm_node import proven
+
+    why = proven(entry)
+    if why is not None:
+        raise ForgeError(f"node {entry['node']!r} (pid {entry['pid']}) {why}: not using it; if that is your node, "
+                         f"stop it and start it again with this forge (`forge provision "
+                         f"{entry.get('source') or 'NODE.yaml'}`)")
+    return entry
 
 
 def _node_name(path: Path) -> str:

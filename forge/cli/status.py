@@ -22,6 +22,7 @@ def register(cli: click.Group) -> None:
 
         from forge.cli import screen
         from forge.runtime import registry
+        from forge.runtime.warm_node import proven
 
         if cluster is not None:
             return _cluster_status(cluster, as_json, wide)
@@ -32,6 +33,8 @@ def register(cli: click.Group) -> None:
             if not info.pop("alive"):
                 desc = {"error": "dead", "why": "the process ended without stopping the node (killed?); its "
                         "entry is removed now"}
+            elif (why := proven(info)) is not None:      # no token goes to a server that did not prove it is the node
+                desc = {"error": "unproven", "why": why}
             else:
                 try:
                     r = httpx.get(info["control_url"] + "/v1/node", headers=headers, timeout=3.0)

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, create_model, mo
 from forge import constants
 from forge.errors import ForgeError
 from forge.requests import GenerateParams
+from forge.runtime.node_proof import Prover
 from forge.runtime.http_errors import error_body, install_error_handlers, scrub_paths
 from forge.runtime.stops import StopRule, apply_stop, tokenizer_of
 
@@ -166,15 +167,20 @@ async def until_disconnected(request: Request, work: Awaitable[Any]) -> Any:
     raise ClientGone("client disconnected")
 
 
-def control_router(node: Any) -> APIRouter:
-    """/health, /v1/node, /v1/stats and /v1/generate over a Node (forge/node/interface.py)."""
+def control_router(node: Any, prover: Optional[Prover] = None) -> APIRouter:
+    """/health, /v1/node, /v1/stats and /v1/generate over a Node (forge/node/interface.py). With a prover,
+    /health?challenge=... also answers the proof that this is the node its registry entry names
+    (forge/runtime/node_proof.py)."""
     router = APIRouter()
 
     @router.get("/health")
-    async def health() -> dict:
+    async def health(challenge: Optional[str] = None) -> dict:
         cards = node.healthy_cards()
-        return {"node": node.name, "status": "ok" if cards and not node.closed else "degraded",
-                "healthy_cards": cards}
+        out = {"node": node.name, "status": "ok" if cards and not node.closed else "degraded", "healthy_cards": cards}
+        answer = prover.answer(challenge) if prover is not None else None
+        if answer is not None:
+            out["proof"] = answer
+        return out
 
     @router.get("/v1/node")
     async def describe() -> dict:
@@ -236,11 +242,12 @@ def control_router(node: Any) -> APIRouter:
     return router
 
 
-def build_app(node: Any, *, token: Optional[str] = None, max_body_bytes: Optional[int] = None) -> FastAPI:
-    """node: a Node (forge/node/interface.py)."""
+def build_app(node: Any, *, token: Optional[str] = None, max_body_bytes: Optional[int] = None,
+              prover: Optional[Prover] = None) -> FastAPI:
+    """node: a Node (forge/node/interface.py); prover: the node's proof of itself (forge/runtime/node_proof.py)."""
     app = FastAPI(title=f"forge node {node.name}", version="1", docs_url=None, redoc_url=None, openapi_url=None,
                   max_body_size=max_body_bytes or control_body_limit(node))
-    app.include_router(control_router(node))
+    app.include_router(control_router(node, prover))
     install_error_handlers(app)
     app.add_middleware(TokenAuth, token=token)
     return app

@@ -17,7 +17,7 @@ from forge.config.load import LoadedNode
 from forge.errors import ForgeError
 from forge.node.endpoint import build_app, require_token
 from forge.node.local import CardTransport, LocalNode
-from forge.runtime import registry, warm_node
+from forge.runtime import node_proof, registry, warm_node
 from forge.runtime.http import NotServing, QuietServer
 
 log = logging.getLogger("forge.provision")
@@ -59,19 +59,24 @@ async def _serve(loaded: LoadedNode, host: str, port: int, metrics_port: int, to
     await runtime.start()
     metrics = ForgeMetrics()
     _, mport = metrics.serve(loaded.node.metrics.host, metrics_port)
-    web = QuietServer(build_app(runtime, token=token), host, port)
+    # the node's key: written beside its entry (this user alone reads it), proven on /health before any client
+    # picking the node from the registry sends it a token or a record (forge/runtime/node_proof.py)
+    prover = node_proof.Prover(runtime.name, node_proof.new_key())
+    web = QuietServer(build_app(runtime, token=token, prover=prover), host, port)
     try:
         serve_task = await web.start()
     except NotServing as e:
         await runtime.stop()
         raise ForgeError(f"control endpoint could not bind {host}:{port}: {e}") from None
     control_url = f"http://{host}:{web.port}"
+    prover.control_url = control_url
     metrics_url = f"http://{loaded.node.metrics.host}:{mport}/metrics"
     registry.register(runtime.name, {"control_url": control_url, "metrics_url": metrics_url,
                                      "source": str(loaded.node.source), "started_at": time.time(),
                                      warm_node.DIGEST_KEY: digest,
                                      warm_node.TRANSPORT_KEY: card_transport,
-                                     "cards": [c["card"] + ":" + c["tier"] for c in runtime.describe()["cards"]]})
+                                     "cards": [c["card"] + ":" + c["tier"] for c in runtime.describe()["cards"]]},
+                      key=prover.key)
     print(f"forge: node {runtime.name} up in {time.monotonic() - t0:.1f} s — control {control_url}, "
           f"metrics {metrics_url}, {len(runtime.links)} card(s)", flush=True)
     if ready_file:

@@ -10,9 +10,14 @@ this process's own entry.
 Every entry records whose it is: the user (uid) and the checkout (the folder forge was imported from) that
 started it. On a machine shared by several users or several checkouts of forge, `forge status` marks the nodes
 that are not this checkout's, and a command that picks a node by itself (`forge deploy` without `--node`) never
-picks one of them: it names them and says how to choose one. $FORGE_HOME keeps one's nodes apart altogether."""
+picks one of them: it names them and says how to choose one. $FORGE_HOME keeps one's nodes apart altogether.
+
+What is believed of the folder and its files (this user's, writable by no one else, of the shape written here) is
+forge/runtime/registry_files.py's; a node proves it is the node its entry names before anything is sent to it
+(forge/runtime/node_proof.py, with the key `register` writes beside the entry, readable by this user alone)."""
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -20,6 +25,8 @@ from pathlib import Path
 from typing import Optional
 
 from forge.errors import ForgeError, UsageError
+from forge.runtime import registry_files as files
+from forge.runtime.registry_files import check_name, home  # noqa: F401 - home: forge.cluster reads it from here
 
 _claims: dict[str, int] = {}      # name -> fd of NAME.lock, held by this process
 
@@ -49,32 +56,21 @@ def whose(entry: dict) -> Optional[str]:
     return None
 
 
-def home() -> Path:
-    return Path(os.environ.get("FORGE_HOME", Path.home() / ".forge"))
+def _read(dfd: int, name: str) -> Optional[dict]:
+    """NAME's entry, if forge believes it (else None, said once)."""
+    return next((info for filename, info in files.read_entries(dfd) if filename == f"{name}.json"), None)
 
 
-def _dir() -> Path:
-    d = home() / "nodes"
-    d.mkdir(parents=True, exist_ok=True)
-    return d
-
-
-def _read(path: Path) -> Optional[dict]:
-    try:
-        info = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return info if isinstance(info, dict) else None
-
-
-def _lock_held(name: str) -> Optional[bool]:
+def _lock_held(dfd: int, name: str) -> Optional[bool]:
     """Whether a live process holds NAME.lock; None when there is no lock file (an entry of an older forge)."""
     if name in _claims:
         return True
     try:
-        fd = os.open(_dir() / f"{name}.lock", os.O_RDWR)
+        fd = os.open(f"{name}.lock", os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
     except FileNotFoundError:
         return None
+    except OSError:             # not a file forge made: no live node of forge's holds it
+        return False
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
@@ -86,23 +82,33 @@ def _lock_held(name: str) -> Optional[bool]:
 
 def claim(name: str) -> None:
     """Take `name` on this machine for this process's life; refuse it, in one line, while another holds it."""
+    check_name(name)
     if name in _claims:
         return
-    fd = os.open(_dir() / f"{name}.lock", os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        os.close(fd)
-        info = _read(_dir() / f"{name}.json") or {}
-        where = ", ".join(f"{k} {info[v]}" for k, v in (("pid", "pid"), ("control", "control_url"),
-                                                          ("from", "source")) if info.get(v))
-        theirs = whose(info) if info else None
-        apart = (f"; it is {theirs}: set FORGE_HOME to a folder of your own to keep your nodes apart (now "
-                 f"{home()})") if theirs else ""
-        raise ForgeError(f"a node named {name!r} is already provisioned on this machine"
-                         f"{f' ({where})' if where else ''}: stop it first, or give this node another name "
-                         f"(its description's `node:`){apart}") from None
+    with files.opened_folder() as dfd:
+        try:
+            fd = os.open(f"{name}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dfd)
+        except OSError as e:
+            raise ForgeError(f"{files.folder() / (name + '.lock')}: cannot open the node's lock: {e.strerror}") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            info = _read(dfd, name) or {}
+            _refuse_taken(name, info)
     _claims[name] = fd
+
+
+def _refuse_taken(name: str, info: dict) -> None:
+    """A node of that name holds its lock: say which, and how to keep one's nodes apart."""
+    where = ", ".join(f"{k} {info[v]}" for k, v in (("pid", "pid"), ("control", "control_url"),
+                                                      ("from", "source")) if info.get(v))
+    theirs = whose(info) if info else None
+    apart = (f"; it is {theirs}: set FORGE_HOME to a folder of your own to keep your nodes apart (now "
+             f"{home()})") if theirs else ""
+    raise ForgeError(f"a node named {name!r} is already provisioned on this machine"
+                     f"{f' ({where})' if where else ''}: stop it first, or give this node another name "
+                     f"(its description's `node:`){apart}") from None
 
 
 def release(name: str) -> None:
@@ -111,22 +117,37 @@ def release(name: str) -> None:
         os.close(fd)
 
 
-def register(name: str, info: dict) -> Path:
+def register(name: str, info: dict, key: Optional[str] = None) -> Path:
+    """Write this process's entry for `name` (and first its key, readable by this user alone: what its node proves
+    itself with, forge/runtime/node_proof.py)."""
     claim(name)
-    path = _dir() / f"{name}.json"
-    tmp = path.with_name(f"{name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({**info, **origin(), "node": name, "pid": os.getpid()}, indent=2))
-    os.replace(tmp, path)
-    return path
+    with files.opened_folder() as dfd:
+        if key is not None:
+            files.write_private(dfd, f"{name}.key", key.encode("ascii"))
+        entry = {**info, **origin(), "node": name, "pid": os.getpid()}
+        files.write_private(dfd, f"{name}.json", json.dumps(entry, indent=2, allow_nan=False).encode())
+    return files.folder() / f"{name}.json"
+
+
+def _remove(dfd: int, name: str) -> None:
+    for suffix in (".json", ".key"):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(f"{name}{suffix}", dir_fd=dfd)
 
 
 def unregister(name: str) -> None:
     """Remove this process's entry for `name` (never another process's) and give the name back."""
-    path = _dir() / f"{name}.json"
-    info = _read(path)
-    if info is not None and info.get("pid") == os.getpid():
-        path.unlink(missing_ok=True)
+    with files.opened_folder() as dfd:
+        info = _read(dfd, check_name(name))
+        if info is not None and info.get("pid") == os.getpid():
+            _remove(dfd, name)
     release(name)
+
+
+def key_of(name: str) -> tuple[Optional[str], Optional[str]]:
+    """(NAME's key, None) or (None, why forge has none it believes)."""
+    with files.opened_folder() as dfd:
+        return files.read_key(dfd, name)
 
 
 def pid_alive(pid: int) -> bool:
@@ -140,18 +161,17 @@ def pid_alive(pid: int) -> bool:
 
 
 def entries() -> list[dict]:
-    """Every entry, each with "alive"; entries of processes that are gone are removed from disk (the
-    registry heals itself) but still returned once, so `forge status` can say what happened."""
+    """Every entry forge believes (forge/runtime/registry_files.py), each with "alive"; entries of processes that
+    are gone are removed from disk (the registry heals itself) but still returned once, so `forge status` can say
+    what happened."""
     out = []
-    for f in sorted(_dir().glob("*.json")):
-        info = _read(f)
-        if info is None or not isinstance(info.get("node"), str):
-            continue
-        held = _lock_held(info["node"])
-        alive = held if held is not None else pid_alive(int(info.get("pid", -1)))
-        if not alive:
-            f.unlink(missing_ok=True)
-        out.append({**info, "alive": alive})
+    with files.opened_folder() as dfd:
+        for _, info in files.read_entries(dfd):
+            held = _lock_held(dfd, info["node"])
+            alive = held if held is not None else pid_alive(info["pid"])
+            if not alive:
+                _remove(dfd, info["node"])
+            out.append({**info, "alive": alive})
     return out
 
 

@@ -6,8 +6,9 @@ bringing the card up (importing torch and transformers alone takes ~3 s) for 3-4
 a warm container, and the whole command takes the job's time and half a second.
 
 When. Only a node that is what this run would provision: the same name, started by this user from this checkout,
-with the same `digest` (below), its cards in worker processes (the run's default), answering /health "ok" and
-taking this run's token. Anything else is said in one line and the run provisions its own node, as it always did;
+with the same `digest` (below), its cards in worker processes (the run's default), its control URL on loopback,
+proving it is that node (forge/runtime/node_proof.py: nothing, token included, is sent to it before), answering
+/health "ok" and taking this run's token. Only entries forge believes are read (forge/runtime/registry_files.py). Anything else is said in one line and the run provisions its own node, as it always did;
 `--fresh-node` asks for that outright. What a warm node cannot give a run: a node of its own (other jobs on it
 share its cards, and its counters), and a fresh start of worker restarts spent by earlier jobs."""
 from __future__ import annotations
@@ -17,6 +18,8 @@ import json
 import os
 from pathlib import Path
 from typing import Any, Optional
+
+from forge.runtime import node_proof
 
 DIGEST_KEY = "description_digest"      # the registry entry's fields: written by `forge provision`
 TRANSPORT_KEY = "card_transport"
@@ -99,25 +102,40 @@ def find(loaded, token: Optional[str]) -> tuple[Optional[dict], Optional[str]]:
                       f"other FORGE_/engine environment variables: {fresh}")
     if entry.get(TRANSPORT_KEY) != "process":
         return None, f"{head} with its cards in its own process (--card-transport thread): {fresh}"
-    if not isinstance(entry.get("control_url"), str):
-        return None, f"{head} but its registry entry names no control URL: {fresh}"
-    why = refusal(entry["control_url"], token)
+    url = entry["control_url"]
+    if not node_proof.is_loopback_url(url):
+        return None, f"{head} but its registry entry's control URL {url} is not a loopback address: {fresh}"
+    why = proven(entry)
+    if why is None:
+        why = refusal(url, token)           # only now does the token go out, to the node that proved itself
     if why is not None:
         return None, f"{head} but {why}: {fresh}"
     return entry, None
 
 
+def proven(entry: dict) -> Optional[str]:
+    """None when the node at the entry's URL proved it is that node (forge/runtime/node_proof.py); else why not."""
+    from forge.runtime import registry
+
+    key, why = registry.key_of(entry["node"])
+    if key is None:
+        return f"cannot prove it is that node (its key file {why})"
+    return node_proof.unproven(entry, key)
+
+
 def refusal(url: str, token: Optional[str]) -> Optional[str]:
-    """None when the node at `url` is healthy and takes `token`; else why not, in a few words."""
+    """None when the node at `url` is healthy and takes `token`; else why not, in a few words. Ask it only of a
+    node that proved itself (proven)."""
     import httpx
 
     headers = {"authorization": f"Bearer {token}"} if token else {}
     try:
-        with httpx.Client(base_url=url.rstrip("/"), timeout=HEALTH_TIMEOUT_S, headers=headers) as client:
+        with httpx.Client(base_url=url.rstrip("/"), timeout=HEALTH_TIMEOUT_S, follow_redirects=False,
+                          trust_env=False) as client:
             health = client.get("/health")
             if health.status_code != 200 or health.json().get("status") != "ok":
                 return f"its /health says {health.status_code} {health.json().get('status', '')}".rstrip()
-            if client.get("/v1/node").status_code == 401:
+            if client.get("/v1/node", headers=headers).status_code == 401:
                 return "refuses this run's token (its control.token_env)"
     except (httpx.HTTPError, ValueError, AttributeError):
         return f"does not answer at {url}"
