@@ -38,6 +38,13 @@ def _provisioned(name: str) -> Optional[dict]:
     return next((n for n in registry.nodes() if n["node"] == name), None)
 
 
+def _hint_provisioned(name: str) -> bool:
+    try:
+        return _provisioned(name) is not None
+    except ForgeError:          # a home whose registry is refused: no hint, the refusal below stands
+        return False
+
+
 def description_path(value: Optional[str], command: str) -> Path:
     """The node description a provisioning command (`forge run`, `serve`, `bench`, `provision`) loads."""
     from forge.embedded import PACKAGED_NODES, default_node_path
@@ -58,7 +65,7 @@ def description_path(value: Optional[str], command: str) -> Path:
     if value in PACKAGED_NODES:
         return PACKAGED_NODES[value]
     hint = ""
-    if command != "provision" and _provisioned(value):
+    if command != "provision" and _hint_provisioned(value):
         hint = (f"; a node named {value!r} is provisioned on this machine: `forge deploy --node {value}` runs a job "
                 "against it" + (", `forge serve --remote` serves it" if command == "serve" else ""))
     raise ForgeError(f"{shown}: not a file, nor a node shipped with forge ({', '.join(sorted(PACKAGED_NODES))}); "
@@ -86,6 +93,7 @@ def _proven(entry: dict) -> dict:
     (forge/runtime/node_proof.py). A URL the user gives is the user's choice, and is used as given."""
     from forge.runtime.warm_node import proven
 
+    require_answer(entry)           # a bare GET /health: a stopped or stuck node is named as such, with what to do
     why = proven(entry)
     if why is not None:
         raise ForgeError(f"node {entry['node']!r} (pid {entry['pid']}) {why}: not using it; if that is your node, "

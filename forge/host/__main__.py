@@ -1,4 +1,4 @@
-"""`python -m forge.host FD`: a card worker process (forge/host/worker.py); its node starts it."""
+"""forge.host FD: a card worker process (forge/host/worker.py); its node starts it (forge/link/worker_argv.py)."""
 import sys
 
 from forge.host.worker import main

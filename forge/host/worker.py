@@ -1,4 +1,4 @@
-"""A card worker process: one engine host, spawned by its node (`python -m forge.host FD`: a fresh
+"""A card worker process: one engine host, spawned by its node (forge.host's main, forge/link/worker_argv.py: a fresh
 interpreter, nothing of the node's state inherited), answering the node's link over one socket (FD).
 
 The process owns everything process-wide its engine touches (torch's default dtype, the CUDA context, lazy
