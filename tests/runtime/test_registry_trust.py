@@ -165,7 +165,7 @@ def test_an_entry_pointing_to_a_logging_server_gets_no_token_nor_record(home, lo
     rc, out, err = invoke("status", "--json")
     assert rc == 0 and json.loads(out)[0]["live"]["error"] == "unproven"
     assert logger.seen and logger.tokens_or_records() == [], logger.seen      # challenges only: no token, no record
-    assert all("challenge=" in r["path"] for r in logger.seen)
+    assert any("challenge=" in r["path"] for r in logger.seen)     # and a bare GET /health: is anyone there
 
 
 def test_a_warm_node_must_be_on_loopback(home):
