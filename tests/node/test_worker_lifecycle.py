@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from forge.constants import EXIT_ERROR_ROWS, EXIT_INCOMPLETE
+from tests.forge_cli import WORKER_MARK
 from tests.reliability._rel import (ECHO, NODES, assert_complete, assert_no_traceback, forge_argv, kill9, read_rows,
                                     run_argv, start, wait_for_growth, write_echo_input)
 
@@ -22,7 +23,7 @@ TWO_TINY = FIX / "two-tiny.yaml"
 
 
 def worker_pids(node_pid: int) -> list[int]:
-    """The card workers a node process started (children running `python -m forge.host`)."""
+    """The card workers a node process started (children running forge.host: forge/link/worker_argv.py)."""
     out = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -34,7 +35,7 @@ def worker_pids(node_pid: int) -> list[int]:
                 cmd = f.read().split(b"\0")
         except (FileNotFoundError, ProcessLookupError, IndexError, ValueError):
             continue
-        if ppid == node_pid and b"forge.host" in cmd:
+        if ppid == node_pid and any(WORKER_MARK.encode() in arg for arg in cmd):
             out.append(int(entry))
     return sorted(out)
 
