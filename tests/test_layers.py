@@ -2,7 +2,7 @@
 
 Every `import` and `from ... import` in forge/, at module level or inside a function (a lazy import is still a
 dependency), is read from the source with ast; each names a unit: a package under forge/ (`forge/node/...` is
-`node`) or a top-level module (`forge/requests.py` is `requests`). A unit may import units of a lower layer and
+`node`) or a top-level module (`forge/requests/` is `requests`). A unit may import units of a lower layer and
 nothing above its own; a new upward import, or a circle between units, fails here with the file and line.
 
     python -m pytest -q tests/test_layers.py

@@ -15,7 +15,7 @@ import inspect
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Optional, Sequence
 
-# The request's own types live below the node (forge/requests.py); function authors import them from here.
+# The request's own types live below the node (forge/requests/); function authors import them from here.
 from forge.requests import (Generation, GenerateParams, params_problem, plain_token_ids,  # noqa: F401
                             prompt_problem)
 

@@ -37,7 +37,7 @@ class NodeLLM(LLM):
 
     async def chat(self, messages, *, max_tokens, temperature=0.0, top_p=1.0, top_k=0, seed=None, choice=None,
                    json_schema=None, stop=None, include_stop_str_in_output=False) -> Generation:
-        from forge.runtime.chat_template import apply_template, normalize
+        from forge.requests.chat_template import apply_template, normalize
 
         params = self._params(max_tokens, temperature, top_p, top_k, seed, choice, json_schema, stop,
                               include_stop_str_in_output)
@@ -51,7 +51,7 @@ class NodeLLM(LLM):
         """Stop strings, where the node did not apply them already (a provisioned node does, with its tokenizer)."""
         if not params.stop or gen.finish_reason == "stop":
             return gen
-        from forge.runtime.stops import StopRule, apply_stop, tokenizer_of
+        from forge.requests.stops import StopRule, apply_stop, tokenizer_of
 
         cut, _ = apply_stop(gen, StopRule(params.stop, params.include_stop_str_in_output),
                             tokenizer_of(_inner(self._node), gen.card))

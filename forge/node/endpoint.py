@@ -20,7 +20,7 @@ from forge.errors import ForgeError
 from forge.requests import GenerateParams
 from forge.runtime.node_proof import Prover
 from forge.runtime.http_errors import error_body, install_error_handlers, scrub_paths
-from forge.runtime.stops import StopRule, apply_stop, tokenizer_of
+from forge.requests.stops import StopRule, apply_stop, tokenizer_of
 
 MAX_BATCH_REQUESTS = 1024        # requests in one POST /v1/generate
 MAX_BODY_BYTES = 32 * 2**20      # a bigger body is refused with 413 (from Content-Length, or while it streams in)
@@ -209,7 +209,7 @@ def control_router(node: Any, prover: Optional[Prover] = None) -> APIRouter:
                 if (prompt is None) == (item.messages is None):
                     raise ForgeError("give a prompt or messages, not both nor neither")
                 if item.messages is not None:
-                    from forge.runtime.chat_template import apply_template
+                    from forge.requests.chat_template import apply_template
 
                     prompt = apply_template(list((getattr(node, "tokenizers", None) or {}).values()), item.messages)
             except (ValueError, ForgeError) as e:    # a value the parameters refuse: this item's mistake, not the batch's

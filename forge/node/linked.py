@@ -24,12 +24,12 @@ from forge.host.protocol import Hello, WireResult
 from forge.link.link import HOST_STATS_LAG_S, EngineLink
 from forge.link.transport import Transport
 from forge.node.down import EnginesOut
-from forge.node.guided import guided_output_problem
+from forge.requests.guided import guided_output_problem
 from forge.node.interface import Answer, Node
 from forge.requests import (REFUSED, GenerateParams, Generation, RequestOptions, plain_token_ids,
                             prompt_problem)
-from forge.runtime.prompt_bounds import check_text_prompt
-from forge.runtime.schema_check import schema_problem
+from forge.requests.prompt_bounds import check_text_prompt
+from forge.requests.schema_check import schema_problem
 from forge.stats import BrokerStats, EngineStats
 
 log = logging.getLogger("forge.node")

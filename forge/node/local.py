@@ -20,7 +20,7 @@ from forge.config.plan import engine_plans
 from forge.errors import ForgeError
 from forge.link.transport import Transport
 from forge.node.linked import LinkedNode
-from forge.runtime.prompt_bounds import OFF_LOOP_CHARS, prompt_chars_limit
+from forge.requests.prompt_bounds import OFF_LOOP_CHARS, prompt_chars_limit
 
 log = logging.getLogger("forge.node")
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any, Iterator
 
 from forge.functions.api import Generation
-from forge.runtime.chat_template import text_of as _text_of
+from forge.requests.chat_template import text_of as _text_of
 
 
 def _hf_tokenizer(node: Any):

@@ -16,7 +16,7 @@ from forge.errors import ForgeError, NodeDown, RequestRejected
 from forge.functions.api import GenerateParams, Generation
 from forge.node.endpoint import ClientGone, until_disconnected
 from forge.runtime import http_errors
-from forge.runtime.stops import StopRule, apply_stop, tokenizer_of
+from forge.requests.stops import StopRule, apply_stop, tokenizer_of
 from forge.serve.limits import BadDeadline, EndpointGate, Overloaded, ONLINE_PRIORITY, Slot
 
 

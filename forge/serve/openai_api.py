@@ -20,7 +20,7 @@ from starlette.background import BackgroundTask
 
 from forge.errors import RequestRejected
 from forge.functions.api import GenerateParams, Generation
-from forge.runtime.stops import StopRule
+from forge.requests.stops import StopRule
 from forge.serve.chat import prompt_from_messages, stream_pieces
 from forge.serve.limits import EndpointGate, deadline_s
 from forge.serve.online import answer, describe_failure, error_response

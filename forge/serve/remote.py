@@ -15,7 +15,7 @@ from forge.errors import ForgeError, NodeDown, RequestRejected
 from forge.functions.api import GenerateParams
 from forge.node.interface import Answer
 from forge.node.remote import generation_of, generate_item
-from forge.runtime.stops import StopRule
+from forge.requests.stops import StopRule
 
 
 class RemoteOnlineNode:

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from forge.functions.api import GenerateParams
-from forge.node.guided import guided_output_problem
+from forge.requests.guided import guided_output_problem
 from forge.requests import RequestOptions
 from forge.engines.interface import Guide
 

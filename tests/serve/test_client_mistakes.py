@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from forge.runtime.schema_check import schema_problem
+from forge.requests.schema_check import schema_problem
 
 pytestmark = pytest.mark.engine
 MODEL = "tiny-llama-cpu"

@@ -15,7 +15,7 @@ MODEL = "tiny-llama-cpu"
 
 def test_longest_token_bounds_every_encoding():
     from forge.engines.hf.loading import HFTokenizer
-    from forge.runtime.prompt_bounds import FALLBACK_TOKEN_CHARS, longest_token_chars
+    from forge.requests.prompt_bounds import FALLBACK_TOKEN_CHARS, longest_token_chars
     from transformers import AutoTokenizer
 
     from tests.serve.conftest import REPO

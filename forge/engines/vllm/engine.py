@@ -15,7 +15,7 @@ would live on holding the card's memory (vLLM sets no parent-death signal). In p
 nothing is spawned (no main guard is needed in user scripts), and no step's outputs cross a socket. The cost: the
 scheduler's Python and the forward share this process with the worker's event loop, as transformers' loop does.
 
-Stop strings are applied by forge to the finished text (forge/runtime/stops.py), as for every backend; the engine
+Stop strings are applied by forge to the finished text (forge/requests/stops.py), as for every backend; the engine
 runs each request to EOS or its max_new_tokens. Embeddings need a pooling runner; a generation tier refuses them.
 
 Guides: a choice is guided by forge's token trie (forge/engines/vllm/choice.py), the same guide as on transformers,

@@ -49,7 +49,7 @@ class GenerateParams:
     embed: bool = False
     priority: int = 0
     deadline_s: Optional[float] = None
-    stop: tuple[str, ...] = ()                  # cut the text at the first of these (forge/runtime/stops.py)
+    stop: tuple[str, ...] = ()                  # cut the text at the first of these (forge/requests/stops.py)
     include_stop_str_in_output: bool = False
 
     def __post_init__(self) -> None:
