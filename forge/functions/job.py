@@ -7,7 +7,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 from forge import constants
 from forge.errors import ForgeError
@@ -15,6 +15,7 @@ from forge.functions.errorbudget import MaxErrors
 from forge.functions.loader import load_function
 from forge.functions.progress import Progress
 from forge.functions.runner import RunOutcome, run_records
+from forge.node.interface import Node
 from forge.stats import RunStats
 
 
@@ -33,7 +34,7 @@ class JobOptions:
     max_errors: Optional[MaxErrors] = None
 
 
-def run_with_node(make_node: Callable[[], Any], opts: JobOptions, *, node_label: str = "") -> int:
+def run_with_node(make_node: Callable[[], Node], opts: JobOptions, *, node_label: str = "") -> int:
     """Load the function and open the job's input, ledger and output (everything that can refuse the job answers
     before any engine loads; a run already complete answers at once), then start the node `make_node()` builds
     (a forge.node.interface.Node: local, remote or cluster), run the job, and stop the node whatever happens.
@@ -75,7 +76,7 @@ def _already_complete(store, opts: JobOptions) -> int:
     return constants.EXIT_ERROR_ROWS if c.written_errors else constants.EXIT_OK     # what the output holds
 
 
-async def _run(spec, node: Any, opts: JobOptions, *, node_label: str, engine_stats, broker_stats, store,
+async def _run(spec, node: Node, opts: JobOptions, *, node_label: str, engine_stats, broker_stats, store,
                stats: RunStats) -> int:
     stats.started_at = time.time()          # the run's clock starts once the node is up
     metrics = None
@@ -110,8 +111,7 @@ async def _run(spec, node: Any, opts: JobOptions, *, node_label: str, engine_sta
         counts = store.counts()
         stats.retried = counts.retried - store.retried_before     # the records this start made retried (attempts > 1)
         stats.writer_queue = 0                                    # closed: every row is written
-        if hasattr(node, "refresh_stats"):
-            await node.refresh_stats()
+        await node.refresh_stats()
         code, verdict = _verdict(outcome, store, counts, opts)
         summary = _summary(spec.name, node_label, opts, outcome, engine_stats, broker_stats, counts, code)
         _print_summary(summary)

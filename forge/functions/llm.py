@@ -1,61 +1,70 @@
-"""The `llm` handle given to functions: turns generate/embed calls into node requests.
+"""The `llm` handle given to functions: turns generate/chat/embed calls into node requests.
 
 The node behind it is any forge.node.interface.Node: the local node (`forge run`), a provisioned node over
-HTTP (`forge deploy`) or a Ray cluster (`forge deploy --cluster`); all offer `generate` and `embed`."""
+HTTP (`forge deploy`), a Ray cluster (`forge deploy --cluster`), or the node `forge serve` serves a function's
+record on (online priority, the request's deadline, a full node refused at once). The handle only makes the
+GenerateParams; Node.submit applies every request rule (the prompt's check, chat templates, stop strings)."""
 from __future__ import annotations
 
-from typing import Optional, Protocol, Sequence
+import asyncio
+import time
+from dataclasses import replace
+from typing import Optional
 
-from forge.errors import RequestRejected
-from forge.functions.api import LLM, FunctionSpec, GenerateParams, Generation, prompt_problem
-
-
-class NodeBackend(Protocol):
-    async def generate(self, prompt: str | Sequence[int], params: GenerateParams) -> Generation: ...
-
-    async def embed(self, prompt: str | Sequence[int]) -> list[float]: ...
-
+from forge.errors import ForgeError, RequestRejected
+from forge.functions.api import LLM, FunctionSpec, GenerateParams, Generation
+from forge.node.interface import Answer, Node, Prompt
+from forge.requests.messages import Chat
+from forge.stats import RunStats
 
 _MADE_PARAMS_MAX = 256      # distinct generate settings a job's handle keeps made (cleared when full)
 
 
 class NodeLLM(LLM):
-    """One per job. Counts what the function asked for so the runner can report tokens per record."""
+    """One per job (or per online record). Counts the tokens its requests read and wrote into `stats` (the run's
+    summary and progress). priority, deadline_at (a time.monotonic() instant: each request gets what is left of
+    it) and wait=False (a full node refused at once) are an online record's (forge/serve/functions_api.py)."""
 
-    def __init__(self, node: NodeBackend, spec: Optional[FunctionSpec] = None, *, priority: int = 0):
+    def __init__(self, node: Node, spec: Optional[FunctionSpec] = None, *, stats: Optional[RunStats] = None,
+                 priority: int = 0, deadline_at: Optional[float] = None, wait: bool = True):
         self._node = node
         self._cap = spec.max_output_tokens if spec else None
+        self._stats = stats
         self._priority = priority
+        self._deadline_at = deadline_at
+        self._wait = wait
         self._made: dict[tuple, GenerateParams] = {}     # bounded: _MADE_PARAMS_MAX
 
     async def generate(self, prompt, *, max_tokens, temperature=0.0, top_p=1.0, top_k=0, seed=None,
                        choice=None, json_schema=None, stop=None, include_stop_str_in_output=False) -> Generation:
-        _check_prompt(prompt)
         params = self._params(max_tokens, temperature, top_p, top_k, seed, choice, json_schema, stop,
                               include_stop_str_in_output)
-        return self._cut(await self._node.generate(prompt, params), params)
+        return (await self._submit(prompt, params)).generation
 
     async def chat(self, messages, *, max_tokens, temperature=0.0, top_p=1.0, top_k=0, seed=None, choice=None,
                    json_schema=None, stop=None, include_stop_str_in_output=False) -> Generation:
-        from forge.requests.chat_template import apply_template, normalize
-
         params = self._params(max_tokens, temperature, top_p, top_k, seed, choice, json_schema, stop,
                               include_stop_str_in_output)
-        node = _inner(self._node)
-        tokenizers = list((getattr(node, "tokenizers", None) or {}).values())
-        if not tokenizers and hasattr(self._node, "chat"):      # a provisioned node applies its own template
-            return self._cut(await self._node.chat(normalize(messages), params), params)
-        return self._cut(await self._node.generate(apply_template(tokenizers, messages), params), params)
+        return (await self._submit(Chat.of(messages), params)).generation
 
-    def _cut(self, gen: Generation, params: GenerateParams) -> Generation:
-        """Stop strings, where the node did not apply them already (a provisioned node does, with its tokenizer)."""
-        if not params.stop or gen.finish_reason == "stop":
-            return gen
-        from forge.requests.stops import StopRule, apply_stop, tokenizer_of
+    async def embed(self, text) -> list[float]:
+        answer = await self._submit(text, GenerateParams(max_tokens=1, embed=True, priority=self._priority))
+        if answer.hidden is None:
+            raise ForgeError(f"card {answer.generation.card}: its backend returns no hidden state")
+        return list(answer.hidden)
 
-        cut, _ = apply_stop(gen, StopRule(params.stop, params.include_stop_str_in_output),
-                            tokenizer_of(_inner(self._node), gen.card))
-        return cut
+    async def _submit(self, prompt: Prompt, params: GenerateParams) -> Answer:
+        if self._deadline_at is not None:
+            left = self._deadline_at - time.monotonic()
+            if left <= 0:
+                raise asyncio.TimeoutError("deadline exceeded")
+            params = replace(params, deadline_s=left)
+        answer = await self._node.submit(prompt, params, wait=self._wait)
+        if self._stats is not None:
+            gen = answer.generation
+            self._stats.input_tokens += gen.input_tokens      # an embed reads its prompt and writes no token
+            self._stats.output_tokens += 0 if params.embed else gen.output_tokens
+        return answer
 
     def _params(self, max_tokens, temperature, top_p, top_k, seed, choice, json_schema, stop,
                 include_stop_str_in_output) -> GenerateParams:
@@ -87,18 +96,3 @@ class NodeLLM(LLM):
         if self._cap is not None and max_tokens > self._cap:
             raise RequestRejected(f"max_tokens={max_tokens} exceeds the function's max_output_tokens={self._cap}")
         return params
-
-    async def embed(self, text) -> list[float]:
-        _check_prompt(text)
-        return await self._node.embed(text)
-
-
-def _inner(node):
-    """The node behind the job's counting wrapper (its tokenizers live there)."""
-    return getattr(node, "inner", node)
-
-
-def _check_prompt(prompt) -> None:
-    why = prompt_problem(prompt)
-    if why is not None:
-        raise RequestRejected(why)

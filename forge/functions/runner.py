@@ -13,13 +13,14 @@ import sys
 import time
 import traceback
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 from forge.errors import ForgeError, NodeDown
-from forge.functions.api import FunctionSpec, GenerateParams, Generation
+from forge.functions.api import FunctionSpec
 from forge.functions.errorbudget import MaxErrors
 from forge.functions.llm import NodeLLM
 from forge.gc_tuning import tune_for_throughput
+from forge.node.interface import Node
 from forge.runtime.loopwatch import LoopWatch
 from forge.stats import RunStats
 
@@ -35,34 +36,6 @@ class RunOutcome:
                                           # stay pending
     returned: int = 0                     # records in flight when stopped, cut short: pending in the ledger
     wall_s: float = 0.0
-
-
-class CountingNode:
-    """Wraps the node backend to count tokens for the run's summary and progress."""
-
-    def __init__(self, node: Any, stats: RunStats):
-        self._node, self._stats = node, stats
-        self.inner = node
-        if hasattr(node, "chat"):       # a provisioned node applies chat templates itself
-            self.chat = self._chat
-
-    async def generate(self, prompt, params: GenerateParams) -> Generation:
-        return self._count(await self._node.generate(prompt, params))
-
-    async def _chat(self, messages, params: GenerateParams) -> Generation:
-        return self._count(await self._node.chat(messages, params))
-
-    def _count(self, gen: Generation) -> Generation:
-        self._stats.input_tokens += gen.input_tokens
-        self._stats.output_tokens += gen.output_tokens
-        return gen
-
-    async def embed(self, prompt) -> list[float]:
-        if not hasattr(self._node, "embed_counted"):
-            return await self._node.embed(prompt)
-        vector, input_tokens = await self._node.embed_counted(prompt)
-        self._stats.input_tokens += input_tokens       # an embed reads its prompt and writes no token
-        return vector
 
 
 def error_row(index: int, exc: BaseException) -> dict:
@@ -83,7 +56,7 @@ def _tell(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-async def run_records(*, spec: FunctionSpec, node: Any, records, sink, stats: RunStats, concurrency: int,
+async def run_records(*, spec: FunctionSpec, node: Node, records, sink, stats: RunStats, concurrency: int,
                       on_tick: Callable[[], None] = lambda: None, tick_s: float = 0.25,
                       install_signals: bool = True, notice: Callable[[str], None] = _tell,
                       max_errors: Optional[MaxErrors] = None) -> RunOutcome:
@@ -92,7 +65,7 @@ async def run_records(*, spec: FunctionSpec, node: Any, records, sink, stats: Ru
     tune_for_throughput()
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue = asyncio.Queue(maxsize=max(2 * concurrency, 16))
-    llm = NodeLLM(CountingNode(node, stats), spec)
+    llm = NodeLLM(node, spec, stats=stats)
     stop = asyncio.Event()          # start no new record
     hurry = asyncio.Event()         # stop waiting for the records in flight (a second signal, a broken sink)
     broken: list[BaseException] = []   # the sink (ledger / output) failed: nothing more can be settled

@@ -16,6 +16,7 @@ from forge.requests import Generation
 MAX_COUNT = 2**31 - 1          # tokens in one request: no engine counts past int32
 MAX_TOKEN_ID = 2**31 - 1
 MAX_FIELD_CHARS = 256          # finish_reason, card, an error's type
+MAX_STOP_CHARS = 4096          # a stop string a request may name
 ERROR_TYPES = {"RequestRejected": RequestRejected, "NodeDown": NodeDown}
 
 
@@ -89,3 +90,13 @@ def hidden_of(out: dict, node: str) -> Optional[list]:
         raise BadAnswer(f"node {node} answered a request with hidden = {_shown(hidden)}: not a list of finite "
                         "numbers")
     return hidden
+
+
+def stop_reason_of(out: dict, node: str) -> Optional[str]:
+    """The stop string that cut the text (forge/node/endpoint.py), or None."""
+    value = out.get("stop_reason")
+    if value is None:
+        return None
+    if not isinstance(value, str) or len(value) > MAX_STOP_CHARS:
+        raise BadAnswer(f"node {node} answered a request with stop_reason = {_shown(value)}: not a stop string")
+    return value

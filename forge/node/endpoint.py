@@ -10,27 +10,28 @@ import asyncio
 import hmac
 import ipaddress
 import json
-from typing import Any, Awaitable, ClassVar, Optional, Sequence, Union
+from typing import Any, Awaitable, ClassVar, Optional, Sequence
 
 from fastapi import APIRouter, FastAPI, HTTPException, Request
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, create_model, model_validator
 
 from forge import constants
 from forge.errors import ForgeError
+from forge.node.interface import Node, Prompt
 from forge.requests import GenerateParams
+from forge.requests.messages import Chat
 from forge.runtime.node_proof import Prover
 from forge.runtime.http_errors import error_body, install_error_handlers, scrub_paths
-from forge.requests.stops import StopRule, apply_stop, tokenizer_of
 
 MAX_BATCH_REQUESTS = 1024        # requests in one POST /v1/generate
 MAX_BODY_BYTES = 32 * 2**20      # a bigger body is refused with 413 (from Content-Length, or while it streams in)
 UTF8_MAX = 4                     # bytes per character, at most
 
 
-def control_body_limit(node: Any) -> int:
+def control_body_limit(node: Node) -> int:
     """The control endpoint's body limit: 32 MiB, or more where a batch of the longest prompts the node can take
     needs it (a bulk client must never meet 413 with prompts the node would accept)."""
-    return max(MAX_BODY_BYTES, MAX_BATCH_REQUESTS * UTF8_MAX * int(getattr(node, "prompt_chars_limit", 0) or 0))
+    return max(MAX_BODY_BYTES, MAX_BATCH_REQUESTS * UTF8_MAX * node.prompt_chars_limit)
 
 
 class GenerateItem(BaseModel):
@@ -40,9 +41,11 @@ class GenerateItem(BaseModel):
     # node's loop, /health included).
     max_prompt_tokens: ClassVar[int] = 2**31 - 1
     _refused: Optional[str] = PrivateAttr(None)
-    prompt: Union[str, list[int], None] = None
+    # Text or token ids; anything else reaches Node.submit's prompt check, which names it as it does in-process.
+    prompt: Any = None
     # instead of a prompt: chat messages, made a prompt with the node's chat template (llm.chat on forge deploy)
-    messages: Optional[list[dict]] = Field(None, max_length=constants.MAX_CHAT_MESSAGES)
+    messages: Optional[list[Any]] = Field(None, max_length=constants.MAX_CHAT_MESSAGES)
+    transcript_fallback: bool = False      # a model without a template gets the plain transcript (forge serve)
     max_tokens: int = Field(gt=0)
     temperature: float = Field(0.0, ge=0)
     top_p: float = Field(1.0, gt=0, le=1)
@@ -55,7 +58,7 @@ class GenerateItem(BaseModel):
     embed: bool = False
     priority: int = 0
     deadline_s: Optional[float] = Field(None, gt=0)
-    stop: Optional[list[str]] = Field(None, max_length=16)      # cut here, counted with the node's tokenizer
+    stop: Optional[list[str]] = Field(None, max_length=constants.MAX_STOP_STRINGS)   # cut by the node's submit
     include_stop_str_in_output: bool = False
 
     @model_validator(mode="wrap")
@@ -86,7 +89,7 @@ class GenerateBatch(BaseModel):
     requests: list[GenerateItem] = Field(min_length=1, max_length=MAX_BATCH_REQUESTS)
 
 
-def batch_for(node: Any) -> type:
+def batch_for(node: Node) -> type:
     """GenerateBatch whose items refuse prompts longer than the node's largest max_input_len from their length."""
     limit = max((int(c["limits"]["max_input_len"]) for c in node.describe().get("cards", [])), default=0)
     if limit <= 0:
@@ -167,7 +170,7 @@ async def until_disconnected(request: Request, work: Awaitable[Any]) -> Any:
     raise ClientGone("client disconnected")
 
 
-def control_router(node: Any, prover: Optional[Prover] = None) -> APIRouter:
+def control_router(node: Node, prover: Optional[Prover] = None) -> APIRouter:
     """/health, /v1/node, /v1/stats and /v1/generate over a Node (forge/node/interface.py). With a prover,
     /health?challenge=... also answers the proof that this is the node its registry entry names
     (forge/runtime/node_proof.py)."""
@@ -204,23 +207,18 @@ def control_router(node: Any, prover: Optional[Prover] = None) -> APIRouter:
                                         top_k=item.top_k, seed=item.seed,
                                         choice=tuple(item.choice) if item.choice is not None else None,
                                         json_schema=item.json_schema, embed=item.embed, priority=item.priority,
-                                        deadline_s=item.deadline_s)
-                prompt = item.prompt
-                if (prompt is None) == (item.messages is None):
+                                        deadline_s=item.deadline_s, stop=tuple(item.stop or ()),
+                                        include_stop_str_in_output=item.include_stop_str_in_output)
+                if (item.prompt is None) == (item.messages is None):
                     raise ForgeError("give a prompt or messages, not both nor neither")
-                if item.messages is not None:
-                    from forge.requests.chat_template import apply_template
-
-                    prompt = apply_template(list((getattr(node, "tokenizers", None) or {}).values()), item.messages)
+                prompt: Prompt = item.prompt if item.messages is None else \
+                    Chat.of(item.messages, transcript_fallback=item.transcript_fallback)
             except (ValueError, ForgeError) as e:    # a value the parameters refuse: this item's mistake, not the batch's
                 return {"error": {"type": "RequestRejected", "message": scrub_paths(str(e))}}
             try:
-                gen, hidden = await node.submit(prompt, params)
+                gen, hidden, matched = await node.submit(prompt, params)
             except ForgeError as e:
                 return {"error": {"type": type(e).__name__, "message": scrub_paths(str(e))}}
-            if item.stop:
-                gen, matched = apply_stop(gen, StopRule(tuple(item.stop), item.include_stop_str_in_output),
-                                          tokenizer_of(node, gen.card))
             out = {"text": gen.text, "output_tokens": gen.output_tokens, "input_tokens": gen.input_tokens,
                    "finish_reason": gen.finish_reason, "card": gen.card, "token_ids": list(gen.token_ids)}
             if item.stop:
@@ -242,7 +240,7 @@ def control_router(node: Any, prover: Optional[Prover] = None) -> APIRouter:
     return router
 
 
-def build_app(node: Any, *, token: Optional[str] = None, max_body_bytes: Optional[int] = None,
+def build_app(node: Node, *, token: Optional[str] = None, max_body_bytes: Optional[int] = None,
               prover: Optional[Prover] = None) -> FastAPI:
     """node: a Node (forge/node/interface.py); prover: the node's proof of itself (forge/runtime/node_proof.py)."""
     app = FastAPI(title=f"forge node {node.name}", version="1", docs_url=None, redoc_url=None, openapi_url=None,

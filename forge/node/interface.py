@@ -7,26 +7,46 @@ control endpoint ask of it. Three kinds implement it:
 
 Every request gets one typed answer: an Answer (the Generation, and the hidden state for embed requests),
 or an exception - RequestRejected (the caller's to fix: a refusal, no engine fits, a closed node), NodeDown
-(no engine can work; a job stops without error rows), ForgeError (the engine failed the request)."""
+(no engine can work; a job stops without error rows), ForgeError (the engine failed the request).
+
+`submit` owns the whole request, whatever edge it came in by (a function's llm handle, the control endpoint,
+forge serve): the prompt's check (once), a chat's template, the guide's feasibility on the node's cards and the
+check of guided output, and the stop strings of its GenerateParams. The rules are forge/requests/'s; a node that
+is elsewhere (RemoteNode) forwards the prompt or messages and the GenerateParams whole, and its node applies them."""
 from __future__ import annotations
 
 import abc
-from typing import NamedTuple, Optional, Sequence
+from typing import NamedTuple, Optional, Protocol, Sequence, Union
 
 from forge.errors import ForgeError
 from forge.requests import GenerateParams, Generation
+from forge.requests.messages import Chat
 from forge.stats import BrokerStats, EngineStats
+
+Prompt = Union[str, Sequence[int], Chat]      # text, token ids, or chat messages for the model's template
 
 
 class Answer(NamedTuple):
     generation: Generation
     hidden: Optional[list[float]] = None      # the final hidden state, for embed requests
+    stop_reason: Optional[str] = None         # the stop string that cut the text, if one did
+
+
+class TextTokenizer(Protocol):
+    """What callers above the node may do with a card's tokenizer (forge serve's echo and streaming)."""
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: Sequence[int]) -> str: ...
 
 
 class Node(abc.ABC):
     name: str = "?"
     closed: bool = False
     abandoned: int = 0                        # requests whose caller stopped waiting (cancelled)
+    started_at: float = 0.0
+    prompt_chars_limit: int = 0               # longer text prompts fit no card (0: not known here)
+    remote_url: Optional[str] = None          # where the node is, when it is not in this process (RemoteNode)
 
     @abc.abstractmethod
     async def start(self) -> None:
@@ -42,21 +62,18 @@ class Node(abc.ABC):
         return True
 
     @abc.abstractmethod
-    async def submit(self, prompt: str | Sequence[int], params: GenerateParams, *, wait: bool = True) -> Answer:
-        """One request. wait=False: a full queue is refused at once (QueueFull) instead of waited out."""
+    async def submit(self, prompt: Prompt, params: GenerateParams, *, wait: bool = True) -> Answer:
+        """One request, whole (see the module's docstring). wait=False: a full queue is refused at once (QueueFull)
+        instead of waited out."""
 
-    async def generate(self, prompt: str | Sequence[int], params: GenerateParams) -> Generation:
+    async def generate(self, prompt: Prompt, params: GenerateParams) -> Generation:
         return (await self.submit(prompt, params)).generation
 
     async def embed(self, prompt: str | Sequence[int]) -> list[float]:
-        return (await self.embed_counted(prompt))[0]
-
-    async def embed_counted(self, prompt: str | Sequence[int]) -> tuple[list[float], int]:
-        """The embedding and the prompt tokens the engine read for it (a job counts them as tokens in)."""
         answer = await self.submit(prompt, GenerateParams(max_tokens=1, embed=True))
         if answer.hidden is None:
             raise ForgeError(f"card {answer.generation.card}: its backend returns no hidden state")
-        return list(answer.hidden), answer.generation.input_tokens
+        return list(answer.hidden)
 
     # ------------------------------------------------------------------ observation
     # read_engine_stats() shows an engine's newest counters within this many seconds of its last step.
@@ -70,6 +87,13 @@ class Node(abc.ABC):
         return self.engine_stats()
 
     def broker_stats(self) -> Optional[BrokerStats]:
+        return None
+
+    async def refresh_stats(self) -> None:
+        """Read the stats again now where they come from elsewhere (a job's final figures include its last results)."""
+
+    def tokenizer_for(self, card: Optional[str] = None) -> Optional[TextTokenizer]:
+        """The tokenizer of `card` (any card's for None) where this process has a copy; None where it has not."""
         return None
 
     def describe(self) -> dict:

@@ -13,7 +13,7 @@ import itertools
 import logging
 import time
 import uuid
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 from forge.broker import Broker, BrokerCore, BrokerRequest, NoEngineFits
 from forge.engines.interface import Guide
@@ -24,12 +24,14 @@ from forge.host.protocol import Hello, WireResult
 from forge.link.link import HOST_STATS_LAG_S, EngineLink
 from forge.link.transport import Transport
 from forge.node.down import EnginesOut
+from forge.node.interface import Answer, Node, Prompt, TextTokenizer
+from forge.requests import REFUSED, GenerateParams, Generation, RequestOptions
+from forge.requests.chat_template import apply_template
+from forge.requests.messages import Chat
 from forge.requests.guided import guided_output_problem
-from forge.node.interface import Answer, Node
-from forge.requests import (REFUSED, GenerateParams, Generation, RequestOptions, plain_token_ids,
-                            prompt_problem)
-from forge.requests.prompt_bounds import check_text_prompt
+from forge.requests.prompt_bounds import checked_prompt
 from forge.requests.schema_check import schema_problem
+from forge.requests.stops import StopRule, apply_stop
 from forge.stats import BrokerStats, EngineStats
 
 log = logging.getLogger("forge.node")
@@ -42,6 +44,7 @@ class LinkedNode(EnginesOut, Node):
         self.down_grace_s, self.sweep_interval_s = down_grace_s, sweep_interval_s
         self.links: dict[str, EngineLink] = {}
         self.encoders: dict[str, Encoder] = {}
+        self.tokenizers: dict[str, Any] = {}          # tokenizer key -> this process's copy (none on a cluster)
         self.broker: Optional[Broker] = None
         self._futures: dict[str, asyncio.Future] = {}
         # Request ids: a random per-node prefix + a counter. uuid4 per request cost ~9 % of the control plane's CPU
@@ -122,9 +125,8 @@ class LinkedNode(EnginesOut, Node):
         return None
 
     async def encode(self, prompt: str | Sequence[int]) -> dict[str, tuple[int, ...]]:
-        why = prompt_problem(prompt)        # text no tokenizer takes must not fail the batch it would travel in
-        if why is not None:
-            raise RequestRejected(why)
+        """The prompt's ids per tokenizer; `prompt` passed submit's check (text no tokenizer takes must not fail the
+        batch it would travel in)."""
         now = self.encode_now(prompt)
         if now is not None:
             return now
@@ -142,31 +144,27 @@ class LinkedNode(EnginesOut, Node):
     def _encode_locally(self, prompt: str) -> dict[str, tuple[int, ...]]:
         return {}
 
-    async def submit(self, prompt: str | Sequence[int], params: GenerateParams, *, wait: bool = True) -> Answer:
-        """Tokenize, hand to the broker, and wait for the engine's answer. A full broker is waited out (wait=True)
-        or refused at once with QueueFull (wait=False: the online path answers 429). Cancelling the caller (a
-        client gone, a deadline) takes the request back: dropped if still queued, cancelled in its engine if not."""
+    async def submit(self, prompt: Prompt, params: GenerateParams, *, wait: bool = True) -> Answer:
+        """The whole request (forge/node/interface.py): a chat rendered with the model's template (bounded, off the
+        loop), the prompt checked once, tokenized, handed to the broker; the engine's answer checked against its
+        guide and cut at its stop strings. A full broker is waited out (wait=True) or refused at once with QueueFull
+        (wait=False: the online path answers 429). Cancelling the caller (a client gone, a deadline) takes the
+        request back: dropped if still queued, cancelled in its engine if not."""
         if self.down:
             raise NodeDown(self.down)
         if self.closed or self.broker is None:
             raise RequestRejected(f"{self.label} is not accepting requests")
-        if params.max_tokens <= 0:
-            raise RequestRejected(f"max_tokens must be positive, got {params.max_tokens}")
         opts = RequestOptions.of(params)
         guide = opts.guide if opts is not None else None
         if guide is not None:
             self._check_guide_support(guide)
-        ids = plain_token_ids(prompt)
-        if ids is not None:                # token ids as they usually come: checked and copied in C passes
-            prompts = dict.fromkeys(self._keys, ids)
-        else:
-            if isinstance(prompt, str):
-                check_text_prompt(prompt, self.prompt_chars_limit, self.name)
-            elif (why := prompt_problem(prompt)) is not None:   # token ids an engine cannot hold (int32)
-                raise RequestRejected(why)
-            prompts = self.encode_now(prompt)
-            if prompts is None:
-                prompts = await self.encode(prompt)
+        if isinstance(prompt, Chat):
+            prompt = await asyncio.to_thread(apply_template, list(self.tokenizers.values()), prompt,
+                                             limit_chars=self.prompt_chars_limit)
+        prompt = checked_prompt(prompt, self.prompt_chars_limit, self.name)
+        prompts = self.encode_now(prompt)
+        if prompts is None:
+            prompts = await self.encode(prompt)
         rid = f"{self._rid_prefix}{next(self._rid_seq):x}"
         req = BrokerRequest(request_id=rid, prompts=prompts, max_new_tokens=params.max_tokens, payload=opts,
                             priority=params.priority)
@@ -208,11 +206,17 @@ class LinkedNode(EnginesOut, Node):
         ids = res.output_ids
         gen = Generation(text=text, output_tokens=len(ids), input_tokens=res.input_tokens, finish_reason=finish,
                          card=eid, token_ids=tuple(ids))
-        return Answer(gen, res.hidden)
+        matched = None
+        if params.stop:
+            gen, matched = apply_stop(gen, StopRule(params.stop, params.include_stop_str_in_output),
+                                      self.tokenizer_for(eid))
+        return Answer(gen, res.hidden, matched)
+
+    def tokenizer_for(self, card: Optional[str] = None) -> Optional[TextTokenizer]:
+        key = self.links[card].key if card in self.links else None
+        return self.tokenizers.get(key) if key in self.tokenizers else next(iter(self.tokenizers.values()), None)
 
     def _check_guide_support(self, guide: Guide) -> None:
-        if guide.choice is not None and guide.json_schema is not None:
-            raise RequestRejected("give choice or json_schema, not both")
         kind = "choice" if guide.choice is not None else "json_schema"
         if not any(kind in lk.info.guides for lk in self.links.values()):
             have = ", ".join(f"{eid}: {lk.info.guides or 'none'}" for eid, lk in self.links.items())

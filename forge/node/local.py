@@ -49,7 +49,6 @@ class LocalNode(LinkedNode):
         self.card_transport = card_transport
         self.worker_cpus = worker_cpus
         self.transports: list[Any] = []
-        self.tokenizers: dict[str, Any] = {}          # tokenizer key -> this process's copy
 
     # ------------------------------------------------------------------ lifecycle
     def launch(self) -> None:

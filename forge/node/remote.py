@@ -1,7 +1,11 @@
-"""A provisioned node seen from `forge deploy` (the Node interface over HTTP): calls coalesced into batched POSTs.
+"""A provisioned node seen from `forge deploy` and `forge serve --remote` (the Node interface over HTTP). The
+prompt (or chat messages) and the GenerateParams travel whole: the node's own submit applies the request rules
+(its tokenizer counts the tokens up to a stop string, its template renders a chat).
 
-One HTTP round trip per request would cap a job near a thousand requests/s; calls that arrive
-within `linger_s` (or until `max_batch`) travel together, with a bounded number of POSTs in flight.
+Bulk calls (wait=True) are coalesced into batched POSTs: one HTTP round trip per request would cap a job near a
+thousand requests/s; calls that arrive within `linger_s` (or until `max_batch`) travel together, with a bounded
+number of POSTs in flight. Online calls (wait=False, forge serve) go one POST each: cancelling one closes its
+connection and the node's control endpoint cancels that request's engine work; a full node answers 429 (QueueFull).
 
 Every call ends: each batch's futures are resolved whatever its POST does (an item that cannot be sent, a reply
 that cannot be read, a short reply, a cancelled task), and a watchdog probes the node's /health: a node that has
@@ -14,15 +18,17 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from typing import Any, Optional, Sequence
+from typing import Any, Optional
 
 import httpx
 
 from forge import constants
+from forge.broker.types import QueueFull
 from forge.errors import ForgeError, NodeDown, RequestRejected
 from forge.node import answer_check
-from forge.node.interface import Answer, Node
+from forge.node.interface import Answer, Node, Prompt
 from forge.requests import GenerateParams, Generation
+from forge.requests.messages import Chat
 from forge.runtime.awake import pause_clock
 
 CONNECT_RETRIES = 3
@@ -34,11 +40,11 @@ PROGRESS_FIELDS = ("card", "engine_steps", "output_tokens", "input_tokens", "req
                    "requests_cancelled", "in_flight")
 
 
-def generate_item(prompt: str | Sequence[int], params: GenerateParams) -> dict[str, Any]:
+def generate_item(prompt: Prompt, params: GenerateParams) -> dict[str, Any]:
     """One item of a node's /v1/generate body (forge/node/endpoint.py's GenerateItem), from a call's settings:
-    the one encoder for every client of a provisioned node (forge deploy, forge serve --remote)."""
-    item: dict[str, Any] = {"prompt": prompt if isinstance(prompt, str) else list(prompt),
-                            "max_tokens": params.max_tokens, "temperature": params.temperature,
+    the one encoder for every client of a provisioned node (forge deploy, forge serve --remote). A prompt that is
+    neither text nor a list goes as it is: the node's check names it, as it would for a call in its own process."""
+    item: dict[str, Any] = {"max_tokens": params.max_tokens, "temperature": params.temperature,
                             "top_p": params.top_p, "top_k": params.top_k, "seed": params.seed,
                             "embed": params.embed, "priority": params.priority, "deadline_s": params.deadline_s}
     if params.choice is not None:
@@ -48,23 +54,35 @@ def generate_item(prompt: str | Sequence[int], params: GenerateParams) -> dict[s
     if params.stop:             # applied by the node, whose tokenizer counts the tokens up to the match
         item["stop"] = list(params.stop)
         item["include_stop_str_in_output"] = params.include_stop_str_in_output
+    if isinstance(prompt, Chat):
+        item["messages"] = list(prompt.messages)
+        if prompt.transcript_fallback:
+            item["transcript_fallback"] = True
+    else:
+        item["prompt"] = list(prompt) if isinstance(prompt, (list, tuple)) else prompt
     return item
 
 
-def generation_of(out: dict, node: str = "at the other end") -> Generation:
+def answer_of(out: Any, node: str = "at the other end") -> Answer:
     """A node's answer to one request, every field checked (forge/node/answer_check.py), or that request's error."""
+    return Answer(answer_check.generation_of(out, node), answer_check.hidden_of(out, node),
+                  answer_check.stop_reason_of(out, node))
+
+
+def generation_of(out: Any, node: str = "at the other end") -> Generation:
     return answer_check.generation_of(out, node)
 
 
 class RemoteNode(Node):
     def __init__(self, url: str, *, token: Optional[str] = None, max_batch: int = 256, linger_s: float = 0.002,
                  max_posts_in_flight: int = 8, timeout_s: float = 600.0,
-                 stall_window_s: float = constants.STALL_WINDOW_S):
-        self.url = url.rstrip("/")
+                 stall_window_s: float = constants.STALL_WINDOW_S, max_connections: int = 100):
+        self.url = self.remote_url = url.rstrip("/")
         headers = {"authorization": f"Bearer {token}"} if token else {}
         # The read timeout bounds one batch's POST (work queued on a busy node may take minutes); silence is the
         # watchdog's business, within stall_window_s.
         self._client = httpx.AsyncClient(base_url=self.url, headers=headers,
+                                         limits=httpx.Limits(max_connections=max_connections),
                                          timeout=httpx.Timeout(timeout_s, connect=10.0))
         self._max_batch = max_batch
         self._linger_s = linger_s
@@ -80,6 +98,7 @@ class RemoteNode(Node):
         self._answered_at = time.monotonic()             # when a POST last got an answer
         self.name = "?"
         self.info: dict = {}
+        self._online = 0                                 # online calls (one POST each) in flight
 
     async def start(self) -> dict:
         try:
@@ -92,6 +111,7 @@ class RemoteNode(Node):
             raise ForgeError(f"node at {self.url} answered {r.status_code}: {r.text[:200]}")
         self.info = r.json()
         self.name = self.info.get("node", "?")
+        self.started_at = time.time()
         self._watchdog = asyncio.ensure_future(self._watch())
         return self.info
 
@@ -110,26 +130,54 @@ class RemoteNode(Node):
         await self._client.aclose()
 
     async def stop(self) -> None:
+        self.closed = True
         await self.close()
 
-    async def submit(self, prompt: str | Sequence[int], params: GenerateParams, *, wait: bool = True) -> Answer:
-        out = await self._call(generate_item(prompt, params))
-        return Answer(generation_of(out, self.name), answer_check.hidden_of(out, self.name))
+    def describe(self) -> dict:
+        return self.info
 
-    async def chat(self, messages: list[dict], params: GenerateParams) -> Generation:
-        """generate() on the prompt the node's own chat template makes of `messages` (its tokenizer is there)."""
-        item = generate_item("", params)
-        del item["prompt"]
-        item["messages"] = messages
-        return generation_of(await self._call(item), self.name)
+    def open_requests(self) -> int:
+        return len(self._open) + self._online
 
-    async def _call(self, item: dict) -> dict:
-        if self._silent is not None:
-            raise self._silent
+    async def submit(self, prompt: Prompt, params: GenerateParams, *, wait: bool = True) -> Answer:
+        body = self._encode(generate_item(prompt, params))
+        return answer_of(await (self._call(body) if wait else self._call_alone(body)), self.name)
+
+    def _encode(self, item: dict) -> bytes:
         try:    # encoded here, alone: an item that cannot travel fails its own call, never its batch
-            body = json.dumps(item, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode("utf-8")
+            return json.dumps(item, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode("utf-8")
         except (TypeError, ValueError, RecursionError) as e:   # UnicodeEncodeError (a lone surrogate) is a ValueError
             raise RequestRejected(f"the request cannot be sent to node {self.name}: {type(e).__name__}: {e}") from None
+
+    async def _call_alone(self, body: bytes) -> dict:
+        """One POST for one online call: cancelling it closes the connection (the node cancels the work), and a
+        full node is QueueFull at once (forge serve answers 429)."""
+        if self.closed:
+            raise RequestRejected(f"node {self.name} is draining")
+        self._online += 1
+        try:
+            r = await self._client.post("/v1/generate", content=b'{"requests":[' + body + b"]}",
+                                        headers={"content-type": "application/json"})
+        except httpx.TransportError as e:
+            raise ForgeError(f"node {self.name} at {self.url}: {type(e).__name__}: {e}") from None
+        except BaseException:
+            self.abandoned += 1              # cancelled: the connection closes and the node cancels the work
+            raise
+        finally:
+            self._online -= 1
+        if r.status_code == 429:
+            raise QueueFull(f"node {self.name} answered 429")
+        if r.status_code == 503:
+            raise NodeDown(f"node {self.name} is draining or down")
+        if r.status_code != 200:
+            raise ForgeError(f"node {self.name} answered {r.status_code}: {r.text[:200]}")
+        fut: asyncio.Future = asyncio.get_running_loop().create_future()
+        self._answer([(body, fut)], r)
+        return self._outcome(fut.result())
+
+    async def _call(self, body: bytes) -> dict:
+        if self._silent is not None:
+            raise self._silent
         fut = asyncio.get_running_loop().create_future()
         self._open.add(fut)
         fut.add_done_callback(self._open.discard)
@@ -138,7 +186,9 @@ class RemoteNode(Node):
             self._flush()
         elif self._timer is None:
             self._timer = asyncio.get_running_loop().call_later(self._linger_s, self._flush)
-        out = await fut
+        return self._outcome(await fut)
+
+    def _outcome(self, out: Any) -> dict:
         answer_check.raise_if_error(out, self.name)
         return out
 

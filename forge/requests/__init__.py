@@ -5,10 +5,12 @@
     schema_check.py  a guided request's JSON Schema, refused up front when it cannot guide
     guided.py        the node's check of a guided output
     stops.py         stop strings applied to a finished generation
-    chat_template.py chat messages to a prompt with the model's own template
+    messages.py      Chat: a prompt given as chat messages, checked where they come in
+    chat_template.py chat messages to a prompt with the model's own template (chat_template_render.py: bounded)
 
-Only forge/node (whose Node.submit applies them, once per request) and the packages below it import the rules;
-everyone else imports the request types from here (or, for function authors, forge/functions/api.py)."""
+Only forge/node (whose Node.submit applies them, once per request) imports the rules (prompt bounds, schema
+check, guided check, stops, chat templates); everyone else imports the request types (params, messages) from here
+or, for function authors, from forge/functions/api.py."""
 from forge.requests.params import (DEFAULT_OPTIONS, REFUSED, GenerateParams, Generation, RequestOptions,  # noqa: F401
                                    params_problem, plain_token_ids, prompt_problem)
 

@@ -1,49 +1,23 @@
-"""Chat messages to a prompt with the model's own chat template (llm.chat, the node's /v1/generate `messages`).
+"""Chat messages to a prompt with the model's own chat template (llm.chat, the node's /v1/generate `messages`,
+forge serve's /v1/chat/completions): one path, applied by the node that holds the model's tokenizer
+(forge/node/linked.py's submit), whatever edge the messages came in by.
 
-The template is the tokenizer's (tokenizer_config.json's `chat_template`), applied by transformers' full tokenizer,
-loaded in the node process on the first chat (NodeTokenizer.hf): the one place the node imports transformers. A
-model without a template is refused, never given a made-up transcript: a function asking for chat wants the
-model's format. (`forge serve`'s OpenAI chat endpoint falls back to a transcript instead: forge/serve/chat.py.)"""
+The template is the tokenizer's (tokenizer_config.json's `chat_template`), rendered by forge's bounded renderer
+(chat_template_render.py): in a worker thread, never on the node's event loop, within a time and a size limit. A model
+without a template is refused, never given a made-up transcript: a function asking for chat wants the model's
+format. (`forge serve`'s OpenAI chat endpoint asks for a transcript instead, `Chat.transcript_fallback`, stated
+in docs/serve.md: "<role>: <content>" lines followed by "assistant:".)"""
 from __future__ import annotations
 
 from typing import Any, Optional, Sequence
 
-from forge import constants
 from forge.errors import RequestRejected
+from forge.requests.chat_template_render import render_template
+from forge.requests.messages import Chat
 
 
-def text_of(content: Any) -> str:
-    """A message's content: a string, or OpenAI-style text parts [{"type": "text", "text": ...}]."""
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, (list, tuple)):
-        raise ValueError(f"content must be a string or a list of text parts, got {type(content).__name__}")
-    parts = []
-    for part in content:
-        if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-            kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-            raise ValueError(f"message content parts must be text parts; got type {kind!r}")
-        parts.append(part["text"])
-    return "".join(parts)
-
-
-def normalize(messages: Any) -> list[dict]:
-    """[{"role", "content": str}] from what a caller gave, or RequestRejected naming the first bad message."""
-    if not isinstance(messages, (list, tuple)) or not messages:
-        raise RequestRejected("messages must be a non-empty list of {'role': ..., 'content': ...} dicts")
-    if len(messages) > constants.MAX_CHAT_MESSAGES:
-        raise RequestRejected(f"messages: {len(messages)} messages; at most {constants.MAX_CHAT_MESSAGES} are taken")
-    out = []
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not m["role"] or "content" not in m:
-            raise RequestRejected(f"messages[{i}] must be a dict with a non-empty string 'role' and a 'content'")
-        try:
-            content = text_of(m["content"])
-        except ValueError as e:
-            raise RequestRejected(f"messages[{i}]: {e}") from None
-        role = "system" if m["role"] == "developer" else m["role"]
-        out.append({"role": role, "content": content})
-    return out
+def transcript(messages: Sequence[dict]) -> str:
+    return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
 
 
 def template_tokenizer(tokenizers: Sequence[Any]) -> Optional[Any]:
@@ -56,23 +30,22 @@ def template_tokenizer(tokenizers: Sequence[Any]) -> Optional[Any]:
     return with_template[0] if with_template else None
 
 
-def apply_template(tokenizers: Sequence[Any], messages: Any) -> str:
-    """The prompt text for `messages`, with the generation prompt added; RequestRejected in one line when the model
-    has no chat template or its template refuses the messages (roles that must alternate, ...)."""
-    msgs = normalize(messages)
+def apply_template(tokenizers: Sequence[Any], chat: Chat, *, limit_chars: int) -> str:
+    """The prompt text for `chat`, with the generation prompt added. Blocking (it may load the full tokenizer and
+    renders the template): the node calls it in a worker thread. RequestRejected in one line when the model has no
+    chat template, or its template refuses the messages, runs past its time or makes more than `limit_chars`."""
+    tok = template_tokenizer(tokenizers) if tokenizers else None
+    if tok is None and chat.transcript_fallback:
+        return transcript(chat.messages)
     if not tokenizers:
         raise RequestRejected("llm.chat: this node keeps no copy of its models' tokenizers here (a cluster node), so "
                               "it cannot apply a chat template; build the prompt yourself and call llm.generate")
-    tok = template_tokenizer(tokenizers)
+    source = next((getattr(t, "source", "") for t in tokenizers if getattr(t, "source", "")), "")
     if tok is None:
-        source = next((getattr(t, "source", "") for t in tokenizers if getattr(t, "source", "")), "")
         where = f" ({source}/tokenizer_config.json has no chat_template)" if source else ""
         raise RequestRejected(f"llm.chat: the model has no chat template{where}; build the prompt yourself and call "
                               "llm.generate")
     hf = getattr(tok, "hf", tok)
-    try:
-        # tokenize=False: the node tokenizes the prompt (once per tokenizer on the node) like any other
-        return hf.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
-    except Exception as e:  # noqa: BLE001 - the template's own refusal: the caller's messages
-        first = (str(e).splitlines() or [type(e).__name__])[0]
-        raise RequestRejected(f"llm.chat: the model's chat template refused the messages: {first}") from None
+    special = getattr(hf, "special_tokens_map", None) or {}
+    where = f"{source}/tokenizer_config.json's chat_template" if source else "the model's chat template"
+    return render_template(tok.chat_template, list(chat.messages), special, limit_chars=limit_chars, where=where)

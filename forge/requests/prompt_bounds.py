@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 from forge.errors import RequestRejected
-from forge.requests import prompt_problem
+from forge.requests.params import plain_token_ids, prompt_problem
 
 OFF_LOOP_CHARS = 16_384          # longer text prompts are tokenized in a worker thread
 FALLBACK_TOKEN_CHARS = 64        # for a tokenizer that does not show its vocabulary
@@ -37,6 +37,21 @@ def longest_token_chars(tokenizer: Any) -> int:
 def prompt_chars_limit(cards: Iterable[tuple[int, Any]]) -> int:
     """The most characters a text prompt may have on a node whose cards are (max_input_len, tokenizer) pairs."""
     return max((n * longest_token_chars(tok) for n, tok in cards), default=0)
+
+
+def checked_prompt(prompt: Any, limit_chars: int, node: str) -> str | tuple[int, ...]:
+    """The one check of a request's prompt, at the node's edge (Node.submit): text within the node's longest prompt
+    and valid Unicode, or token ids an engine can hold (int32), returned as a tuple. RequestRejected otherwise."""
+    ids = plain_token_ids(prompt)
+    if ids is not None:                  # token ids as they usually come: checked and copied in C passes
+        return ids
+    if isinstance(prompt, str):
+        check_text_prompt(prompt, limit_chars, node)
+        return prompt
+    why = prompt_problem(prompt)
+    if why is not None:
+        raise RequestRejected(why)
+    return tuple(map(int, prompt))      # ints of another type that pass (numpy ints, ...): plain ints from here on
 
 
 def check_text_prompt(prompt: str, limit_chars: int, node: str) -> None:

@@ -2,6 +2,8 @@
 instead of failing inside an engine (500) or recursing without end in the result check:
 
 - it must be a valid JSON Schema (its draft's metaschema);
+- it must admit a value at all: a subschema every value must satisfy that admits nothing (`false`, `{"not": {}}`,
+  `{"not": true}`, `{"enum": []}`) is refused instead of coming back as a failed check;
 - it must admit a finite value: no cycle of references that every value must follow. `{"$ref": "#"}`, or an
   object whose required property refers back to it, has no finite instance. Only edges every instance must take
   are followed ($ref, allOf, required properties, items of a non-empty array, one-member anyOf/oneOf), so a
@@ -30,7 +32,7 @@ def schema_problem(schema: Any) -> Optional[str]:
     if key in _cache:
         _cache.move_to_end(key)
         return _cache[key]
-    problem = _metaschema_problem(schema) or _forced_cycle(schema)
+    problem = _metaschema_problem(schema) or _forced_walk(schema)
     _cache[key] = problem
     if len(_cache) > CACHE_ENTRIES:
         _cache.popitem(last=False)
@@ -57,51 +59,64 @@ def _resolve(root: dict, ref: str) -> Optional[tuple[str, Any]]:
         return "#", root
     if not ref.startswith("#/"):
         return None
-    node: Any = root
+    here: Any = root
     for part in ref[2:].split("/"):
         part = unquote(part).replace("~1", "/").replace("~0", "~")
-        if isinstance(node, dict) and part in node:
-            node = node[part]
-        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
-            node = node[int(part)]
+        if isinstance(here, dict) and part in here:
+            here = here[part]
+        elif isinstance(here, list) and part.isdigit() and int(part) < len(here):
+            here = here[int(part)]
         else:
             return None
-    return ref, node
+    return ref, here
 
 
-def _forced(root: dict, at: str, node: Any) -> Iterator[tuple[str, Any, str]]:
-    """(pointer, schema, how) for each subschema every instance of `node` must also satisfy."""
-    if not isinstance(node, dict):
+def _forced(root: dict, at: str, sub_schema: Any) -> Iterator[tuple[str, Any, str]]:
+    """(pointer, schema, how) for each subschema every instance of `sub_schema` must also satisfy."""
+    if not isinstance(sub_schema, dict):
         return
-    if isinstance(node.get("$ref"), str):
-        target = _resolve(root, node["$ref"])
+    if isinstance(sub_schema.get("$ref"), str):
+        target = _resolve(root, sub_schema["$ref"])
         if target is not None:
-            yield target[0], target[1], f"$ref {node['$ref']}"
+            yield target[0], target[1], f"$ref {sub_schema['$ref']}"
     for key in ("allOf", "anyOf", "oneOf"):
-        members = node.get(key)
+        members = sub_schema.get(key)
         if isinstance(members, list) and (key == "allOf" or len(members) == 1):
             for i, sub in enumerate(members):
                 yield f"{at}/{key}/{i}", sub, key
-    props, required = node.get("properties"), node.get("required")
+    props, required = sub_schema.get("properties"), sub_schema.get("required")
     if isinstance(props, dict) and isinstance(required, list):
         for name in required:
             if isinstance(name, str) and name in props:
                 yield f"{at}/properties/{name}", props[name], f"required property {name!r}"
-    min_items = node.get("minItems", 0)
+    min_items = sub_schema.get("minItems", 0)
     if isinstance(min_items, int) and min_items >= 1:
-        prefix = node.get("prefixItems")
+        prefix = sub_schema.get("prefixItems")
         if isinstance(prefix, list) and prefix:
             for i, sub in enumerate(prefix[:min_items]):
                 yield f"{at}/prefixItems/{i}", sub, "a required array item"
-        elif isinstance(node.get("items"), dict):
-            yield f"{at}/items", node["items"], "a required array item"
+        elif isinstance(sub_schema.get("items"), dict):
+            yield f"{at}/items", sub_schema["items"], "a required array item"
 
 
-def _forced_cycle(root: dict) -> Optional[str]:
+def _admits_nothing(sub_schema: Any) -> bool:
+    if sub_schema is False:
+        return True
+    if not isinstance(sub_schema, dict):
+        return False
+    negated = sub_schema.get("not")
+    return negated is True or negated == {} or sub_schema.get("enum") == []
+
+
+def _forced_walk(root: dict) -> Optional[str]:
+    """The first subschema every value must satisfy that admits nothing, or a cycle of them that nests forever."""
     on_path: list[str] = []
     done: set[str] = set()
 
-    def visit(at: str, node: Any, how: str) -> Optional[str]:
+    def visit(at: str, sub_schema: Any, how: str) -> Optional[str]:
+        if _admits_nothing(sub_schema):
+            return (f"json_schema admits no value: {at} (via {how}) is {json.dumps(sub_schema)[:80]}, which nothing "
+                    "satisfies")
         if at in on_path:
             loop = on_path[on_path.index(at):] + [at]
             return (f"json_schema has no finite value: {' -> '.join(loop)} (via {how}) must nest forever; "
@@ -109,7 +124,7 @@ def _forced_cycle(root: dict) -> Optional[str]:
         if at in done or len(on_path) > 200:
             return None
         on_path.append(at)
-        for sub_at, sub, sub_how in _forced(root, at, node):
+        for sub_at, sub, sub_how in _forced(root, at, sub_schema):
             problem = visit(sub_at, sub, sub_how)
             if problem:
                 return problem

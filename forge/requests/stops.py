@@ -16,13 +16,6 @@ class StopRule:
     include: bool = False          # keep the matched string in the text
 
 
-def tokenizer_of(node: Any, card: str) -> Any:
-    """The tokenizer of the card that produced a generation (None where the node's tokenizers are elsewhere)."""
-    tokenizers = getattr(node, "tokenizers", None) or {}
-    key = getattr((getattr(node, "links", None) or {}).get(card), "key", None)     # the card's link knows it
-    return tokenizers.get(key) if key in tokenizers else next(iter(tokenizers.values()), None)
-
-
 def apply_stop(gen: Generation, rule: StopRule, tokenizer: Any) -> tuple[Generation, Optional[str]]:
     """(the generation cut at the first stop string, the string matched); unchanged and None without a match."""
     hits = [(gen.text.find(s), s) for s in rule.strings if s]

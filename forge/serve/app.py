@@ -11,13 +11,14 @@ import signal
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import Optional, Sequence
 
 from fastapi import FastAPI
 
 from forge.runtime.http import NotServing, QuietServer
 from forge.functions.api import FunctionSpec
 from forge.node.endpoint import MAX_BODY_BYTES, TokenAuth, control_router
+from forge.node.interface import Node
 from forge.runtime.connections import DEFAULT_PER_CLIENT, ConnectionLimits
 from forge.runtime.http_errors import error_body, install_error_handlers
 from forge.serve.functions_api import function_router
@@ -44,7 +45,7 @@ class ServeOptions:
     max_connections_per_client: int = DEFAULT_PER_CLIENT     # 0: no per-address bound
 
 
-def make_gates(node: Any, specs: Sequence[FunctionSpec], opts: ServeOptions) -> dict[str, EndpointGate]:
+def make_gates(node: Node, specs: Sequence[FunctionSpec], opts: ServeOptions) -> dict[str, EndpointGate]:
     limit = opts.max_concurrency or opts.concurrency_factor * node_slots(node.describe())
     gates = {name: EndpointGate(f"/v1/{'chat/' if name == 'chat' else ''}completions", limit)
              for name in OPENAI_ENDPOINTS}
@@ -53,7 +54,7 @@ def make_gates(node: Any, specs: Sequence[FunctionSpec], opts: ServeOptions) -> 
     return gates
 
 
-def build_serve_app(node: Any, specs: Sequence[FunctionSpec], opts: ServeOptions) -> FastAPI:
+def build_serve_app(node: Node, specs: Sequence[FunctionSpec], opts: ServeOptions) -> FastAPI:
     names = [s.name for s in specs]
     clash = {n for n in names if names.count(n) > 1}
     if clash:
@@ -68,12 +69,12 @@ def build_serve_app(node: Any, specs: Sequence[FunctionSpec], opts: ServeOptions
                   max_body_size=opts.max_body_bytes)
     app.include_router(function_router(node, specs, gates, default_deadline_s=opts.default_deadline_s))
     app.include_router(openai_router(node, gates, default_deadline_s=opts.default_deadline_s))
-    if hasattr(node, "engine_stats"):         # a node in this process: its control routes too
+    if node.remote_url is None:               # a node in this process: its control routes too
         app.include_router(control_router(node), tags=["node"])
     else:                                     # a remote node keeps its own control endpoint
         @app.get("/health", tags=["node"])
         async def health() -> dict:
-            return {"node": node.name, "status": "degraded" if node.closed else "ok", "remote": node.url}
+            return {"node": node.name, "status": "degraded" if node.closed else "ok", "remote": node.remote_url}
 
     @app.get("/v1/serve", tags=["node"])
     async def serve_stats() -> dict:
@@ -111,7 +112,7 @@ class EarlyRefusal:
         await send({"type": "http.response.body", "body": body.encode()})
 
 
-async def serve_node(node: Any, specs: Sequence[FunctionSpec], opts: ServeOptions, *,
+async def serve_node(node: Node, specs: Sequence[FunctionSpec], opts: ServeOptions, *,
                      stop: Optional[asyncio.Event] = None) -> int:
     """Serve an already started node until SIGINT/SIGTERM (or `stop`), then drain and stop it."""
     from forge.errors import ForgeError
@@ -173,11 +174,11 @@ def serve_embedded(loaded, specs: Sequence[FunctionSpec], opts: ServeOptions) ->
 
 def serve_remote(url: str, node_token: Optional[str], specs: Sequence[FunctionSpec], opts: ServeOptions) -> int:
     """Serve against a node provisioned elsewhere (`forge serve --remote NODE`): the functions run here, their
-    generations go to the node over HTTP (forge/serve/remote.py)."""
-    from forge.serve.remote import RemoteOnlineNode
+    generations go to the node over HTTP, one POST each (forge/node/remote.py's RemoteNode, wait=False)."""
+    from forge.node.remote import RemoteNode
 
     async def main() -> int:
-        node = RemoteOnlineNode(url, token=node_token)
+        node = RemoteNode(url, token=node_token, max_connections=1024)
         try:
             await node.start()
         except BaseException:

@@ -10,14 +10,14 @@ from fastapi import APIRouter, Body, Header, Request
 from fastapi.responses import JSONResponse
 
 from forge.functions.api import FunctionSpec
-from forge.functions.llm import NodeLLM
+from forge.node.interface import Node
 from forge.serve.limits import DEADLINE_HEADER, EndpointGate, deadline_s
 from forge.serve.online import answer, describe_failure, error_response
 
 RECORD_EXAMPLE = {"id": 1, "text": "Alice was beginning to get very tired of sitting by her sister on the bank"}
 
 
-def function_router(node: Any, specs: Sequence[FunctionSpec], gates: dict[str, EndpointGate], *,
+def function_router(node: Node, specs: Sequence[FunctionSpec], gates: dict[str, EndpointGate], *,
                     default_deadline_s: float) -> APIRouter:
     router = APIRouter(tags=["functions"])
     for spec in specs:
@@ -30,7 +30,7 @@ def function_router(node: Any, specs: Sequence[FunctionSpec], gates: dict[str, E
     return router
 
 
-def _endpoint(node: Any, spec: FunctionSpec, gate: EndpointGate, default_deadline_s: float):
+def _endpoint(node: Node, spec: FunctionSpec, gate: EndpointGate, default_deadline_s: float):
     async def run_function(request: Request,
                            record: dict[str, Any] = Body(..., examples=[RECORD_EXAMPLE]),
                            x_forge_deadline: Optional[str] = Header(
@@ -40,8 +40,8 @@ def _endpoint(node: Any, spec: FunctionSpec, gate: EndpointGate, default_deadlin
         except ValueError as e:
             return describe_failure(e, node, gate)
 
-        async def work(online, slot):
-            result = await spec.fn(record, NodeLLM(online, spec))
+        async def work(call, slot):
+            result = await spec.fn(record, call.llm(spec))
             try:
                 return JSONResponse(json.loads(json.dumps(result)))
             except (TypeError, ValueError) as e:

@@ -6,17 +6,18 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import replace
-from typing import Any, Awaitable, Callable, Optional, Sequence
+from typing import Any, Awaitable, Callable, Optional
 
 from fastapi import Request
 from fastapi.responses import JSONResponse
 
 from forge.broker.types import QueueFull
 from forge.errors import ForgeError, NodeDown, RequestRejected
-from forge.functions.api import GenerateParams, Generation
+from forge.functions.api import FunctionSpec, GenerateParams
+from forge.functions.llm import NodeLLM
 from forge.node.endpoint import ClientGone, until_disconnected
+from forge.node.interface import Answer, Node, Prompt
 from forge.runtime import http_errors
-from forge.requests.stops import StopRule, apply_stop, tokenizer_of
 from forge.serve.limits import BadDeadline, EndpointGate, Overloaded, ONLINE_PRIORITY, Slot
 
 
@@ -24,11 +25,11 @@ class DeadlineExceeded(Exception):
     pass
 
 
-class OnlineNode:
-    """The node as one online request sees it: its generations carry online priority and what is left of the
-    request's deadline, and a full broker is refused (429) rather than waited for."""
+class OnlineCall:
+    """One online request's terms on the node: online priority, what is left of its deadline, and a full node
+    refused at once (429) rather than waited for. The request itself is the node's (Node.submit)."""
 
-    def __init__(self, node: Any, deadline_at: float):
+    def __init__(self, node: Node, deadline_at: float):
         self.node, self.deadline_at = node, deadline_at
 
     def remaining_s(self) -> float:
@@ -37,28 +38,13 @@ class OnlineNode:
             raise DeadlineExceeded("deadline exceeded")
         return left
 
-    async def submit(self, prompt: str | Sequence[int], params: GenerateParams):
+    async def submit(self, prompt: Prompt, params: GenerateParams) -> Answer:
         params = replace(params, priority=ONLINE_PRIORITY, deadline_s=self.remaining_s())
         return await self.node.submit(prompt, params, wait=False)
 
-    async def generate(self, prompt: str | Sequence[int], params: GenerateParams) -> Generation:
-        return (await self.submit(prompt, params)).generation
-
-    async def complete(self, prompt: str | Sequence[int], params: GenerateParams,
-                       stop: StopRule) -> tuple[Generation, Optional[str]]:
-        """A generation cut at its stop strings, and the string matched. A remote node cuts it there (its
-        tokenizer counts the tokens); a node in this process, here."""
-        if hasattr(self.node, "complete"):
-            params = replace(params, priority=ONLINE_PRIORITY, deadline_s=self.remaining_s())
-            return await self.node.complete(prompt, params, stop)
-        gen, _ = await self.submit(prompt, params)
-        return apply_stop(gen, stop, tokenizer_of(self.node, gen.card))
-
-    async def embed(self, prompt: str | Sequence[int]) -> list[float]:
-        gen, hidden = await self.submit(prompt, GenerateParams(max_tokens=1, embed=True))
-        if hidden is None:
-            raise ForgeError(f"card {gen.card}: its backend returns no hidden state")
-        return list(hidden)
+    def llm(self, spec: FunctionSpec) -> NodeLLM:
+        """A function's llm handle for this request, on the same terms."""
+        return NodeLLM(self.node, spec, priority=ONLINE_PRIORITY, deadline_at=self.deadline_at, wait=False)
 
 
 def error_response(status: int, kind: str, message: str, headers: Optional[dict] = None, *,
@@ -66,7 +52,7 @@ def error_response(status: int, kind: str, message: str, headers: Optional[dict]
     return http_errors.error_response(status, kind, message, param=param, headers=headers)
 
 
-def describe_failure(exc: BaseException, node: Any, gate: EndpointGate) -> JSONResponse:
+def describe_failure(exc: BaseException, node: Node, gate: EndpointGate) -> JSONResponse:
     """The HTTP answer for whatever stopped a request."""
     if isinstance(exc, Overloaded):
         return error_response(429, "overloaded", str(exc), {"Retry-After": str(exc.retry_after_s)})
@@ -80,7 +66,7 @@ def describe_failure(exc: BaseException, node: Any, gate: EndpointGate) -> JSONR
         return error_response(499, "client_closed", "client disconnected; its work was cancelled")
     if isinstance(exc, BadDeadline):
         return error_response(400, "invalid_request_error", str(exc))
-    if isinstance(exc, NodeDown) or (isinstance(exc, RequestRejected) and getattr(node, "closed", False)):
+    if isinstance(exc, NodeDown) or (isinstance(exc, RequestRejected) and node.closed):
         return error_response(503, "unavailable", str(exc))
     if isinstance(exc, RequestRejected):
         return error_response(400, "invalid_request_error", str(exc), param=getattr(exc, "param", None))
@@ -92,17 +78,17 @@ def describe_failure(exc: BaseException, node: Any, gate: EndpointGate) -> JSONR
     return error_response(500, "function_error", f"{row['type']}: {row['message']}")
 
 
-async def answer(request: Request, node: Any, gate: EndpointGate, deadline_s: float,
-                 work: Callable[[OnlineNode, Slot], Awaitable[Any]]) -> Any:
-    """Run `work(online_node, slot)` inside the endpoint's gate, bounded by the deadline and cancelled if the
+async def answer(request: Request, node: Node, gate: EndpointGate, deadline_s: float,
+                 work: Callable[[OnlineCall, Slot], Awaitable[Any]]) -> Any:
+    """Run `work(call, slot)` inside the endpoint's gate, bounded by the deadline and cancelled if the
     client leaves. Returns work's value, or the JSONResponse describing why there is none."""
     try:
         slot = gate.enter()
     except Overloaded as e:
         return describe_failure(e, node, gate)
     try:
-        online = OnlineNode(node, time.monotonic() + deadline_s)
-        value = await until_disconnected(request, asyncio.wait_for(work(online, slot), deadline_s))
+        call = OnlineCall(node, time.monotonic() + deadline_s)
+        value = await until_disconnected(request, asyncio.wait_for(work(call, slot), deadline_s))
         slot.ok = True
         return value
     except Exception as e:  # noqa: BLE001 - every failure becomes an answer

@@ -12,7 +12,7 @@ import json
 import time
 import uuid
 from dataclasses import replace
-from typing import Any, Optional
+from typing import Optional
 
 from fastapi import APIRouter, Header, Request
 from fastapi.responses import StreamingResponse
@@ -20,8 +20,9 @@ from starlette.background import BackgroundTask
 
 from forge.errors import RequestRejected
 from forge.functions.api import GenerateParams, Generation
-from forge.requests.stops import StopRule
-from forge.serve.chat import prompt_from_messages, stream_pieces
+from forge.node.interface import Node
+from forge.requests.messages import Chat
+from forge.serve.chat import stream_pieces
 from forge.serve.limits import EndpointGate, deadline_s
 from forge.serve.online import answer, describe_failure, error_response
 from forge.serve.openai_models import ChatRequest, CompletionRequest, _Common, bounded_to_node
@@ -48,12 +49,12 @@ class BadRequest(ValueError):
 
 
 
-def max_input_len(node: Any) -> int:
+def max_input_len(node: Node) -> int:
     """The most prompt tokens any card of the node takes."""
     return max((int(c["limits"]["max_input_len"]) for c in node.describe()["cards"]), default=1)
 
 
-def tier_limits(node: Any) -> dict[str, int]:
+def tier_limits(node: Node) -> dict[str, int]:
     """tier -> the largest max_output_len among its cards."""
     tiers: dict[str, int] = {}
     for c in node.describe()["cards"]:
@@ -93,11 +94,11 @@ def guide_params(req: _Common) -> tuple[Optional[tuple[str, ...]], Optional[dict
     return (found[0][1], found[0][2]) if found else (None, None)
 
 
-def openai_router(node: Any, gates: dict[str, EndpointGate], *, default_deadline_s: float) -> APIRouter:
+def openai_router(node: Node, gates: dict[str, EndpointGate], *, default_deadline_s: float) -> APIRouter:
     router = APIRouter(tags=["openai"])
     tiers = tier_limits(node)
     Completion = bounded_to_node(CompletionRequest, max_input_len(node))
-    Chat = bounded_to_node(ChatRequest, max_input_len(node))
+    ChatBody = bounded_to_node(ChatRequest, max_input_len(node))
 
     def model_card(model: str) -> dict:
         return {"id": model, "object": "model", "created": int(node.started_at or 0), "owned_by": f"forge:{node.name}",
@@ -125,14 +126,14 @@ def openai_router(node: Any, gates: dict[str, EndpointGate], *, default_deadline
                                echo)
 
     async def chat_completions(req: ChatRequest, request: Request, x_forge_deadline: Optional[str] = Header(None)):
-        try:
-            prompt = prompt_from_messages(node, [m.model_dump(include={"role", "content"}) for m in req.messages])
-        except ValueError as e:
+        try:   # the node renders it: the model's template, or the plain transcript where it has none
+            prompt = Chat.of([m.model_dump(include={"role", "content"}) for m in req.messages], transcript_fallback=True)
+        except RequestRejected as e:
             return error_response(400, "invalid_request_error", str(e), param="messages")
         return await _generate(request, req, [prompt], "chat.completion", gates["chat"], x_forge_deadline, [])
 
     # The bodies bounded to this node (a class made here: string annotations could not name it)
-    completions.__annotations__["req"], chat_completions.__annotations__["req"] = Completion, Chat
+    completions.__annotations__["req"], chat_completions.__annotations__["req"] = Completion, ChatBody
     router.post("/v1/completions")(completions)
     router.post("/v1/chat/completions")(chat_completions)
 
@@ -151,38 +152,38 @@ def openai_router(node: Any, gates: dict[str, EndpointGate], *, default_deadline
         chat = kind == "chat.completion"
         max_tokens = (getattr(req, "max_completion_tokens", None) or req.max_tokens or
                       (tiers[req.model] if chat else COMPLETION_DEFAULT_MAX_TOKENS))
-        try:
+        guided = choice is not None or schema is not None
+        try:        # a guided request ignores stop (its text is always whole)
             params = GenerateParams(max_tokens=max_tokens,
                                     temperature=1.0 if req.temperature is None else req.temperature,
                                     top_p=1.0 if req.top_p is None else req.top_p, top_k=max(0, req.top_k or 0),
-                                    seed=req.seed, choice=choice, json_schema=schema)
+                                    seed=req.seed, choice=choice, json_schema=schema,
+                                    stop=() if guided else tuple(req.stops),
+                                    include_stop_str_in_output=bool(req.include_stop_str_in_output))
         except (RequestRejected, ValueError) as e:   # a value no engine can represent (top_k 2**31, ...)
             return error_response(400, "invalid_request_error", str(e))
         n = req.n or 1
-        stop = StopRule(req.stops, bool(req.include_stop_str_in_output)) if choice is None and schema is None \
-            else StopRule()
         rid = ("chatcmpl-" if chat else "cmpl-") + (req.request_id or uuid.uuid4().hex[:24])
         head = {"id": rid, "created": int(time.time()), "model": req.model}
 
-        async def one(online, prompt, i: int):
+        async def one(call, prompt, i: int):
             p = params if req.seed is None or i == 0 else replace(params, seed=choice_seed(req.seed, i))
-            return await online.complete(prompt, p, stop)
+            answer = await call.submit(prompt, p)
+            return answer.generation, answer.stop_reason
 
-        async def work(online, slot):
+        async def work(call, slot):
             try:
                 async with asyncio.TaskGroup() as group:     # one failing choice cancels the others
-                    tasks = [group.create_task(one(online, prompt, i)) for prompt in prompts for i in range(n)]
+                    tasks = [group.create_task(one(call, prompt, i)) for prompt in prompts for i in range(n)]
             except BaseExceptionGroup as failed:              # answer for the first failure, as for one choice
                 raise failed.exceptions[0] from None
             return [t.result() for t in tasks]
 
         if req.stream:
-            return _stream(request, req, chat, head, gate, limit_s, work, n, echo,
-                           guided=choice is not None or schema is not None)
+            return _stream(request, req, chat, head, gate, limit_s, work, n, echo, guided=guided)
         out = await answer(request, node, gate, limit_s, work)
         if not isinstance(out, list):
             return out
-        guided = choice is not None or schema is not None
         choices = [_choice(chat, j, gen, *finish_of(gen, matched, guided), echo[j // n] if echo else "")
                    for j, (gen, matched) in enumerate(out)]
         return {**head, "object": kind, "choices": choices, "usage": _usage(out, n)}
@@ -220,7 +221,7 @@ def openai_router(node: Any, gates: dict[str, EndpointGate], *, default_deadline
                     for j, (gen, matched) in enumerate(out):
                         if echo:
                             yield event(j, echo[j // n])
-                        for piece in stream_pieces(node, gen, gen.text):
+                        for piece in stream_pieces(node.tokenizer_for(gen.card), gen, gen.text):
                             yield event(j, piece)
                         finish, why = finish_of(gen, matched, guided)
                         yield event(j, None, finish, matched=why)
@@ -258,9 +259,8 @@ def choice_seed(seed: int, i: int) -> int:
     return (seed + i) % 2**63
 
 
-def _decode(node: Any, ids: list[int]) -> str:
-    tokenizers = getattr(node, "tokenizers", None) or {}
-    tok = next(iter(tokenizers.values()), None)
+def _decode(node: Node, ids: list[int]) -> str:
+    tok = node.tokenizer_for()
     if tok is None:
         raise BadRequest("echo of a token-id prompt needs the node's tokenizer, which is not in this process "
                          "(forge serve --remote)", "echo")

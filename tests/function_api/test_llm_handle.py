@@ -1,5 +1,6 @@
 """The `llm` handle's own checks: what it refuses before a request reaches the node, and that the settings a job
-repeats for every record are made and checked once (forge/functions/llm.py). Pure logic: the node is a recorder."""
+repeats for every record are made and checked once (forge/functions/llm.py); and the node edge's one prompt check
+(forge/requests/prompt_bounds.py's checked_prompt, called by Node.submit). Pure logic: the node is a recorder."""
 from __future__ import annotations
 
 import asyncio
@@ -10,15 +11,23 @@ import pytest
 from forge.errors import RequestRejected
 from forge.functions.api import GenerateParams, Generation
 from forge.functions.llm import _MADE_PARAMS_MAX, NodeLLM
+from forge.node.interface import Answer, Node
+from forge.requests.prompt_bounds import checked_prompt
 
 
-class Recorder:
+class Recorder(Node):
     def __init__(self):
         self.got: list[tuple] = []
 
-    async def generate(self, prompt, params: GenerateParams) -> Generation:
+    async def start(self) -> None:
+        pass
+
+    async def stop(self) -> None:
+        pass
+
+    async def submit(self, prompt, params: GenerateParams, *, wait: bool = True) -> Answer:
         self.got.append((prompt, params))
-        return Generation(text="", output_tokens=0, input_tokens=0, finish_reason="length")
+        return Answer(Generation(text="", output_tokens=0, input_tokens=0, finish_reason="length"))
 
 
 def ask(llm, prompt=(1, 2), **kw):
@@ -83,10 +92,14 @@ class Tok(enum.IntEnum):
 def test_prompts_of_ints_or_text_are_taken(prompt):
     node = Recorder()
     asyncio.run(NodeLLM(node).generate(prompt, max_tokens=1))
-    assert node.got[0][0] == prompt
+    assert node.got[0][0] == prompt                       # the handle passes it on; the node's submit checks it
+    got = checked_prompt(prompt, 0, "n")
+    assert got == (prompt if isinstance(prompt, str) else tuple(prompt))
+    assert all(type(t) is int for t in got if not isinstance(prompt, str))
 
 
-@pytest.mark.parametrize("prompt", [[1, True], [1.0], [1, "2"], {1: 2}, None, [[1]]])
+@pytest.mark.parametrize("prompt", [[1, True], [1.0], [1, "2"], {1: 2}, None, [[1]], "a\udc80b"])
 def test_prompts_of_anything_else_are_refused(prompt):
-    with pytest.raises(RequestRejected, match="prompt must be a string or a list of token ids|token ids are ints in"):
-        asyncio.run(NodeLLM(Recorder()).generate(prompt, max_tokens=1))
+    with pytest.raises(RequestRejected, match="prompt must be a string or a list of token ids|token ids are ints in"
+                                              "|not valid Unicode"):
+        checked_prompt(prompt, 0, "n")

@@ -18,3 +18,15 @@ def test_every_setting_survives_the_wire_item():
     schema = {"type": "object"}
     item = GenerateItem.model_validate(generate_item("text", GenerateParams(max_tokens=1, json_schema=schema)))
     assert item.prompt == "text" and item.json_schema == schema and item.deadline_s is None
+
+
+def test_stops_and_chat_messages_travel_whole():
+    """The node's own submit applies stop strings and the chat template: RemoteNode forwards them, never drops them."""
+    from forge.requests.messages import Chat
+
+    params = GenerateParams(max_tokens=5, stop=("\n", "END"), include_stop_str_in_output=True)
+    chat = Chat.of([{"role": "developer", "content": [{"type": "text", "text": "hi"}]}], transcript_fallback=True)
+    item = GenerateItem.model_validate(generate_item(chat, params))
+    assert item.prompt is None and item.messages == [{"role": "system", "content": "hi"}]
+    assert item.transcript_fallback is True
+    assert item.stop == ["\n", "END"] and item.include_stop_str_in_output is True

@@ -43,18 +43,25 @@ def test_bad_schemas_are_400_not_500(served, field, schema):
 
 
 def test_a_chat_template_refusal_is_the_clients_mistake():
-    """A template that raises (Llama-2-style ones require alternating roles) is a 400 naming the messages, not a
-    500. The tiny model has no template, so the tokenizer here is a stand-in holding one."""
-    from forge.serve.chat import prompt_from_messages
+    """A template that raises (Llama-2-style ones require alternating roles) is a RequestRejected naming the messages
+    (a 400 on forge serve), not a 500. The tiny model has no template, so the tokenizer here is a stand-in holding
+    one, rendered by forge's bounded renderer."""
+    from forge.errors import RequestRejected
+    from forge.requests.chat_template import apply_template
+    from forge.requests.messages import Chat
 
     class Templated:
         chat_template = "{{ raise_exception('Conversation roles must alternate user/assistant') }}"
 
-        def apply_chat_template(self, msgs, **kw):
-            from transformers.utils.chat_template_utils import render_jinja_template   # the real renderer
+    chat = Chat.of([{"role": "user", "content": "a"}, {"role": "user", "content": "b"}], transcript_fallback=True)
+    with pytest.raises(RequestRejected, match="the model's chat template refused the messages: Conversation roles "
+                                              "must alternate"):
+        apply_template([Templated()], chat, limit_chars=10_000)
 
-            return render_jinja_template(conversations=[msgs], chat_template=self.chat_template, **kw)[0][0]
 
-    node = type("N", (), {"tokenizers": {"k": Templated()}})()
-    with pytest.raises(ValueError, match="the model's chat template refused them: Conversation roles must alternate"):
-        prompt_from_messages(node, [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}])
+@pytest.mark.parametrize("schema", [{"not": {}}, {"not": True}, {"allOf": [{"type": "string"}, False]},
+                                    {"type": "object", "properties": {"a": {"enum": []}}, "required": ["a"]}])
+def test_a_schema_that_admits_nothing_is_refused_up_front(schema):
+    got = schema_problem(schema)
+    assert got is not None and got.startswith("json_schema admits no value: #") and "\n" not in got, got
+    assert schema_problem({"anyOf": [{"not": {}}, {"type": "string"}]}) is None    # a way out: left alone

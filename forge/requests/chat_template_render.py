@@ -1,0 +1,161 @@
+"""A model's chat template rendered within bounds: a template is code from the model's files, and one that loops
+(`range(100000)` nested twice) or builds a huge string (`{{ 'x' * 300000000 }}`) must cost its request, never the
+node: it held the run's event loop for minutes, or made a 300 MB prompt.
+
+- Time: the render runs in the caller's worker thread (never on an event loop) under a trace hook that counts only
+  the template's own frames and raises once RENDER_TIMEOUT_S has passed. (A thread cannot be killed; the hook makes
+  the template stop itself, at its next line.)
+- Size: `*`, `+` and `**` are intercepted by the sandbox (jinja2's intercepted_binops), so a string, list or number
+  past `limit_chars` is refused before it is made; the output is gathered piece by piece and refused past it too.
+
+The environment is what transformers' apply_chat_template gives a template (jinja2's immutable sandbox with
+trim_blocks, lstrip_blocks, loop controls, a `tojson` that keeps non-ASCII, `raise_exception`, `strftime_now`,
+the `{% generation %}` tag as a plain block), so a template renders here as it does there."""
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from datetime import datetime
+from functools import lru_cache
+from typing import Any, Optional
+
+from forge.errors import RequestRejected
+
+RENDER_TIMEOUT_S = 5.0            # a real chat template renders in milliseconds
+FALLBACK_LIMIT_CHARS = 4 * 2**20  # where the node does not know its longest prompt
+TEMPLATE_FILE = "<template>"      # the file name jinja2 gives compiled template code
+
+
+class _TooBig(Exception):
+    pass
+
+
+class _TooSlow(Exception):
+    pass
+
+
+def _size(value: Any) -> int:
+    if isinstance(value, (str, bytes, list, tuple)):
+        return len(value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value.bit_length() // 3          # about its decimal digits
+    return 0
+
+
+def _environment():
+    import jinja2.ext
+    import jinja2.nodes
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    class GenerationBlock(jinja2.ext.Extension):
+        """`{% generation %}...{% endgeneration %}` (assistant masks for training) renders its body as is."""
+        tags = {"generation"}
+
+        def parse(self, parser):
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            return jinja2.nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
+
+        def _body(self, caller):
+            return caller()
+
+    class Bounded(ImmutableSandboxedEnvironment):
+        intercepted_binops = frozenset({"*", "+", "**"})
+        def call_binop(self, context, operator, left, right):
+            limit = getattr(_RENDERING, "limit_chars", FALLBACK_LIMIT_CHARS)
+            if operator == "*" and (isinstance(left, (str, list, tuple)) or isinstance(right, (str, list, tuple))):
+                seq, times = (left, right) if isinstance(left, (str, list, tuple)) else (right, left)
+                if isinstance(times, int) and len(seq) * max(times, 0) > limit:
+                    raise _TooBig(f"{len(seq):,} x {times:,}")
+            elif operator == "+" and _size(left) + _size(right) > limit:
+                raise _TooBig("a concatenation")
+            elif operator == "**" and isinstance(left, int) and isinstance(right, int) and right > 0 and \
+                    abs(left) > 1 and right * max(abs(left).bit_length(), 1) > 64 * 1024:
+                raise _TooBig(f"{left} ** {right}")
+            return super().call_binop(context, operator, left, right)
+
+    def raise_exception(message):
+        raise jinja2.exceptions.TemplateError(message)
+
+    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+    env = Bounded(trim_blocks=True, lstrip_blocks=True, extensions=[GenerationBlock, jinja2.ext.loopcontrols])
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    return env
+
+
+_RENDERING = threading.local()      # this thread's render: its size limit
+_ENV_LOCK = threading.Lock()
+_ENV: list = []
+
+
+@lru_cache(maxsize=16)
+def _compiled(source: str):
+    with _ENV_LOCK:
+        if not _ENV:
+            _ENV.append(_environment())
+    return _ENV[0].from_string(source)
+
+
+def _deadline_tracer(deadline: float):
+    """A trace function for this thread: the template's own lines (and the jinja2 runtime calls they make) check
+    the clock; every other frame runs untraced."""
+    def local(frame, event, arg):
+        if time.monotonic() > deadline:
+            raise _TooSlow()
+        return local
+
+    def trace(frame, event, arg):
+        if time.monotonic() > deadline:
+            raise _TooSlow()
+        return local if frame.f_code.co_filename == TEMPLATE_FILE else None
+
+    return trace
+
+
+def render_template(source: str, messages: list[dict], special_tokens: dict, *, limit_chars: int, where: str,
+                    timeout_s: Optional[float] = None) -> str:
+    """The template rendered for `messages` with the generation prompt, or RequestRejected in one line naming
+    `where` (the model's template). Blocking: call it in a worker thread."""
+    import jinja2
+
+    limit = limit_chars or FALLBACK_LIMIT_CHARS
+    timeout_s = RENDER_TIMEOUT_S if timeout_s is None else timeout_s
+    try:
+        template = _compiled(source)
+    except jinja2.TemplateError as e:
+        raise RequestRejected(f"llm.chat: {where} does not compile: {_first_line(e)}") from None
+    variables = {**special_tokens, "messages": messages, "tools": None, "documents": None,
+                 "add_generation_prompt": True}
+    previous = sys.gettrace()
+    _RENDERING.limit_chars = limit
+    sys.settrace(_deadline_tracer(time.monotonic() + timeout_s))
+    pieces, size = [], 0
+    try:
+        for piece in template.generate(**variables):
+            size += len(piece)
+            if size > limit:
+                raise _TooBig("its output")
+            pieces.append(piece)
+    except _TooSlow:
+        raise RequestRejected(f"llm.chat: {where} ran longer than {timeout_s:g} s for these messages; refused "
+                              "(a template must render in milliseconds)") from None
+    except _TooBig as e:
+        raise RequestRejected(f"llm.chat: {where} makes more than {limit:,} characters ({e}), longer than any prompt "
+                              "this node takes; refused") from None
+    except RecursionError:
+        raise RequestRejected(f"llm.chat: {where} recursed too deeply for these messages; refused") from None
+    except Exception as e:  # noqa: BLE001 - the template's own refusal (roles that must alternate, ...): the caller's
+        raise RequestRejected(f"llm.chat: the model's chat template refused the messages: {_first_line(e)}") from None
+    finally:
+        sys.settrace(previous)
+    return "".join(pieces)
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).splitlines() or [type(e).__name__])[0]
