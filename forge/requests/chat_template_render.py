@@ -5,8 +5,10 @@ node: it held the run's event loop for minutes, or made a 300 MB prompt.
 - Time: the render runs in the caller's worker thread (never on an event loop) under a trace hook that counts only
   the template's own frames and raises once RENDER_TIMEOUT_S has passed. (A thread cannot be killed; the hook makes
   the template stop itself, at its next line.)
-- Size: `*`, `+` and `**` are intercepted by the sandbox (jinja2's intercepted_binops), so a string, list or number
-  past `limit_chars` is refused before it is made; the output is gathered piece by piece and refused past it too.
+- Size: `*`, `+`, `**` and `%` are intercepted by the sandbox (jinja2's intercepted_binops), so a string, list or
+  number past `limit_chars` is refused before it is made; so is a width past it given to a string method
+  (`center`, `ljust`, `zfill`, `format`, ...) or to the filters that pad (`center`, `indent`, `format`); the output
+  is gathered piece by piece and refused past the limit too.
 
 The environment is what transformers' apply_chat_template gives a template (jinja2's immutable sandbox with
 trim_blocks, lstrip_blocks, loop controls, a `tojson` that keeps non-ASCII, `raise_exception`, `strftime_now`,
@@ -14,6 +16,7 @@ the `{% generation %}` tag as a plain block), so a template renders here as it d
 from __future__ import annotations
 
 import json
+import re
 import sys
 import threading
 import time
@@ -30,6 +33,22 @@ TEMPLATE_FILE = "<template>"      # the file name jinja2 gives compiled template
 
 class _TooBig(Exception):
     pass
+
+
+_WIDTHS = re.compile(r"[%{:][^a-zA-Z%{}]*?(\d+)")     # the numbers of %-format and {}-format specs
+
+
+def _check_widths(fmt: Any, limit: int) -> None:
+    if isinstance(fmt, str):
+        for width in _WIDTHS.findall(fmt):
+            if len(width) > 9 or int(width) > limit:
+                raise _TooBig(f"a format width of {width}")
+
+
+def _check_ints(args: tuple, limit: int, what: str) -> None:
+    for a in args:
+        if isinstance(a, int) and not isinstance(a, bool) and a > limit:
+            raise _TooBig(f"{what}({a:,})")
 
 
 class _TooSlow(Exception):
@@ -62,10 +81,30 @@ def _environment():
             return caller()
 
     class Bounded(ImmutableSandboxedEnvironment):
-        intercepted_binops = frozenset({"*", "+", "**"})
+        intercepted_binops = frozenset({"*", "+", "**", "%"})
+
+        def call(__self, __context, __obj, *args, **kwargs):   # noqa: N805 - jinja2's own signature
+            owner = getattr(__obj, "__self__", None)
+            if isinstance(owner, str):      # a str method's width (center, ljust, zfill, ...)
+                limit = _limit()
+                _check_ints(args + tuple(kwargs.values()), limit, getattr(__obj, "__name__", "a string method"))
+            return super().call(__context, __obj, *args, **kwargs)
+
+        def wrap_str_format(self, value):      # str.format and format_map: the spec's widths first
+            wrapped = super().wrap_str_format(value)
+            if wrapped is None:
+                return None
+
+            def bounded(*args, **kwargs):
+                _check_widths(value.__self__, _limit())
+                return wrapped(*args, **kwargs)
+            return bounded
+
         def call_binop(self, context, operator, left, right):
-            limit = getattr(_RENDERING, "limit_chars", FALLBACK_LIMIT_CHARS)
-            if operator == "*" and (isinstance(left, (str, list, tuple)) or isinstance(right, (str, list, tuple))):
+            limit = _limit()
+            if operator == "%":
+                _check_widths(left, limit)
+            elif operator == "*" and (isinstance(left, (str, list, tuple)) or isinstance(right, (str, list, tuple))):
                 seq, times = (left, right) if isinstance(left, (str, list, tuple)) else (right, left)
                 if isinstance(times, int) and len(seq) * max(times, 0) > limit:
                     raise _TooBig(f"{len(seq):,} x {times:,}")
@@ -83,6 +122,8 @@ def _environment():
         return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
     env = Bounded(trim_blocks=True, lstrip_blocks=True, extensions=[GenerationBlock, jinja2.ext.loopcontrols])
+    for name in ("center", "indent", "format", "wordwrap", "truncate"):
+        env.filters[name] = _bounded_filter(name, env.filters[name])
     env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
@@ -90,6 +131,25 @@ def _environment():
 
 
 _RENDERING = threading.local()      # this thread's render: its size limit
+
+
+def _limit() -> int:
+    return getattr(_RENDERING, "limit_chars", FALLBACK_LIMIT_CHARS)
+
+
+def _bounded_filter(name: str, inner):
+    """A jinja2 filter that pads or formats, refusing a width past the render's limit before it runs."""
+    import functools
+
+    @functools.wraps(inner)
+    def bounded(*args, **kwargs):
+        limit = _limit()
+        _check_ints(args[1:] + tuple(kwargs.values()), limit, name)
+        if name == "format" and args:
+            _check_widths(args[0], limit)
+        return inner(*args, **kwargs)
+
+    return bounded
 _ENV_LOCK = threading.Lock()
 _ENV: list = []
 
@@ -126,22 +186,24 @@ def render_template(source: str, messages: list[dict], special_tokens: dict, *, 
 
     limit = limit_chars or FALLBACK_LIMIT_CHARS
     timeout_s = RENDER_TIMEOUT_S if timeout_s is None else timeout_s
-    try:
-        template = _compiled(source)
-    except jinja2.TemplateError as e:
-        raise RequestRejected(f"llm.chat: {where} does not compile: {_first_line(e)}") from None
     variables = {**special_tokens, "messages": messages, "tools": None, "documents": None,
                  "add_generation_prompt": True}
     previous = sys.gettrace()
     _RENDERING.limit_chars = limit
-    sys.settrace(_deadline_tracer(time.monotonic() + timeout_s))
+    sys.settrace(_deadline_tracer(time.monotonic() + timeout_s))      # the compile too: it folds constants
     pieces, size = [], 0
     try:
+        try:
+            template = _compiled(source)
+        except jinja2.TemplateError as e:
+            raise RequestRejected(f"llm.chat: {where} does not compile: {_first_line(e)}") from None
         for piece in template.generate(**variables):
             size += len(piece)
             if size > limit:
                 raise _TooBig("its output")
             pieces.append(piece)
+    except RequestRejected:
+        raise
     except _TooSlow:
         raise RequestRejected(f"llm.chat: {where} ran longer than {timeout_s:g} s for these messages; refused "
                               "(a template must render in milliseconds)") from None
