@@ -160,7 +160,7 @@ def test_stop_counts_only_the_tokens_returned(client, served):
     at = text.index(stop)
     from forge.functions.api import GenerateParams
 
-    gen, _ = served.call(served.node.submit, prompt, GenerateParams(max_tokens=40))
+    gen = served.call(served.node.submit, prompt, GenerateParams(max_tokens=40)).generation
     tok = next(iter(served.node.tokenizers.values()))
     expected = next(k for k in range(1, len(gen.token_ids) + 1) if tok.decode(gen.token_ids[:k]).startswith(
         text[:at + len(stop)]))
