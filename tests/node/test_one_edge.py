@@ -141,6 +141,7 @@ HOSTILE = {
 
 def _model_with_template(tmp_path: Path, template: str) -> Path:
     """A copy of the tiny model whose tokenizer_config.json holds `template`, and a node for it (forge contract new)."""
+    from tests.forge_cli import fill_in
     from tests.reliability._rel import forge
 
     model = tmp_path / "tiny-hostile"
@@ -151,7 +152,7 @@ def _model_with_template(tmp_path: Path, template: str) -> Path:
               "--max-output-len", "64", "--out", tmp_path / "c.yaml", "--node-out", tmp_path / "node.yaml",
               timeout=240)
     assert r.returncode == 0, r.stderr
-    return tmp_path / "node.yaml"
+    return fill_in(tmp_path / "node.yaml", memory_gib=8, cpu_cores=2)
 
 
 @pytest.mark.timeout(400)
