@@ -15,6 +15,7 @@ from typing import Any
 
 from forge.cluster import guard
 from forge.cluster.names import NAMESPACE, engine_id as cluster_engine_id
+from forge.cluster.threads import current_threads, give_threads
 from forge.errors import ForgeError
 from forge.host.engine_host import EngineHost
 from forge.host.protocol import Hello, HostMethod
@@ -31,7 +32,8 @@ HELLO_TIMEOUT_S = 10.0
 class EngineActor(EngineHost):
     def __init__(self, node_path: str, card_index: int, agent: dict):
         # agent: the agent's pid and host (watched), the tier it expects on this card, and `guard` (False
-        # only where this class runs outside a Ray worker, e.g. unit tests).
+        # only where this class runs outside a Ray worker, e.g. unit tests: then it neither installs the guard nor
+        # sets this process's cores and threads).
         self.guard = guard.install(agent.get("pid"), agent.get("host")) if agent.get("guard", True) else {}
         from forge.config.load import load_node
 
@@ -42,8 +44,15 @@ class EngineActor(EngineHost):
         if agent.get("tier") and plan.contract.contract != agent["tier"]:
             raise ForgeError(f"{node_path}: card {plan.card_id} now runs {plan.contract.contract}, not "
                              f"{agent['tier']} (the description changed under the agent; restart it)")
+        # Before the engine loads: Ray gave this worker OMP_NUM_THREADS=<num_cpus> (1 for none), not the card's.
+        self.thread_report = (give_threads(plan, loaded.node.host.cpu_cores) if agent.get("guard", True)
+                              else {"wanted": None, "threads": None, "cores": None, "problems": []})
         super().__init__(plan, node=loaded.node.node, engine_id=cluster_engine_id(loaded.node.node, plan.card_id))
         self.lifeline = self.guard
+
+    async def threads(self) -> dict:
+        """What the card was to get (give_threads's report) and what this process runs now."""
+        return {**self.thread_report, "now": current_threads()}
 
     def on_engine_failed(self, why: str) -> None:
         log.error("engine %s failed (%s); the actor exits so Ray restarts it", self.engine_id, why)

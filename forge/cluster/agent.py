@@ -30,6 +30,8 @@ ENGINE_MAX_RESTARTS = 3          # Ray restarts a crashed engine actor on its ca
 HEARTBEAT_S = 1.0
 CALL_TIMEOUT_S = 5.0
 DRAIN_TIMEOUT_S = 60.0
+CLUSTER_SWITCH = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+PROGRESS_EVERY_S = 5.0           # while engines load, a line this often (a big model loads for minutes)
 
 
 def ray_error_line(e: BaseException) -> str:
@@ -55,6 +57,18 @@ def refuse_replicas(loaded) -> None:
         raise ConfigError(problems)
 
 
+def refuse_cluster_switch_off() -> None:
+    """Ray reads RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 as "no multi-node cluster": `ray start --address` then refuses to
+    start this machine's Ray node, after a while and in its own log. Said here, before anything starts."""
+    from forge.errors import UsageError
+
+    value = os.environ.get(CLUSTER_SWITCH)
+    if value is not None and value.lower() not in ("1", "true"):          # Ray's own reading (env_bool)
+        raise UsageError(f"{CLUSTER_SWITCH}={value} stops `ray start --address` from starting this machine's Ray node: "
+                         f"unset it for `forge provision --cluster` (forge needs no such setting for 127.0.0.1), or "
+                         "attach to a Ray node you started with --ray-node existing")
+
+
 class Agent:
     def __init__(self, loaded, address: str):
         self.loaded, self.address = loaded, address
@@ -65,6 +79,7 @@ class Agent:
         self.node_id = ""
         self.engines: dict[str, Any] = {}         # card id -> actor handle
         self.infos: dict[str, Hello] = {}         # card id -> the engine's hello
+        self.threads: dict[str, dict] = {}        # card id -> the engine's threads (EngineActor.threads)
         self.record: Any = None
         self.metrics: Any = None
         self.metrics_url = ""
@@ -74,19 +89,20 @@ class Agent:
         import ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        from forge.cluster.connect import connect, unreachable
+        from forge.cluster.connect import connect, unreachable, unreachable_line
         from forge.cluster.record import NodeRecord
         from forge.runtime.registry import home
 
         why = unreachable(self.address)
         if why:
-            raise ForgeError(f"--cluster {self.address}: cannot reach the Ray cluster's head ({why}); is `ray start "
-                             f"--head` running there, and is the port open to this machine?")
+            raise ForgeError(unreachable_line(self.address, why))
         if mode == "start":
-            self.raylet = RayNodeProcess(self.address, self.resources, self.loaded.node.host.cpu_cores,
-                                         home() / "cluster" / f"{self.name}.ray-start.log")
+            log_path = home() / "cluster" / f"{self.name}.ray-start.log"
+            self.say(f"starting this machine's Ray node for the cluster at {self.address} (log: {log_path})")
+            self.raylet = RayNodeProcess(self.address, self.resources, self.loaded.node.host.cpu_cores, log_path)
         self.owned = connect(self.address)
         self.node_id = wait_for_node(ray, self.name, self.resources, self.raylet)
+        self.say(f"Ray node {self.node_id[:12]} is in the cluster ({self.node_cpus(ray):g} CPU(s))")
         taken = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if a["namespace"] == NAMESPACE
                  and (a["name"] == node_record_name(self.name) or a["name"].startswith(engine_actor_name(self.name, "")))]
         if taken:
@@ -100,23 +116,33 @@ class Agent:
             scheduling_strategy=NodeAffinitySchedulingStrategy(self.node_id, soft=False)).remote(info)
 
     def start_engines(self, stop: threading.Event) -> float:
-        """One engine actor per card, each built on this machine from its card's contract; waits (bounded) for all."""
+        """One engine actor per card, each built on this machine from its card's contract, holding the CPUs its card's
+        threads need (threads.py); waits (bounded) for all, saying every PROGRESS_EVERY_S which are still loading."""
         import ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         from forge.cluster.actor import EngineActor
+        from forge.cluster.threads import cpu_reservations
 
         t0 = time.monotonic()
         host_cls = ray.remote(EngineActor)
         source = str(Path(self.loaded.node.source).resolve())
+        cpus, warnings = cpu_reservations(self.loaded.plans, self.loaded.node.host.cpu_cores, self.node_cpus(ray))
+        for w in warnings:
+            self.say(f"warning: {w}")
         for p in self.loaded.plans:
             self.engines[p.card_id] = host_cls.options(
-                name=engine_actor_name(self.name, p.card_id), namespace=NAMESPACE, num_cpus=0, num_gpus=0,
+                name=engine_actor_name(self.name, p.card_id), namespace=NAMESPACE, num_cpus=cpus[p.card_id], num_gpus=0,
                 resources=engine_resources(p), max_restarts=ENGINE_MAX_RESTARTS, max_task_retries=0,
                 scheduling_strategy=NodeAffinitySchedulingStrategy(self.node_id, soft=False),
             ).remote(source, p.card.index, {"pid": os.getpid(), "host": socket.gethostname(), "tier": p.contract.contract})
+        plans = {p.card_id: p for p in self.loaded.plans}
+        self.say(f"loading {len(plans)} engine(s): " + ", ".join(
+            f"{cid} ({p.contract.contract}, {p.contract.backend})" for cid, p in plans.items())
+            + f"; at most {constants.ENGINE_START_TIMEOUT_S:g} s")
         refs = {h.hello.remote(): cid for cid, h in self.engines.items()}
         deadline = time.monotonic() + constants.ENGINE_START_TIMEOUT_S
+        next_word = time.monotonic() + PROGRESS_EVERY_S
         waiting = list(refs)
         while waiting:
             if stop.is_set():
@@ -130,10 +156,37 @@ class Agent:
                 try:
                     self.infos[cid] = ray.get(ref)
                 except ray.exceptions.RayError as e:
-                    plan = next(p for p in self.loaded.plans if p.card_id == cid)
-                    raise ForgeError(f"card {cid} ({plan.contract.contract}): engine failed to start: "
+                    raise ForgeError(f"card {cid} ({plans[cid].contract.contract}): engine failed to start: "
                                      f"{ray_error_line(e)}") from None
+                self.say(f"card {cid} ({plans[cid].contract.contract}) up in {time.monotonic() - t0:.1f} s"
+                         + self.threads_word(cid))
+            if waiting and time.monotonic() >= next_word:
+                next_word += PROGRESS_EVERY_S
+                self.say(f"still loading {', '.join(refs[r] for r in waiting)} ({time.monotonic() - t0:.0f} s; "
+                         f"{len(self.infos)} of {len(refs)} up)")
         return time.monotonic() - t0
+
+    def node_cpus(self, ray) -> float:
+        return next((n.get("Resources", {}).get("CPU", 0.0) for n in ray.nodes() if n.get("NodeID") == self.node_id), 0.0)
+
+    def threads_word(self, cid: str) -> str:
+        """', N thread(s)' for the card's engine, and a warning line where it runs fewer than its card has."""
+        import ray
+
+        try:
+            got = ray.get(self.engines[cid].threads.remote(), timeout=CALL_TIMEOUT_S)
+        except (ray.exceptions.RayError, TimeoutError) as e:
+            self.say(f"warning: card {cid}: cannot tell its engine's threads ({ray_error_line(e)})")
+            return ""
+        self.threads[cid] = got
+        if got["wanted"] and got["threads"] < got["wanted"]:
+            self.say(f"warning: card {cid}: its engine runs {got['threads']} thread(s), not the {got['wanted']} its "
+                     f"card has: {'; '.join(got['problems'])}")
+        return f", {got['threads']} thread(s)" if got["threads"] else ""
+
+    def say(self, line: str) -> None:
+        """A progress or warning line of this agent, on stderr (stdout carries the one line that says it is up)."""
+        print(f"forge: node {self.name}: {line}", file=sys.stderr, flush=True)
 
     def announce(self, metrics_port: Optional[int], ready_file: Optional[str], load_s: float) -> None:
         from forge.metrics import ForgeMetrics
@@ -224,6 +277,8 @@ def provision_on_cluster(loaded, address: str, *, ray_node: str = "start", metri
 
     check_environment(address)
     require_ray()
+    if ray_node == "start":
+        refuse_cluster_switch_off()
     check_hardware(loaded)
     stop = threading.Event()
 

@@ -18,6 +18,7 @@ from forge.errors import ForgeError, UsageError
 RAY_VERSION = "2.60.0"
 CONNECT_CHECK_TIMEOUT_S = 5.0
 INSTALL_HINT = "pip install 'forge-llm[ray]'"
+RAY_WORKER_PORTS = (10002, 19999)       # `ray start`'s default --min-worker-port and --max-worker-port
 
 
 def require_ray() -> Any:
@@ -63,6 +64,7 @@ def check_environment(address: str) -> str:
     """Set usage stats off (unless stated) and check the auth mode; returns the mode."""
     if not address or not address.strip():
         raise UsageError("--cluster: give the Ray cluster's address, e.g. --cluster 10.0.0.5:6379")
+    check_address(address)
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     mode = os.environ.get("RAY_AUTH_MODE")
     if mode is None:
@@ -80,6 +82,35 @@ def check_environment(address: str) -> str:
         raise UsageError("--cluster: RAY_AUTH_MODE=token but no token found: set RAY_AUTH_TOKEN, or "
                          "RAY_AUTH_TOKEN_PATH, or write ~/.ray/auth_token (the head's token, `ray get-auth-token`)")
     return mode
+
+
+def check_address(address: str) -> None:
+    """A HOST:PORT whose form cannot name a Ray head, refused before anything starts (auto and ray:// pass)."""
+    if address == "auto" or "://" in address:
+        return
+    host, colon, port = address.rpartition(":")
+    if not colon or not host.strip("[]"):
+        raise UsageError(f"--cluster {address}: give the head's HOST:PORT (its GCS port, e.g. --cluster "
+                         f"{address or '127.0.0.1'}:6379)")
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise UsageError(f"--cluster {address}: the port must be a number from 1 to 65535, got {port!r}")
+
+
+def in_worker_ports(address: str) -> bool:
+    """The port lies in the range Ray gives its workers by default, where `ray start --head --port` fails."""
+    port = address.rpartition(":")[2]
+    return port.isdigit() and RAY_WORKER_PORTS[0] <= int(port) <= RAY_WORKER_PORTS[1]
+
+
+def unreachable_line(address: str, why: str) -> str:
+    """The one line that says a head cannot be reached, with the likely reason where forge can tell it."""
+    line = (f"--cluster {address}: cannot reach the Ray cluster's head ({why}); is `ray start --head` running there, "
+            "and is the port open to this machine?")
+    if in_worker_ports(address):
+        line += (f" Port {address.rpartition(':')[2]} lies in Ray's worker port range {RAY_WORKER_PORTS[0]}-"
+                 f"{RAY_WORKER_PORTS[1]}, where `ray start --head --port` fails: start the head on 6379 or "
+                 "another port outside it")
+    return line
 
 
 def unreachable(address: str, timeout_s: float = CONNECT_CHECK_TIMEOUT_S) -> str | None:
@@ -107,8 +138,7 @@ def connect(address: str) -> bool:
         return False
     why = unreachable(address)
     if why:
-        raise ForgeError(f"--cluster {address}: cannot reach the Ray cluster's head ({why}); is `ray start --head` "
-                         f"running there, and is the port open to this machine?")
+        raise ForgeError(unreachable_line(address, why))
     try:
         ray.init(address=address, namespace=NAMESPACE, log_to_driver=False, logging_level=logging.WARNING)
     except ConnectionError as e:

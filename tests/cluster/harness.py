@@ -52,13 +52,13 @@ class LocalCluster:
         self.address = self.cluster.address
         self.nodes: dict[str, FakeNode] = {}
 
-    def add(self, path: Path, *, wait: bool = False) -> FakeNode:
+    def add(self, path: Path, *, wait: bool = False, num_cpus: int = 1) -> FakeNode:
         from forge.cluster.names import node_resources
         from forge.config.load import load_node
 
         loaded = load_node(path)
         name = loaded.node.node
-        ray_node = self.cluster.add_node(num_cpus=1, node_ip_address="127.0.0.1", resources=node_resources(loaded))
+        ray_node = self.cluster.add_node(num_cpus=num_cpus, node_ip_address="127.0.0.1", resources=node_resources(loaded))
         ready = self.workdir / f"{name}.ready"
         ready.unlink(missing_ok=True)
         log = self.workdir / f"{name}.agent.log"

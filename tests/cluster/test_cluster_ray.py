@@ -2,14 +2,16 @@
 
 a: one card of tier tiny-long (prompts up to 384 tokens); b, c: one card each of tier tiny-short (up to 64).
 Each node is a raylet plus the real node agent (`forge provision NODE.yaml --cluster ...`, harness.py).
-The tests share one cluster and run in order: status, placement, a job across nodes, a job that loses
+The tests share one cluster and run in order: status, the agent's progress lines while its engine loads,
+placement, a job across nodes, a job that loses
 node c midway, c provisioned again and a second job, a node d whose engine crashes during a job (Ray
 rebuilds it on its card), c's agent stopped (SIGTERM) midway through a job, and an agent's death
-(SIGKILL) taking its engine with it."""
+(SIGKILL) taking its engine with it, and a node e whose card names two cores: its engine actor runs two threads."""
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -23,6 +25,7 @@ ray = pytest.importorskip("ray")
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from forge.cluster.agent import PROGRESS_EVERY_S  # noqa: E402
 from forge.cluster.names import NAMESPACE  # noqa: E402
 from forge.host.protocol import Hello  # noqa: E402
 from tests.cluster.harness import FIXTURES, REPO, LocalCluster  # noqa: E402
@@ -75,6 +78,20 @@ def test_status_lists_nodes_cards_tiers_and_health(lc):
     tiers = {n: [c["tier"] for c in r["cards"]] for n, r in rows.items()}
     assert tiers == {"a": ["tiny-long"], "b": ["tiny-short"], "c": ["tiny-short"]}
     assert all(r["state"] == "up" and r["cards"][0]["healthy"] for r in rows.values())
+
+
+def test_provisioning_says_what_it_loads_until_each_engine_is_up(lc):
+    lines = lc.nodes["a"].log.read_text().splitlines()
+
+    def first(text: str) -> int:
+        return next(i for i, line in enumerate(lines) if text in line)
+
+    loading = first("node a: loading 1 engine(s): cpu0 (tiny-long, transformers)")
+    up = first("node a: card cpu0 (tiny-long) up in")
+    assert loading < up < first("node a joined the Ray cluster"), lines
+    load_s = float(re.search(r"up in ([0-9.]+) s", lines[up]).group(1))
+    ticks = [line for line in lines[loading:up] if "node a: still loading cpu0" in line]
+    assert len(ticks) >= int(load_s // PROGRESS_EVERY_S) - 1, lines       # one line every PROGRESS_EVERY_S
 
 
 def test_engines_are_placed_by_tier_and_hold_their_card(lc):
@@ -207,3 +224,15 @@ def test_engines_do_not_outlive_their_agent(lc):
     rc, out, err = invoke("status", "--cluster", lc.address, "--json")
     rows = {r["node"]: r for r in json.loads(out)}
     assert rows["b"]["state"].startswith("no agent") and rows["a"]["state"] == "up"
+
+
+def test_an_engine_actor_runs_the_threads_its_card_has(lc):
+    """Ray starts an actor with OMP_NUM_THREADS=<its num_cpus>; e's card names cores 0 and 1 on a Ray node of one
+    CPU: its engine runs 2 threads on those cores, and its agent says Ray counts only one."""
+    node = lc.add(FIXTURES / "nodes" / "e.yaml", wait=True, num_cpus=1)
+    got = ray.get(ray.get_actor("engine:e/cpu0", namespace=NAMESPACE).threads.remote(), timeout=30)
+    assert (got["wanted"], got["threads"], got["problems"]) == (2, 2, []), got
+    assert got["now"] == {"omp_num_threads": "2", "torch_threads": 2, "cores": [0, 1]}, got
+    log = node.log.read_text()
+    assert "card cpu0 (instant-bench) up in" in log and ", 2 thread(s)" in log, log
+    assert "warning: card cpu0: its Ray node has 1 CPU(s)" in log and "reserves 1 of its 2" in log, log
