@@ -57,16 +57,22 @@ def refuse_replicas(loaded) -> None:
         raise ConfigError(problems)
 
 
-def refuse_cluster_switch_off() -> None:
-    """Ray reads RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 as "no multi-node cluster": `ray start --address` then refuses to
-    start this machine's Ray node, after a while and in its own log. Said here, before anything starts."""
+def refuse_cluster_switch_off(platform: str = sys.platform) -> None:
+    """`ray start --address` starts this machine's Ray node only where Ray allows a multi-node cluster: on Linux unless
+    RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER says 0, on macOS and Windows only where it says 1 (Ray's reading, env_bool).
+    Otherwise it refuses after a while, in its own log: said here, before anything starts."""
     from forge.errors import UsageError
 
     value = os.environ.get(CLUSTER_SWITCH)
-    if value is not None and value.lower() not in ("1", "true"):          # Ray's own reading (env_bool)
-        raise UsageError(f"{CLUSTER_SWITCH}={value} stops `ray start --address` from starting this machine's Ray node: "
-                         f"unset it for `forge provision --cluster` (forge needs no such setting for 127.0.0.1), or "
-                         "attach to a Ray node you started with --ray-node existing")
+    default_on = platform not in ("darwin", "win32")
+    if (value.lower() in ("1", "true")) if value is not None else default_on:
+        return
+    if value is None:
+        raise UsageError(f"on {platform}, Ray starts a second Ray node on a machine (this node's, beside the head) only "
+                         f"with {CLUSTER_SWITCH}=1: export it, or attach to a Ray node you started with --ray-node existing")
+    raise UsageError(f"{CLUSTER_SWITCH}={value} stops `ray start --address` from starting this machine's Ray node: "
+                     f"unset it (forge needs no such setting for 127.0.0.1), or attach to a Ray node you started "
+                     "with --ray-node existing")
 
 
 class Agent:

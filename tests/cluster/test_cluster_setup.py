@@ -43,12 +43,16 @@ def test_the_cluster_switch_off_is_refused_before_ray_starts(monkeypatch):
     for off in ("0", "false", "no"):
         monkeypatch.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", off)
         with pytest.raises(UsageError, match="RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=.* stops `ray start --address`"):
-            refuse_cluster_switch_off()
+            refuse_cluster_switch_off("linux")
     for on in ("1", "true"):
         monkeypatch.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", on)
-        refuse_cluster_switch_off()
+        refuse_cluster_switch_off("linux")
     monkeypatch.delenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER")
-    refuse_cluster_switch_off()
+    refuse_cluster_switch_off("linux")
+    with pytest.raises(UsageError, match="on darwin, .* only with RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=1"):
+        refuse_cluster_switch_off("darwin")
+    monkeypatch.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "1")
+    refuse_cluster_switch_off("darwin")
 
 
 def test_a_cpu_card_asks_ray_for_its_threads_and_says_when_the_node_has_fewer():
