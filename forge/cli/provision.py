@@ -173,6 +173,11 @@ def register(cli: click.Group) -> None:
 
                 click.echo("Ray resources (ray start --resources): "
                            + json.dumps(node_resources(loaded), sort_keys=True))
+                from forge.cluster.threads import card_threads
+
+                click.echo(f"Ray CPUs (ray start --num-cpus): {loaded.node.host.cpu_cores}; engine threads: "
+                           + ", ".join(f"{p.card_id} {card_threads(p, loaded.node.host.cpu_cores)}"
+                                       for p in loaded.plans))
             return 0
         if cluster is not None:
             if card_transport is not None:

@@ -64,3 +64,11 @@ def test_a_cpu_card_asks_ray_for_its_threads_and_says_when_the_node_has_fewer():
     cpus, warnings = cpu_reservations(named.plans, 2, node_cpus=1)
     assert cpus == {"cpu0": 1.0}
     assert len(warnings) == 1 and "reserves 1 of its 2" in warnings[0] and "--num-cpus 2" in warnings[0]
+
+
+def test_the_dry_run_names_the_ray_cpus_and_each_engines_threads():
+    from tests.forge_cli import invoke
+
+    rc, out, err = invoke("provision", str(FIXTURES / "nodes" / "e.yaml"), "--dry-run", "--cluster", "127.0.0.1:6380")
+    assert rc == 0, err
+    assert "Ray CPUs (ray start --num-cpus): 2; engine threads: cpu0 2" in out, out
