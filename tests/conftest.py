@@ -57,7 +57,8 @@ SLOW_FOLDERS = ("tests/vllm_backend/",)      # the real vLLM engine: its engine 
 # Modules whose tests share a module-scoped fixture that takes seconds to set up (a worker's engine, a Ray
 # cluster, a served node): under -n their tests run on one worker (pytest_xdist_make_scheduler below).
 SHARED_FIXTURE_MODULES = frozenset({
-    "tests/cluster/test_cluster_ray.py", "tests/engines/test_guided.py", "tests/engines/test_transformers_backend.py",
+    "tests/cluster/test_cluster_ray.py", "tests/conformance/test_engines.py", "tests/e2e/test_retry_errors.py",
+    "tests/engines/test_guided.py", "tests/engines/test_transformers_backend.py",
     "tests/serve/test_client_messages.py", "tests/serve/test_client_mistakes.py", "tests/serve/test_endpoints.py",
     "tests/serve/test_hostile_clients.py", "tests/serve/test_hostile_guides.py", "tests/serve/test_http_limits.py",
     "tests/serve/test_openai_params.py", "tests/serve/test_openai_parse.py", "tests/serve/test_overload.py",

@@ -35,6 +35,11 @@ def _common(f):
         click.option("--accept-changed-function", is_flag=True,
                      help="the function file changed since the run started, compatibly: keep the rows already "
                      "written and run the rest with the new code"),
+        click.option("--retry-errors", is_flag=True,
+                     help="after fixing the function: run again only the records whose rows in --output are error "
+                          "rows, keeping every good row (each index stays exactly once). The good rows must be this "
+                          "function's over this input (same function name and file name; the file's content may "
+                          "have changed); refused otherwise. See docs/ledger.md"),
         click.option("--concurrency", type=click.IntRange(1, 100_000), default=None,
                      help="records in flight (bounded async pool); default: the function's, else 1024"),
         click.option("--metrics-port", type=click.IntRange(0, 65535), default=None,
@@ -81,6 +86,13 @@ def _max_errors(text):
     return None if text is None else MaxErrors.parse(text)
 
 
+def _retry(retry_errors: bool, restart: bool) -> bool:
+    if retry_errors and restart:
+        raise UsageError("give --retry-errors (keep the good rows, make the error rows again) or --restart (make "
+                         "every row again), not both")
+    return retry_errors
+
+
 def _ledger_default(output_path: Path, ledger_path: Path | None) -> Path:
     return ledger_path or output_path.with_name(output_path.name + ".ledger.sqlite")
 
@@ -112,7 +124,8 @@ def register(cli: click.Group) -> None:
     @card_transport_option
     @_common
     def run_cmd(target, node_arg, grouping, strict, fresh_node, card_transport, input_path, output_path, ledger_path,
-                restart, accept_changed_function, concurrency, metrics_port, progress, report, max_errors):
+                restart, accept_changed_function, retry_errors, concurrency, metrics_port, progress, report,
+                max_errors):
         """Run a function over records on a node provisioned in this process, or on the same node already up
         (`forge provision NODE`): see --fresh-node."""
         from forge.cli.node_arg import description_path
@@ -127,7 +140,8 @@ def register(cli: click.Group) -> None:
             click.echo(w.render(), err=True)
         opts = JobOptions(target=target, input_path=input_path, output_path=output_path,
                           ledger_path=_ledger_default(output_path, ledger_path), restart=restart,
-                          accept_changed_function=accept_changed_function, concurrency=concurrency,
+                          accept_changed_function=accept_changed_function, retry_errors=_retry(retry_errors, restart),
+                          concurrency=concurrency,
                           metrics_port=metrics_port, progress=progress, report=report, max_errors=budget)
         if not fresh_node and card_transport is None and grouping:     # those two flags shape a node of its own
             token = os.environ.get(loaded.node.control.token_env)
@@ -151,7 +165,7 @@ def register(cli: click.Group) -> None:
                   help="with --cluster: broker prefix/length grouping (off = FIFO)")
     @_common
     def deploy_cmd(target, node, token_env, cluster, grouping, input_path, output_path, ledger_path, restart,
-                   accept_changed_function, concurrency, metrics_port, progress, report, max_errors):
+                   accept_changed_function, retry_errors, concurrency, metrics_port, progress, report, max_errors):
         """Run a function over records against a node provisioned with `forge provision` (or, with
         --cluster, across every node provisioned on a Ray cluster)."""
         from forge.functions.job import JobOptions, run_with_node
@@ -160,7 +174,8 @@ def register(cli: click.Group) -> None:
 
         opts = JobOptions(target=target, input_path=input_path, output_path=output_path,
                           ledger_path=_ledger_default(output_path, ledger_path), restart=restart,
-                          accept_changed_function=accept_changed_function, concurrency=concurrency,
+                          accept_changed_function=accept_changed_function, retry_errors=_retry(retry_errors, restart),
+                          concurrency=concurrency,
                           metrics_port=metrics_port, progress=progress, report=report,
                           max_errors=_max_errors(max_errors))
         if cluster is not None:

@@ -32,6 +32,7 @@ class JobOptions:
     report: bool = True
     accept_changed_function: bool = False     # the user declares the changed function compatible with done rows
     max_errors: Optional[MaxErrors] = None
+    retry_errors: bool = False                # run again only the records whose rows are errors (forge/ledger/retry.py)
 
 
 def run_with_node(make_node: Callable[[], Node], opts: JobOptions, *, node_label: str = "") -> int:

@@ -48,9 +48,17 @@ class JobStore:
                 _say_gone(opts.input_path, self.shards_gone)
         accept = ("function_sha256",) if getattr(opts, "accept_changed_function", False) else ()
         self._fingerprint = self.source.fingerprint()      # what the run was counted on (a change is noticed)
-        self.run = open_run(opts.output_path, run_key=key, total=total, ledger_path=opts.ledger_path,
-                            restart=opts.restart, info={"node": node, "input": str(opts.input_path)},
-                            input_path=None if shards is not None else opts.input_path, accept_changes=accept)
+        where = dict(total=total, info={"node": node, "input": str(opts.input_path)},
+                     input_path=None if shards is not None else opts.input_path)
+        retry = None
+        if getattr(opts, "retry_errors", False):
+            from forge.ledger.retry import open_retry
+
+            retry = open_retry(opts.output_path, ledger_path=opts.ledger_path, run_key=key, **where)
+            self.run = retry.run
+        else:
+            self.run = open_run(opts.output_path, run_key=key, ledger_path=opts.ledger_path, restart=opts.restart,
+                                accept_changes=accept, **where)
         if shards is not None and not self.is_pipe and not self.shards_gone:
             record_shards(self.run.ledger, self.source.shard_ids())
         rep = self.run.report
@@ -64,6 +72,10 @@ class JobStore:
         self._once = (self.run.ledger.indices("pending", attempts=1) if rep.resumed and not rep.complete
                       else None)
         self.stats = stats
+        if retry is not None and retry.error_rows:
+            print(f"forge: --retry-errors: {retry.error_rows:,} error row(s) taken out of "
+                  f"{display_path(opts.output_path)} to be made again; its {retry.kept:,} good row(s) are kept as they "
+                  "are" + (f" ({retry.function_changed})" if retry.function_changed else ""), file=sys.stderr)
         if self.run.ledger.accepted:
             print(f"forge: {display_path(opts.output_path)}: the function file changed; keeping the {stats.skipped:,} "
                   "record(s) already settled, as --accept-changed-function asks", file=sys.stderr)

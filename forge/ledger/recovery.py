@@ -55,6 +55,8 @@ def rebuild_or_refuse(ledger: Ledger, written_path: Path, rec: Reconciliation, o
                          f"forge never writes over an output no ledger records, and {rec.rows:,} of {total:,} rows "
                          "are too few to rebuild the ledger from: pass --restart to replace it, or --ledger PATH to "
                          "name its ledger")
+    # Remembered: this ledger's identity is the run that rebuilt it, not what made the rows (--retry-errors asks).
+    ledger.set_meta("rebuilt_from_output", why)
     if rec.rows:                   # JSONL (or a Parquet run's staging file): _reconcile adopts every row
         rows = rec.rows
     else:                          # a finished Parquet output: its index column says it all

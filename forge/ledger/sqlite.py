@@ -249,6 +249,15 @@ class Ledger:
         with self._mutex, self._txn():
             self._db.executemany("UPDATE records SET state = 'pending', is_error = 0, row = NULL WHERE idx = ?", rows)
 
+    def reopen(self, indices: Iterable[int], *, unfinalize: bool = False) -> None:
+        """One transaction: these written records become pending again, to be run again (--retry-errors); with
+        `unfinalize`, the run is no longer finalized (its Parquet file is made again when it completes)."""
+        rows = [(i,) for i in indices]
+        with self._mutex, self._txn():
+            self._db.executemany("UPDATE records SET state = 'pending', is_error = 0, row = NULL WHERE idx = ?", rows)
+            if unfinalize:
+                self._db.execute("DELETE FROM meta WHERE key = 'finalized'")
+
     def set_meta(self, key: str, value: str) -> None:
         with self._mutex, self._txn():
             self._db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (key, value))
@@ -280,13 +289,15 @@ class Ledger:
         return [(i, row, bool(err)) for i, row, err in page]
 
     @reads
-    def indices(self, *states: str, attempts: int | None = None) -> IndexBitmap:
-        """Indices in the given states (with exactly `attempts` invocations, when given), streamed into a bitmap
-        (never a list of 10M ints)."""
+    def indices(self, *states: str, attempts: int | None = None, errors: bool = False) -> IndexBitmap:
+        """Indices in the given states (with exactly `attempts` invocations, when given; only error rows, with
+        `errors`), streamed into a bitmap (never a list of 10M ints)."""
         marks = ",".join("?" * len(states))
         query, args = f"SELECT idx FROM records WHERE state IN ({marks})", tuple(states)
         if attempts is not None:
             query, args = query + " AND attempts = ?", args + (attempts,)
+        if errors:
+            query += " AND is_error = 1"
         found = IndexBitmap()
         with self._mutex:
             for (i,) in self._db.execute(query, args):
