@@ -127,9 +127,10 @@ def test_stop_strings_cut_the_same(outcomes, engine):
     for n, (_, row) in enumerate(_engine(outcomes, engine).valid_of("stop")):
         r = _result(row)
         full, stop, cut, kept = r["full"], r["stop"], r["cut"], r["kept"]
-        assert cut["finish"] == kept["finish"] == "stop" and kept["text"] == cut["text"] + stop, r
         if len({full["card"], cut["card"], kept["card"]}) > 1:
-            continue        # the mixed node's cards each made one: the same text only where their greedy texts agree
+            # the mixed node's cards each made one: the same text only where their greedy texts agree
+            assert cut["finish"] == kept["finish"] == "stop" and kept["text"].endswith(stop), r
+            continue
         at = full["text"].find(stop)
         assert len(stop) == 3 and at >= 0, r
         assert (cut["text"], cut["finish"]) == (full["text"][:at], "stop")
