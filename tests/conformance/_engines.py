@@ -44,13 +44,24 @@ def valid_records() -> list[dict]:
     return rows
 
 
+EMBED = {"kind": "embed", "text": TEXTS[2]}
+
+
 def refused_records() -> list[dict]:
-    """Requests no engine can answer (each one's row an error, the same on every engine), among valid ones, and
-    `embed`. Run after valid_records' job: today a request vLLM cannot compile takes its engine down (issue 49)."""
-    return [{"kind": "greedy", "text": TEXTS[0]}, {"kind": "uncompilable", "text": "Three digits:"},
-            {"kind": "greedy", "text": TEXTS[1]}, {"kind": "unsatisfiable", "text": "Anything:"},
+    """Requests no engine can answer (each one's row a RequestRejected error, the same on every engine) among valid
+    ones, and `embed`."""
+    return [{"kind": "greedy", "text": TEXTS[0]}, {"kind": "unsatisfiable", "text": "Anything:"},
             {"kind": "too_long", "text": "the rabbit hole went on ", "repeat": 200},
-            {"kind": "embed", "text": TEXTS[2]}, {"kind": "greedy", "text": TEXTS[3]}]
+            EMBED, {"kind": "unsatisfiable", "text": "Say anything at all:"},
+            {"kind": "greedy", "text": TEXTS[3]}]
+
+
+def uncompilable_records() -> list[dict]:
+    """A schema the grammar backend cannot compile, among valid requests: the module's last job on each node, as
+    today it takes vLLM's engine down (issue 49)."""
+    return [{"kind": "greedy", "text": TEXTS[0]}, {"kind": "uncompilable", "text": "Three digits:"},
+            {"kind": "greedy", "text": TEXTS[1]}, {"kind": "uncompilable", "text": "Digits:"},
+            {"kind": "greedy", "text": TEXTS[3]}]
 
 
 def templated_nodes(folder: Path) -> dict[str, Path]:

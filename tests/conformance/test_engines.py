@@ -5,9 +5,10 @@ rows for requests no engine can answer (a schema the grammar backend cannot comp
 prompt over the input limit); stop strings and a chat template applied the same; `embed` the same answer or the
 same refusal; and greedy text compared token for token.
 
-One provisioned node per engine for the module (_engines.py), each given two jobs and stopped (two nodes up at a
-time); the tests then compare what the jobs wrote. The refused job runs last on each node: a request an engine
-cannot compile must be that request's error row (issue 49), and today it takes vLLM's engine down."""
+One provisioned node per engine for the module (_engines.py), each given three jobs and stopped (two nodes up at
+a time); the tests then compare what the jobs wrote. The job with a schema the engine cannot compile runs last on
+each node: it must be that request's error row (issue 49), and today it takes vLLM's engine down. The mixed node
+runs each job MIXED_REPEATS times over, so that both of its cards take work."""
 from __future__ import annotations
 
 import json
@@ -22,12 +23,14 @@ from tests.conformance.fixtures.conform import CHOICES, SCHEMA
 
 pytestmark = [pytest.mark.slow, pytest.mark.engine, pytest.mark.timeout(900)]
 
-MIXED_REPEATS = 4         # the mixed node's valid job, repeated so that both of its cards take work
+MIXED_REPEATS = 4         # the mixed node's jobs, repeated so that both of its cards take work
 # Greedy records whose token ids matched between transformers and vLLM on the embedded fp32 model, measured on the
 # 2-core development machine: 11 of 11 (2026-12-05). The floor leaves room for fp32 sums taken in another order on
 # other CPUs (vLLM's CPU attention and transformers' sdpa reduce in different orders; a near-tie between two tokens
 # can then flip, and the rest of that text follows the flip).
 GREEDY_MATCH_FLOOR = 0.75
+# The same final hidden state, up to fp32 sums taken in another order (a card pinned to one core, another batch).
+EMBED_COSINE_FLOOR = 0.9999
 
 
 # Fail today because of issue 49's bugs (the tests are the correct expectation): strict, so that a fix flips them.
@@ -35,6 +38,13 @@ CHOICE_CUT = pytest.mark.xfail(strict=True, reason="issue 49: vLLM's guided choi
                                "is not one of the choices): its grammar lets the model spell a choice with more tokens")
 ENGINE_DOWN = pytest.mark.xfail(strict=True, reason="issue 49: a JSON schema xgrammar cannot compile (uniqueItems) takes "
                                 "vLLM's engine down, and the job stops")
+# Not strict: which answers are wrong depends on how the node batches the job's requests (seen: 2 of 4, 1 of 1).
+EMBED_BATCHED = pytest.mark.xfail(strict=False, reason="transformers' embed answers another hidden state when the "
+                                  "request shares the engine with others (cosine 0.48 with the same text's embed "
+                                  "alone); found by this suite, not yet filed")
+NOT_IGNORED = pytest.mark.xfail(strict=True, reason="issue 49: xgrammar compiles {'not': {}} as if it were {} (it "
+                                "ignores 'not'), so vLLM answers free text that fails forge's check (a ForgeError row) "
+                                "where transformers refuses the schema up front (RequestRejected)")
 
 
 def engines(**marks) -> list:
@@ -42,13 +52,20 @@ def engines(**marks) -> list:
     return [pytest.param(e, marks=marks.get(e.replace("-", "_"), ())) for e in E.ENGINES]
 
 
+def engines_and(values, **marks) -> list:
+    """(engine, value) parameters, with the marks given by engine and value (local_vllm__uncompilable=, ...)."""
+    return [pytest.param(e, v, marks=marks.get(f"{e.replace('-', '_')}__{v}", ())) for e in E.ENGINES for v in values]
+
+
 class Outcome:
     def __init__(self, engine: str, node: E.ProvisionedNode):
         repeats = MIXED_REPEATS if engine == "local-mixed" else 1
         self.valid_records = E.valid_records() * repeats
         self.valid_proc, self.valid = node.deploy("valid", self.valid_records)
-        self.refused_records = E.refused_records()
-        self.refused_proc, self.refused = node.deploy("refused", self.refused_records)
+        self.jobs = {}          # the other jobs: name -> (records, process, rows)
+        for name, records in (("embed-alone", [E.EMBED]), ("refused", E.refused_records() * repeats),
+                              ("uncompilable", E.uncompilable_records() * repeats)):
+            self.jobs[name] = (records, *node.deploy(name, records))
 
     def valid_of(self, kind: str) -> list[tuple[dict, dict]]:
         return [(rec, self.valid.get(i)) for i, rec in enumerate(self.valid_records) if rec["kind"] == kind]
@@ -56,7 +73,7 @@ class Outcome:
 
 @pytest.fixture(scope="module")
 def outcomes(tmp_path_factory) -> dict[str, Outcome]:
-    """Each engine's two jobs. Two nodes come up at a time (a node's start is mostly one core's imports and load,
+    """Each engine's three jobs. Two nodes come up at a time (a node's start is mostly one core's imports and load,
     and this halves the module's time on two cores); each is stopped once its jobs are done, and the next starts."""
     folder = tmp_path_factory.mktemp("conformance")
     descriptions = E.templated_nodes(folder)
@@ -153,39 +170,62 @@ def test_the_chat_template_is_applied_the_same(outcomes, engine):
         assert r["chat"]["input_tokens"] == _result(there)["chat"]["input_tokens"]
 
 
-REJECTED = ("uncompilable", "unsatisfiable", "too_long")
+REJECTED = {"unsatisfiable": "refused", "too_long": "refused", "uncompilable": "uncompilable"}
 
 
-@pytest.mark.parametrize("engine", engines(local_vllm=ENGINE_DOWN))
-def test_requests_no_engine_can_answer_are_the_same_rejected_rows(outcomes, engine):
-    """Each is that record's RequestRejected row, every other record a result, exit 3: on every engine."""
-    o = _engine(outcomes, engine)
-    assert sorted(o.refused) == list(range(len(o.refused_records))), o.refused_proc.stderr[-3000:]
-    for i, rec in enumerate(o.refused_records):
-        row = o.refused[i]
-        if rec["kind"] in REJECTED:
-            assert row.get("error", {}).get("type") == "RequestRejected", (rec["kind"], row)
-            assert "\n" not in row["error"]["message"]
-        elif rec["kind"] == "greedy":
-            _result(row)
-    assert o.refused_proc.returncode == 3, o.refused_proc.stderr[-3000:]
+@pytest.mark.parametrize("engine, kind", engines_and(REJECTED, local_vllm__uncompilable=ENGINE_DOWN,
+                                                     local_vllm__unsatisfiable=NOT_IGNORED,
+                                                     local_mixed__unsatisfiable=NOT_IGNORED))
+def test_a_request_no_engine_can_answer_is_its_records_rejected_row(outcomes, engine, kind):
+    """A schema the grammar backend cannot compile, a schema no value matches, a prompt over max_input_len: each is
+    that record's one-line RequestRejected row on every engine."""
+    records, proc, rows = _engine(outcomes, engine).jobs[REJECTED[kind]]
+    got = [rows.get(i) for i, rec in enumerate(records) if rec["kind"] == kind]
+    if engine == "local-mixed" and kind != "too_long" and all(
+            r is not None and r.get("error", {}).get("message", "").startswith("card cpu0:") for r in got):
+        pytest.skip(f"no {kind} record reached the mixed node's vLLM card (cpu1) this time: nothing to compare")
+    for row in got:
+        assert row is not None and row.get("error", {}).get("type") == "RequestRejected", (kind, row)
+        assert "\n" not in row["error"]["message"]
 
 
-@pytest.mark.parametrize("engine", engines(local_vllm=ENGINE_DOWN))
+@pytest.mark.parametrize("engine, job", engines_and(("refused", "uncompilable"),
+                                                    local_vllm__uncompilable=ENGINE_DOWN))
+def test_around_rejected_requests_every_other_record_is_answered(outcomes, engine, job):
+    """Every record once, every valid request a result, exit 3 (complete, with error rows): the refusals cost
+    nothing else."""
+    records, proc, rows = _engine(outcomes, engine).jobs[job]
+    assert sorted(rows) == list(range(len(records))), proc.stderr[-3000:]
+    for i, rec in enumerate(records):
+        if rec["kind"] == "greedy":
+            _result(rows[i])
+    assert proc.returncode == 3, proc.stderr[-3000:]
+
+
+@pytest.mark.parametrize("engine", engines(local=EMBED_BATCHED, local_mixed=EMBED_BATCHED))
 def test_embed_gives_the_same_answer_or_the_same_refusal(outcomes, engine):
-    """transformers returns the final hidden state; an engine that has none refuses in one line, as that record's
-    RequestRejected row, the same on every node that hands it to such a card."""
-    (i,) = [i for i, r in enumerate(E.refused_records()) if r["kind"] == "embed"]
-    want = _result(_engine(outcomes, "local").refused.get(i))["embedding"]
-    row = _engine(outcomes, engine).refused.get(i)
-    assert row is not None
-    if "error" in row:      # vLLM's refusal (docs/vllm.md), also where the mixed node hands it to its vLLM card
-        assert row["error"]["type"] == "RequestRejected", row
-        assert row["error"]["message"].endswith("embed needs a pooling tier (vLLM runner 'pooling'); backend vllm "
-                                                "runs this tier for generation only"), row
-        return
-    got = _result(row)["embedding"]
-    assert len(got) == len(want) and all(math.isclose(a, b, rel_tol=1e-4, abs_tol=1e-5) for a, b in zip(got, want))
+    """transformers returns the final hidden state: the same vector for the same text whatever else the node is
+    doing (the reference: that text's embed alone on `local`); an engine that has none refuses in one line, as that
+    record's RequestRejected row, the same on every node that hands it to such a card."""
+    want = _result(_engine(outcomes, "local").jobs["embed-alone"][2].get(0))["embedding"]
+    o = _engine(outcomes, engine)
+    answers = [rows.get(i) for records, _, rows in (o.jobs["embed-alone"], o.jobs["refused"])
+               for i, r in enumerate(records) if r["kind"] == "embed"]
+    wrong = []
+    for row in answers:
+        assert row is not None
+        if "error" in row:      # vLLM's refusal (docs/vllm.md), also where the mixed node hands it to its vLLM card
+            assert row["error"]["type"] == "RequestRejected", row
+            assert row["error"]["message"].endswith("embed needs a pooling tier (vLLM runner 'pooling'); backend "
+                                                    "vllm runs this tier for generation only"), row
+            continue
+        got = _result(row)["embedding"]
+        assert len(got) == len(want)
+        cosine = sum(a * b for a, b in zip(got, want)) / math.sqrt(sum(a * a for a in got) * sum(b * b for b in want))
+        print(f"{engine} embed: cosine {cosine:.9f} with the text's embed alone on local")
+        if cosine < EMBED_COSINE_FLOOR:
+            wrong.append(round(cosine, 6))
+    assert not wrong, f"{len(wrong)} of {len(answers)} embed answers are another vector (cosine {wrong})"
 
 
 def _greedy(o: Outcome) -> list[tuple[str, dict]]:
