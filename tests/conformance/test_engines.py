@@ -33,11 +33,12 @@ GREEDY_MATCH_FLOOR = 0.75
 EMBED_COSINE_FLOOR = 0.9999
 
 
-# What fails today (the test is the correct expectation). Not strict: it depends on how the node batches the job's
-# requests (seen wrong: 2 of 4, 1 of 2, 0 of 2 in different runs), so a strict mark would fail the runs it passes.
-EMBED_BATCHED = pytest.mark.xfail(strict=False, reason="transformers' embed answers another hidden state when the "
-                                  "request shares the engine with others (cosine 0.48 with the same text's embed "
-                                  "alone); found by this suite, not yet filed")
+# What fails today (the test is the correct expectation). Not strict: whether it fails depends on the run (seen
+# wrong: 2 of 4 in one job, 1 of 2 and 2 of 2 and 0 of 2 in others), so a strict mark would fail the runs it passes.
+EMBED_BATCHED = pytest.mark.xfail(strict=False, reason="transformers' embed sometimes answers another vector for the "
+                                  "same text (cosine 0.48 with that text's embed alone on local), alone or among "
+                                  "other requests (the batch or the prefix cache suspected); found by this suite, not "
+                                  "yet filed")
 
 
 def engines(**marks) -> list:
