@@ -42,7 +42,7 @@ def test_every_field_of_the_embedded_contract_is_mapped(loaded):
         "dtype": "float32", "kv_cache_dtype": "auto", "seed": 0,
         "max_model_len": 512, "max_num_batched_tokens": 512, "max_num_seqs": 32,
         "block_size": 32, "kv_cache_memory_bytes": 16384 * 2 * 4 * 4 * 32 * 4, "num_gpu_blocks_override": 512,
-        "gpu_memory_utilization": 0.92, "kv_offloading_size": None, "kv_offloading_backend": "native",
+        "gpu_memory_utilization": 0.037, "kv_offloading_size": None, "kv_offloading_backend": "native",
         "enable_prefix_caching": True, "enable_chunked_prefill": True, "long_prefill_token_threshold": 0,
         "scheduler_reserve_full_isl": True, "async_scheduling": False, "scheduling_policy": "priority",
         "enforce_eager": True,

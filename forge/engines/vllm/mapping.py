@@ -4,6 +4,7 @@
     limits.max_batch_size          -> max_num_seqs
     limits.max_input_len + output  -> max_model_len (forge refuses over-long inputs itself)
     kv_cache.max_tokens / fraction -> kv_cache_memory_bytes (the plan's pool) and num_gpu_blocks_override (its blocks)
+    the card plan (one engine)     -> gpu_memory_utilization (its weights + pool over the card's memory, rounded up)
     kv_cache.tokens_per_block      -> block_size
     kv_cache.host_cache_size       -> kv_offloading_size (GiB; None when 0) + kv_offloading_backend
     kv_cache.block_reuse           -> enable_prefix_caching
@@ -21,6 +22,7 @@ Environment (`environment()`): VLLM_CPU_KVCACHE_SPACE is cleared, because vLLM's
 kv_cache_memory_bytes; VLLM_ENABLE_V1_MULTIPROCESSING is set to 0; VLLM_LOGGING_LEVEL to WARNING."""
 from __future__ import annotations
 
+import math
 from typing import Any, Optional
 
 from forge.config.models import Contract
@@ -35,9 +37,6 @@ BACKEND = "vllm"
 WEIGHT_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 # vLLM's CacheDType has no float32: an fp32 cache is "auto" (the model's dtype) with fp32 weights only.
 KV_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp8": "fp8"}
-# The share of the device vLLM's memory check may assume. With kv_cache_memory_bytes given, vLLM sizes the KV pool
-# from it and not from this share; it is stated so no device default is left in the arguments.
-GPU_MEMORY_UTILIZATION = 0.92
 ENV_SET = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0",
            "VLLM_LOGGING_LEVEL": "WARNING"}     # vLLM's INFO lines would fill the job's console; forge logs the load
 ENV_CLEAR = ("VLLM_CPU_KVCACHE_SPACE",)
@@ -112,6 +111,17 @@ def problems(contract: Contract, vllm_version=INSTALLED) -> list[Problem]:
     return out
 
 
+def gpu_memory_utilization(plan: CardPlan) -> float:
+    """The share of the card one engine of this plan takes: its weights and KV pool over the card's memory, rounded up
+    to 0.001. With kv_cache_memory_bytes given vLLM sizes nothing from this share; it only refuses to start unless
+    share x the device's total memory is free (vllm/v1/worker/utils.py::request_memory, 0.26-0.34). A fixed 0.92
+    kept a second replica, or any card shared with another engine, from starting; the plan's own bytes let every
+    engine the plan fits on the card start. What vLLM holds beyond them (activations at the token budget, CUDA graphs,
+    its context) is not in forge's plan, so the share is a floor, not a cap."""
+    share = (plan.weights_bytes + plan.kv_pool_bytes) / plan.card_memory_bytes
+    return min(1.0, max(0.001, math.ceil(share * 1000) / 1000))
+
+
 def engine_arguments(contract: Contract, plan: CardPlan) -> dict[str, Any]:
     """vLLM's EngineArgs for one engine of this plan, every value stated. Raises ConfigError where the contract
     cannot be mapped (the same problems `forge validate` reports)."""
@@ -141,7 +151,7 @@ def unchecked_arguments(contract: Contract, plan: CardPlan) -> dict[str, Any]:
         "block_size": kv.tokens_per_block,
         "kv_cache_memory_bytes": plan.num_blocks * kv.tokens_per_block * plan.bytes_per_token,
         "num_gpu_blocks_override": plan.num_blocks,
-        "gpu_memory_utilization": GPU_MEMORY_UTILIZATION,
+        "gpu_memory_utilization": gpu_memory_utilization(plan),
         "kv_offloading_size": host_bytes / GIB if host_bytes else None,
         "kv_offloading_backend": sec.kv_offloading_backend,
         "enable_prefix_caching": kv.block_reuse,
