@@ -138,29 +138,38 @@ def pack(args) -> None:
     house, dest = Path(args.wheelhouse), Path(args.to)
     manifest = json.loads((house / MANIFEST).read_text())
     dest.mkdir(parents=True, exist_ok=True)
+    if args.part_mib < 1:
+        sys.exit(f"--part-mib: {args.part_mib}; a part is at least 1 MiB")
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
-        tar.add(house / MANIFEST, arcname=MANIFEST)
         for e in manifest["wheels"]:
+            if args.preset < 0:                   # no compression: the wheels as they are
+                _add(tar, e["file"], (house / e["file"]).read_bytes())
+                continue
             stored = io.BytesIO()                 # the same members, stored: xz then sees the raw bytes
             with zipfile.ZipFile(house / e["file"]) as src, zipfile.ZipFile(stored, "w", zipfile.ZIP_STORED) as dst:
                 for info in src.infolist():
                     dst.writestr(info, src.read(info), compress_type=zipfile.ZIP_STORED)
-            info = tarfile.TarInfo(e["file"])
-            info.size = stored.tell()
-            stored.seek(0)
-            tar.addfile(info, stored)
-    blob = lzma.compress(buf.getvalue(), preset=args.preset)
+            e["sha256_as_made"], e["sha256"] = e["sha256"], hashlib.sha256(stored.getvalue()).hexdigest()
+            _add(tar, e["file"], stored.getvalue())
+        _add(tar, MANIFEST, (json.dumps(manifest, indent=1) + "\n").encode())   # the stored wheels' sha256s
+    blob = lzma.compress(buf.getvalue(), preset=args.preset) if args.preset >= 0 else buf.getvalue()
     size = args.part_mib << 20
     parts = []
     for i in range(0, len(blob), size):
-        name = f"{args.name}.tar.xz.{i // size:03d}"
+        name = f"{args.name}.{'tar.xz' if args.preset >= 0 else 'tar'}.{i // size:03d}"
         (dest / name).write_bytes(blob[i:i + size])
         parts.append({"file": name, "bytes": len(blob[i:i + size]),
                       "sha256": hashlib.sha256(blob[i:i + size]).hexdigest()})
     (dest / PARTS).write_text(json.dumps({"name": args.name, "parts": parts, "bytes": len(blob),
                                           "sha256": hashlib.sha256(blob).hexdigest()}, indent=1) + "\n")
     print(f"{len(parts)} parts of at most {args.part_mib} MiB, {len(blob) / 2**20:.1f} MiB in all, in {dest}")
+
+
+def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    tar.addfile(info, io.BytesIO(data))
 
 
 def unpack(parts_dir: Path, into: Path) -> None:
@@ -176,7 +185,10 @@ def unpack(parts_dir: Path, into: Path) -> None:
     if h.hexdigest() != spec["sha256"]:
         sys.exit(f"{parts_dir}: the rejoined parts differ from {PARTS}")
     into.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(fileobj=io.BytesIO(lzma.decompress(b"".join(chunks))), mode="r") as tar:
+    blob = b"".join(chunks)
+    if blob[:6] == b"\xfd7zXZ\x00":          # xz's magic: packed with compression
+        blob = lzma.decompress(blob)
+    with tarfile.open(fileobj=io.BytesIO(blob), mode="r") as tar:
         tar.extractall(into, filter="data")
 
 
@@ -191,6 +203,8 @@ def install(args) -> None:
         path = house / e["file"]
         if not path.exists():
             sys.exit(f"{path}: missing (manifest lists {e['name']} {e['version']})")
+        if sha256(path) != e["sha256"]:
+            sys.exit(f"{path}: sha256 differs from {house / MANIFEST}; not installing a changed wheel")
         files.append(str(path))
     cmd = [sys.executable, "-m", "pip", "install", "--no-index", "--find-links", str(house), "--no-deps",
            "--no-compile", "--quiet", *(["--target", args.target] if args.target else []), *files]
@@ -216,7 +230,8 @@ def main(argv=None) -> None:
     p.add_argument("to")
     p.add_argument("--part-mib", type=int, default=48)
     p.add_argument("--name", default="wheelhouse")
-    p.add_argument("--preset", type=int, default=6)
+    p.add_argument("--preset", type=int, default=6, help="xz preset 0-9; -1: no compression (a tar of the wheels as "
+                   "they are, when the packing machine has no CPU to spare)")
     i = sub.add_parser("install", help="on the target: install with no package index")
     i.add_argument("wheelhouse")
     i.add_argument("--parts", action="append", help="a folder of parts (parts.json) to rejoin first (repeat)")
