@@ -97,6 +97,7 @@ class EngineRequest:
     want_hidden: bool = False        # return the final hidden state (embed)
     priority: int = 0                # the broker's (higher first; online work is above 0): for an engine that
                                      # orders its own waiting queue (vLLM), ignored by the others
+    stream: bool = False             # report this request's tokens as they come (Progress.partials)
 
 
 REFUSED = "refused"
@@ -120,6 +121,8 @@ class Progress:
 
     results: list[EngineResult] = field(default_factory=list)
     new_tokens: int = 0              # tokens generated since the last poll (all requests)
+    # (request_id, every output id so far) of running requests that asked to stream and grew since the last poll
+    partials: list[tuple[Hashable, list[int]]] = field(default_factory=list)
 
 
 @dataclass

@@ -48,11 +48,13 @@ def geometry_from_plan(plan: CardPlan, tokenizer_key: str = "default", engine: O
 class AdmissionRuntime:
     def __init__(self, *, engine: Engine, plan: CardPlan, source: AdmissionSource, node: str,
                  deliver: Callable[[HostRequest, EngineResult], None], tokenizer_key: str = "default",
+                 partial: Optional[Callable[[HostRequest, list[int]], None]] = None,
                  stall_window_s: float = constants.STALL_WINDOW_S,
                  poll_timeout_s: float = constants.ENGINE_POLL_TIMEOUT_S,
                  takeback_interval_s: Optional[float] = None,
                  shutdown_timeout_s: float = constants.ENGINE_SHUTDOWN_TIMEOUT_S):
         self.engine, self.plan, self.source, self.deliver = engine, plan, source, deliver
+        self.partial = partial                  # a streamed request's output so far (its ids), as it grows
         self.geometry = g = geometry_from_plan(plan, tokenizer_key, engine)
         self.engine_id = g.engine_id
         self.stall_window_s = stall_window_s
@@ -198,7 +200,7 @@ class AdmissionRuntime:
             f.state = "sending"
             reqs.append(EngineRequest(request_id=f.key, prompt_ids=r.prompt, max_new_tokens=r.max_new_tokens,
                                       sampling=o.sampling, guide=o.guide, want_hidden=o.want_hidden,
-                                      priority=r.priority))
+                                      priority=r.priority, stream=o.stream))
         if not self._driver.submit(reqs):
             self._on_busy([f.key for f in batch])
 
@@ -231,6 +233,8 @@ class AdmissionRuntime:
         for kind, value in events:
             if kind == "progress":
                 self._on_progress(value.results)
+            elif kind == "partials":
+                self._on_partials(value)
             elif kind == "submitted":
                 for k in value:
                     f = self._table.live.get(k)
@@ -266,6 +270,14 @@ class AdmissionRuntime:
         self._occupancy.set(now, self._table.occupancy())
         if not self._table:
             self._rate.idle()
+
+    def _on_partials(self, partials: list) -> None:
+        if self.partial is None:
+            return
+        for key, ids in partials:
+            f = self._table.live.get(key)
+            if f is not None:
+                self._out.quietly(self.partial, f.req, ids)
 
     def _on_engine_stats(self, it: IterationStats) -> None:
         s = self._stats

@@ -183,6 +183,8 @@ class EngineDriver:
                     # within one slice, not at the next result; results go out as soon as they come, or within
                     # HOLD_RESULTS_S while the engine still has a queue of its own to draw on.
                     progress = self._call(self.engine.poll, slice_s)
+                    if progress.partials:       # streamed requests only: their text goes out as it grows
+                        self._emit("partials", progress.partials)
                     tokens += progress.new_tokens
                     self._active -= len(progress.results)
                     held += progress.results

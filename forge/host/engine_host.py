@@ -90,7 +90,7 @@ class EngineHost:
         g = self.geometry
         self.feed = Feed(g, node=self.node, max_pending=MAX_PENDING_FACTOR * g.max_batch_size)
         self._rt = AdmissionRuntime(engine=self.engine, plan=self.plan, source=self.feed, node=self.node,
-                                    deliver=self._deliver, tokenizer_key=self.tokenizer_key,
+                                    deliver=self._deliver, partial=self._partial, tokenizer_key=self.tokenizer_key,
                                     stall_window_s=self.stall_window_s)
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._run(), name=f"admission-{self.engine_id}")]
@@ -120,6 +120,10 @@ class EngineHost:
             return wire_result(req.key, finish, result.output_ids, text, result.hidden, error, len(req.prompt))
 
         self.feed.deliver(req, make)
+
+    def _partial(self, req: HostRequest, ids: list[int]) -> None:
+        """A streamed request's output so far: its text goes to the link in pieces (Feed.partial)."""
+        self.feed.partial(req, ids, self.tokenizer.decode)
 
     # ------------------------------------------------------------------ the protocol (HostMethod: what links call)
     async def hello(self) -> Hello:

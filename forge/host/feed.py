@@ -35,6 +35,8 @@ class Session:
         self.tokens = 0
         self.elapsed_s = 0.0
         self.occupied_s = 0.0              # elapsed_s x occupancy, summed
+        self.partials: list[tuple[str, int, str]] = []      # streamed text not yet collected
+        self.streamed: dict[RequestKey, int] = {}           # characters of each streamed request's text sent
         self.ready = asyncio.Event()
 
     def wake(self) -> None:
@@ -146,9 +148,24 @@ class Feed:
             s.wake()                           # links learn the health change at once
 
     # ------------------------------------------------------------------ results
+    def partial(self, req: HostRequest, ids: list[int], decode: Callable[[list[int]], str]) -> None:
+        """A streamed request's output so far: the text beyond what was sent goes out with the next collect. A
+        trailing U+FFFD is a character whose bytes are not all generated yet: it waits for them."""
+        s = self.sessions.get(req.key.session)
+        if s is None:
+            return
+        text = decode(ids).rstrip("\ufffd")
+        sent = s.streamed.get(req.key, 0)
+        if len(text) > sent:
+            s.partials.append((req.key.rid, req.key.attempt, text[sent:]))
+            s.streamed[req.key] = len(text)
+            s.wake()
+
     def deliver(self, req: HostRequest, make_result: Callable[[], WireResult]) -> None:
         s = self.sessions.get(req.key.session)
         if s is not None:
+            if s.streamed:
+                s.streamed.pop(req.key, None)
             s.results.append(make_result())
             s.wake()
 
@@ -164,7 +181,7 @@ class Feed:
         s = self.session(sid)
         if s is None:
             return None
-        if not (s.results or s.returned):
+        if not (s.results or s.returned or s.partials):
             s.ready.clear()
             try:
                 await asyncio.wait_for(s.ready.wait(), wait_s)
@@ -172,7 +189,10 @@ class Feed:
                 pass
         results, s.results = s.results[:max_items], s.results[max_items:]
         returned, s.returned = s.returned, []
+        partials, s.partials = s.partials, []
         delivered = Delivered(s.tokens, s.elapsed_s, s.occupied_s / s.elapsed_s if s.elapsed_s > 0 else 1.0)
         s.tokens, s.elapsed_s, s.occupied_s = 0, 0.0, 0.0
         s.seen = time.monotonic()
+        if partials:
+            return Collected(results, returned, delivered, bool(s.results), partials=partials)
         return Collected(results, returned, delivered, bool(s.results))

@@ -101,6 +101,9 @@ class Collected:
     failure: Optional[str] = None        # why the engine failed (it is gone; the link gives its card up)
     stats: Optional[EngineStats] = None  # sent with every answer that carries work, else every STATS_EVERY_S
     ended: bool = False                  # the session was ended (its lease ran out): what it held is gone
+    # (rid, attempt, text) pieces of streamed requests' output, in order; only requests sent with
+    # RequestOptions.stream have any. Their WireResult still comes whole at the end.
+    partials: list[tuple[str, int, str]] = field(default_factory=list)
 
     @classmethod
     def ended_session(cls, incarnation: str) -> Collected:
@@ -110,7 +113,7 @@ class Collected:
         # Pickled (worker process, Ray): results as plain tuples, rebuilt on load. Positional: _collected's order.
         return (_collected, (list(map(tuple, self.results)), self.returned, tuple(self.delivered), self.more,
                              self.incarnation, self.healthy, self.accepting, self.state, self.failure, self.stats,
-                             self.ended))
+                             self.ended, self.partials))
 
 
 def _collected(results: list[tuple], returned, delivered: tuple, *rest) -> Collected:

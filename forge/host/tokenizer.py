@@ -35,7 +35,7 @@ class NodeTokenizer:
 
     @property
     def hf(self) -> Any:
-        """What forge/serve/chat.py applies a chat template with: this copy when there is no template, else the
+        """What forge/requests/chat_template.py applies a chat template with: this copy when there is no template, else the
         model's full tokenizer (transformers, loaded here once)."""
         if not self.chat_template:
             return self

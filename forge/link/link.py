@@ -45,7 +45,8 @@ _sessions = itertools.count(1)
 class EngineLink:
     def __init__(self, transport: Transport, info: Hello, *, broker, job: str,
                  settle: Callable[[BrokerRequest, str, WireResult], None], fail: Callable[[BrokerRequest, str], None],
-                 wanted: Optional[Callable[[BrokerRequest], bool]] = None):
+                 wanted: Optional[Callable[[BrokerRequest], bool]] = None,
+                 progress: Optional[Callable[[BrokerRequest, int, str], None]] = None):
         """settle(request, engine id, result) and fail(request, why) answer the node's callers; wanted(request)
         False means its caller left, so it is not sent (the broker still counts it done)."""
         self.transport, self.info = transport, info
@@ -53,6 +54,7 @@ class EngineLink:
         self.eid = self.geometry.engine_id
         self.key = self.geometry.tokenizer_key
         self.broker, self.job, self._settle, self._fail, self._wanted = broker, job, settle, fail, wanted
+        self._progress = progress          # progress(request, attempt, text): a streamed request's next piece of output
         self.credit = Credit(self.geometry)
         self.out = self.credit.out                  # rid -> (request, attempt, blocks): dispatched, not answered
         self.session = self._new_session()
@@ -250,6 +252,12 @@ class EngineLink:
         if reply.incarnation != self.incarnation:
             self.lost(f"the engine restarted (incarnation {reply.incarnation})", epoch)
             return
+        if reply.partials and self._progress is not None:     # before the results: a piece precedes its end
+            out, progress = self.out, self._progress
+            for rid, attempt, text in reply.partials:
+                held = out.get(rid)
+                if held is not None and held[1] == attempt:     # the dispatch the node waits on, not a lost one
+                    progress(held[0], attempt, text)
         results = reply.results
         if results:             # one collect's answers: the broker's books and the credit event once for all
             release, done = self.credit.release, []

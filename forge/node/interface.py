@@ -16,7 +16,7 @@ is elsewhere (RemoteNode) forwards the prompt or messages and the GenerateParams
 from __future__ import annotations
 
 import abc
-from typing import NamedTuple, Optional, Protocol, Sequence, Union
+from typing import AsyncIterator, NamedTuple, Optional, Protocol, Sequence, Union
 
 from forge.errors import ForgeError
 from forge.requests import GenerateParams, Generation
@@ -65,6 +65,15 @@ class Node(abc.ABC):
     async def submit(self, prompt: Prompt, params: GenerateParams, *, wait: bool = True) -> Answer:
         """One request, whole (see the module's docstring). wait=False: a full queue is refused at once (QueueFull)
         instead of waited out."""
+
+    async def stream(self, prompt: Prompt, params: GenerateParams, *,
+                     wait: bool = True) -> AsyncIterator[Union[str, Answer]]:
+        """submit() with the answer's text sent as it grows: text pieces, then the Answer (whose text they join
+        into). A node that cannot stream sends the whole text as one piece (forge/node/streamed.py streams)."""
+        answer = await self.submit(prompt, params, wait=wait)
+        if answer.generation.text:
+            yield answer.generation.text
+        yield answer
 
     async def generate(self, prompt: Prompt, params: GenerateParams) -> Generation:
         return (await self.submit(prompt, params)).generation

@@ -13,7 +13,8 @@ import itertools
 import logging
 import time
 import uuid
-from typing import Any, Optional, Sequence
+from dataclasses import replace
+from typing import Any, AsyncIterator, Optional, Sequence
 
 from forge.broker import Broker, BrokerCore, BrokerRequest, NoEngineFits
 from forge.engines.interface import Guide
@@ -25,13 +26,14 @@ from forge.link.link import HOST_STATS_LAG_S, EngineLink
 from forge.link.transport import Transport
 from forge.node.down import EnginesOut
 from forge.node.interface import Answer, Node, Prompt, TextTokenizer
-from forge.requests import REFUSED, GenerateParams, Generation, RequestOptions
+from forge.requests import DEFAULT_OPTIONS, REFUSED, GenerateParams, Generation, RequestOptions
 from forge.requests.chat_template import apply_template
 from forge.requests.messages import Chat
 from forge.requests.guided import guided_output_problem
 from forge.requests.prompt_bounds import checked_prompt
 from forge.requests.schema_check import schema_problem
 from forge.requests.stops import StopRule, apply_stop
+from forge.node.streamed import stream_request
 from forge.stats import BrokerStats, EngineStats
 
 log = logging.getLogger("forge.node")
@@ -47,6 +49,7 @@ class LinkedNode(EnginesOut, Node):
         self.tokenizers: dict[str, Any] = {}          # tokenizer key -> this process's copy (none on a cluster)
         self.broker: Optional[Broker] = None
         self._futures: dict[str, asyncio.Future] = {}
+        self._streams: dict[str, asyncio.Queue] = {}  # rid -> (attempt, text) pieces of a streamed request; None ends
         # Request ids: a random per-node prefix + a counter. uuid4 per request cost ~9 % of the control plane's CPU
         # (one urandom syscall each; forge bench control-plane, docs/benchmarks.md).
         self._rid_prefix, self._rid_seq = uuid.uuid4().hex[:12], itertools.count()
@@ -69,7 +72,7 @@ class LinkedNode(EnginesOut, Node):
                                         node=self.name))
         for transport, info in engines:
             lk = EngineLink(transport, info, broker=self.broker, job=self._rid_prefix, settle=self._settle,
-                            fail=self._fail, wanted=self._wanted)
+                            fail=self._fail, wanted=self._wanted, progress=self._progress)
             self.links[lk.eid] = lk
         self._keys = tuple(sorted({lk.key for lk in self.links.values()}))
         for lk in self.links.values():
@@ -105,9 +108,10 @@ class LinkedNode(EnginesOut, Node):
         await asyncio.gather(*(lk.close() for lk in self.links.values()), return_exceptions=True)
         await asyncio.gather(*(e.close() for e in self.encoders.values()), return_exceptions=True)
         await self._release()
-        for fut in self._futures.values():
+        for rid, fut in self._futures.items():
             if not fut.done():
                 fut.set_exception(ForgeError(f"{self.label} stopped before the request finished"))
+                self._end_stream(rid)
         self._futures.clear()
 
     async def _release(self) -> None:
@@ -150,11 +154,26 @@ class LinkedNode(EnginesOut, Node):
         guide and cut at its stop strings. A full broker is waited out (wait=True) or refused at once with QueueFull
         (wait=False: the online path answers 429). Cancelling the caller (a client gone, a deadline) takes the
         request back: dropped if still queued, cancelled in its engine if not."""
+        req, fut, guide = await self._enqueue(prompt, params, wait, None)
+        try:
+            eid, res = await fut
+        except BaseException:
+            self._abandon(req)
+            raise
+        finally:
+            self._futures.pop(req.request_id, None)
+        return self._answer(eid, res, params, guide)
+
+    async def _enqueue(self, prompt: Prompt, params: GenerateParams, wait: bool, pieces: Optional[asyncio.Queue]):
+        """The request checked, tokenized and in the broker: (broker request, its future, its guide). `pieces`: a
+        streamed request's queue of output pieces."""
         if self.down:
             raise NodeDown(self.down)
         if self.closed or self.broker is None:
             raise RequestRejected(f"{self.label} is not accepting requests")
         opts = RequestOptions.of(params)
+        if pieces is not None:
+            opts = replace(opts or DEFAULT_OPTIONS, stream=True)
         guide = opts.guide if opts is not None else None
         if guide is not None:
             self._check_guide_support(guide)
@@ -170,6 +189,8 @@ class LinkedNode(EnginesOut, Node):
                             priority=params.priority)
         fut: asyncio.Future = asyncio.get_running_loop().create_future()
         self._futures[rid] = fut
+        if pieces is not None:
+            self._streams[rid] = pieces
         try:
             if wait and not self.broker.has_room():
                 await self.broker.put(req)      # waits for room
@@ -177,17 +198,16 @@ class LinkedNode(EnginesOut, Node):
                 self.broker.put_nowait(req)     # what put does when there is room, without a coroutine
         except NoEngineFits as e:
             self._futures.pop(rid, None)
+            self._streams.pop(rid, None)
             raise RequestRejected(str(e)) from None
         except BaseException:
             self._futures.pop(rid, None)
+            self._streams.pop(rid, None)
             raise
-        try:
-            eid, res = await fut
-        except BaseException:
-            self._abandon(req)
-            raise
-        finally:
-            self._futures.pop(rid, None)
+        return req, fut, guide
+
+    def _answer(self, eid: str, res: WireResult, params: GenerateParams, guide: Optional[Guide]) -> Answer:
+        """The engine's result as the caller's Answer: refusals and failures raised, the guide checked, stops cut."""
         finish, error, text = res.finish_reason, res.error, res.text
         if finish == REFUSED:              # the engine cannot take it as asked: the caller's to fix
             raise RequestRejected(f"card {eid}: {error}")
@@ -240,11 +260,26 @@ class LinkedNode(EnginesOut, Node):
         fut = self._futures.get(req.request_id)
         if fut is not None and not fut.done():
             fut.set_result((eid, res))
+            self._end_stream(req.request_id)
 
     def _fail(self, req: BrokerRequest, message: str, cls: type = ForgeError) -> None:
         fut = self._futures.get(req.request_id)
         if fut is not None and not fut.done():
             fut.set_exception(cls(message))
+            self._end_stream(req.request_id)
+
+    def _progress(self, req: BrokerRequest, attempt: int, text: str) -> None:
+        pieces = self._streams.get(req.request_id)
+        if pieces is not None:
+            pieces.put_nowait((attempt, text))
+
+    def _end_stream(self, rid: str) -> None:
+        pieces = self._streams.get(rid)
+        if pieces is not None:
+            pieces.put_nowait(None)
+
+    def stream(self, prompt: Prompt, params: GenerateParams, *, wait: bool = True) -> AsyncIterator[str | Answer]:
+        return stream_request(self, prompt, params, wait=wait)
 
     def open_requests(self) -> int:
         """Callers waiting for an answer (queued or in an engine)."""

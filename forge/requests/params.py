@@ -196,6 +196,9 @@ class RequestOptions:
     # its result. Past it the runtime cancels the request in the engine and delivers an error result
     # ("deadline exceeded"). None: no deadline.
     deadline_s: Optional[float] = None
+    # Send the output as it grows (Node.stream): the engine reports this request's tokens every step and the host
+    # passes its text on in pieces. Off for everything else, so bulk requests cost what they did.
+    stream: bool = False
 
     @classmethod
     def of(cls, params: Any) -> Optional["RequestOptions"]:

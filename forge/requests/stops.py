@@ -46,3 +46,48 @@ def _tokens_through(gen: Generation, chars: int, tokenizer: Any) -> int:
         else:
             lo = mid + 1
     return lo
+
+
+class StopHold:
+    """Stop strings applied to text that arrives in pieces (Node.stream): `take(piece)` returns what may be sent
+    now, and what it returns joins into a prefix of apply_stop's text for the whole. Text that could be the start
+    of a stop string is held back until the next piece decides it; after a match nothing more is sent."""
+
+    def __init__(self, rule: StopRule):
+        self.rule = rule
+        self.text = ""                 # everything received
+        self.sent = 0                  # characters of it already returned
+        self.matched = False
+        self._longest = max((len(s) for s in rule.strings), default=0)
+
+    def take(self, piece: str) -> str:
+        if self.matched:
+            return ""
+        self.text += piece
+        hits = [at for s in self.rule.strings if s and (at := self.text.find(s)) >= 0]
+        if hits:                       # apply_stop's cut (the earliest match; the longest there, when included)
+            self.matched = True
+            safe = len(apply_stop_text(self.text, self.rule))
+        else:
+            safe = len(self.text) - self._held_back()
+        out, self.sent = self.text[self.sent:safe], max(self.sent, safe)
+        return out
+
+    def _held_back(self) -> int:
+        """Characters at the end of the text that are the start of some stop string."""
+        text = self.text
+        for n in range(min(self._longest - 1, len(text)), 0, -1):
+            tail = text[-n:]
+            if any(s.startswith(tail) for s in self.rule.strings if s):
+                return n
+        return 0
+
+
+def apply_stop_text(text: str, rule: StopRule) -> str:
+    """apply_stop's text alone."""
+    hits = [(text.find(s), s) for s in rule.strings if s]
+    hits = [(at, s) for at, s in hits if at >= 0]
+    if not hits:
+        return text
+    at, matched = min(hits, key=lambda h: (h[0], -len(h[1])))
+    return text[:at + len(matched) if rule.include else at]

@@ -4,6 +4,7 @@ admission control, with online priority."""
 from __future__ import annotations
 
 import json
+import traceback
 from typing import Any, Optional, Sequence
 
 from fastapi import APIRouter, Body, Header, Request
@@ -30,6 +31,25 @@ def function_router(node: Node, specs: Sequence[FunctionSpec], gates: dict[str, 
     return router
 
 
+class MissingField(KeyError):
+    """A field the function read from the request's record and the record does not have."""
+
+
+class Record(dict):
+    """The request's body as the function gets it: a dict whose missing field raises MissingField (still a
+    KeyError, so the function's own handling works), so a malformed body answers 400, not 500. A KeyError of the
+    function's own data stays a 500. Top level only: nested objects are plain dicts."""
+
+    def __missing__(self, key):
+        raise MissingField(key)
+
+
+def _where(exc: BaseException) -> str:
+    """` (at FILE:LINE in FUNCTION)`: where the function read the field (the frame before Record's)."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename != __file__]
+    return f" (at {frames[-1].filename}:{frames[-1].lineno} in {frames[-1].name})" if frames else ""
+
+
 def _endpoint(node: Node, spec: FunctionSpec, gate: EndpointGate, default_deadline_s: float):
     async def run_function(request: Request,
                            record: dict[str, Any] = Body(..., examples=[RECORD_EXAMPLE]),
@@ -41,7 +61,11 @@ def _endpoint(node: Node, spec: FunctionSpec, gate: EndpointGate, default_deadli
             return describe_failure(e, node, gate)
 
         async def work(call, slot):
-            result = await spec.fn(record, call.llm(spec))
+            try:
+                result = await spec.fn(Record(record), call.llm(spec))
+            except MissingField as e:       # the body lacks what the function reads: the client's to fix
+                return error_response(400, "invalid_request_error", f"the record has no field {e.args[0]!r}, which "
+                                      f"{spec.name} reads{_where(e)}", param=str(e.args[0]))
             try:
                 return JSONResponse(json.loads(json.dumps(result)))
             except (TypeError, ValueError) as e:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import replace
-from typing import Any, Awaitable, Callable, Optional
+from typing import Any, AsyncIterator, Awaitable, Callable, Optional
 
 from fastapi import Request
 from fastapi.responses import JSONResponse
@@ -41,6 +41,10 @@ class OnlineCall:
     async def submit(self, prompt: Prompt, params: GenerateParams) -> Answer:
         params = replace(params, priority=ONLINE_PRIORITY, deadline_s=self.remaining_s())
         return await self.node.submit(prompt, params, wait=False)
+
+    def stream(self, prompt: Prompt, params: GenerateParams) -> AsyncIterator[str | Answer]:
+        params = replace(params, priority=ONLINE_PRIORITY, deadline_s=self.remaining_s())
+        return self.node.stream(prompt, params, wait=False)
 
     def llm(self, spec: FunctionSpec) -> NodeLLM:
         """A function's llm handle for this request, on the same terms."""

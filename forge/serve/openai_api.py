@@ -3,8 +3,8 @@
 What each request parameter does (supported, no effect, refused) is in openai_params.py and docs/serve.md.
 Differences from OpenAI and vLLM, on purpose: the node's cards are one pool (`model` must name one of its tiers);
 `stop` strings cut the returned text (the engine still generates up to its own stop, and usage counts only the
-tokens the answer stands for); a guided request ignores `stop`. Streaming: the engine hands forge the whole
-result, so the stream sends the role at once and then each finished choice's text in token-sized pieces."""
+tokens the answer stands for); a guided request ignores `stop`. Streaming: each choice's text as the engine makes
+it (Node.stream: stop strings applied as it comes); a guided choice's text comes whole, once checked."""
 from __future__ import annotations
 
 import asyncio
@@ -22,9 +22,9 @@ from forge.errors import RequestRejected
 from forge.functions.api import GenerateParams, Generation
 from forge.node.interface import Node
 from forge.requests.messages import Chat
-from forge.serve.chat import stream_pieces
+from forge.node.endpoint import ClientGone
 from forge.serve.limits import EndpointGate, deadline_s
-from forge.serve.online import answer, describe_failure, error_response
+from forge.serve.online import OnlineCall, answer, describe_failure, error_response
 from forge.serve.openai_models import ChatRequest, CompletionRequest, _Common, bounded_to_node
 
 FINISH = {"eos": "stop", "stop": "stop", "length": "length"}
@@ -180,7 +180,7 @@ def openai_router(node: Node, gates: dict[str, EndpointGate], *, default_deadlin
             return [t.result() for t in tasks]
 
         if req.stream:
-            return _stream(request, req, chat, head, gate, limit_s, work, n, echo, guided=guided)
+            return _stream(request, req, chat, head, gate, limit_s, prompts, params, n, echo, guided=guided)
         out = await answer(request, node, gate, limit_s, work)
         if not isinstance(out, list):
             return out
@@ -188,9 +188,10 @@ def openai_router(node: Node, gates: dict[str, EndpointGate], *, default_deadlin
                    for j, (gen, matched) in enumerate(out)]
         return {**head, "object": kind, "choices": choices, "usage": _usage(out, n)}
 
-    def _stream(request, req: _Common, chat: bool, head: dict, gate: EndpointGate, limit_s: float, work, n: int,
-                echo: list[str], *, guided: bool):
-        """SSE. The gate is entered before the 200 goes out, so a full endpoint still answers 429."""
+    def _stream(request, req: _Common, chat: bool, head: dict, gate: EndpointGate, limit_s: float, prompts: list,
+                params: GenerateParams, n: int, echo: list[str], *, guided: bool):
+        """SSE, each choice's text as the engine makes it (Node.stream). The gate is entered before the 200 goes out,
+        so a full endpoint still answers 429; a client that leaves takes its generations back."""
         try:
             slot = gate.enter()
         except Exception as e:  # noqa: BLE001 - Overloaded
@@ -210,26 +211,57 @@ def openai_router(node: Node, gates: dict[str, EndpointGate], *, default_deadlin
             return "data: " + json.dumps({**head, "object": obj, "choices": [ch]}) + "\n\n"
 
         async def events():
+            call = OnlineCall(node, time.monotonic() + limit_s)
+            merged: asyncio.Queue = asyncio.Queue()      # bounded by the choices' tokens: one piece per token at most
+
+            async def run(j: int, prompt, p: GenerateParams) -> None:
+                try:
+                    async for item in call.stream(prompt, p):
+                        merged.put_nowait((j, item))
+                except Exception as e:  # noqa: BLE001 - every failure becomes an event
+                    merged.put_nowait((j, e))
+
+            async def watch() -> None:
+                while (await request.receive())["type"] != "http.disconnect":
+                    pass
+                merged.put_nowait((-1, ClientGone("client disconnected")))
+
+            total = len(prompts) * n
+            tasks = [asyncio.create_task(run(j, prompts[j // n], params if req.seed is None or j % n == 0 else
+                                                  replace(params, seed=choice_seed(req.seed, j % n))))
+                     for j in range(total)]
+            watcher = asyncio.create_task(watch())
+            out: list = [None] * total
             try:
-                if chat:
-                    for j in range(n):
+                for j in range(total):
+                    if chat:
                         yield event(j, None, role=True)
-                out = await answer(request, node, _Borrowed(gate, slot), limit_s, work)
-                if not isinstance(out, list):
-                    yield "data: " + out.body.decode() + "\n\n"
-                else:
-                    for j, (gen, matched) in enumerate(out):
-                        if echo:
-                            yield event(j, echo[j // n])
-                        for piece in stream_pieces(node.tokenizer_for(gen.card), gen, gen.text):
-                            yield event(j, piece)
-                        finish, why = finish_of(gen, matched, guided)
+                    elif echo:
+                        yield event(j, echo[j // n])
+                async with asyncio.timeout(limit_s):
+                    while any(a is None for a in out):
+                        j, item = await merged.get()
+                        if isinstance(item, BaseException):
+                            raise item
+                        if isinstance(item, str):
+                            yield event(j, item)
+                            continue
+                        out[j] = (item.generation, item.stop_reason)
+                        finish, why = finish_of(item.generation, item.stop_reason, guided)
                         yield event(j, None, finish, matched=why)
-                    if include_usage:
-                        yield "data: " + json.dumps({**head, "object": obj, "choices": [],
-                                                     "usage": _usage(out, n)}) + "\n\n"
+                slot.ok = True
+                if include_usage:
+                    yield "data: " + json.dumps({**head, "object": obj, "choices": [], "usage": _usage(out, n)}) + "\n\n"
+                yield "data: [DONE]\n\n"
+            except ClientGone:
+                return                      # nobody to tell; the finally takes the generations back
+            except Exception as e:  # noqa: BLE001 - the 200 went out: the failure is the stream's last event
+                yield "data: " + describe_failure(e, node, gate).body.decode() + "\n\n"
                 yield "data: [DONE]\n\n"
             finally:
+                for t in (*tasks, watcher):
+                    t.cancel()             # a choice still running is cancelled in its engine (Node.stream)
+                await asyncio.gather(*tasks, watcher, return_exceptions=True)
                 slot.release()
 
         return StreamingResponse(events(), media_type="text/event-stream", background=BackgroundTask(slot.release),
@@ -265,17 +297,3 @@ def _decode(node: Node, ids: list[int]) -> str:
         raise BadRequest("echo of a token-id prompt needs the node's tokenizer, which is not in this process "
                          "(forge serve --remote)", "echo")
     return tok.decode(ids)
-
-
-class _Borrowed:
-    """A gate whose slot was already taken (by the stream, before its 200): answer() uses it as is."""
-
-    def __init__(self, gate: EndpointGate, slot):
-        self._gate, self._slot = gate, slot
-
-    def enter(self):
-        return self._slot
-
-    def retry_after_s(self) -> int:
-        return self._gate.retry_after_s()
-

@@ -16,13 +16,13 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 class ServedNode:
-    def __init__(self, targets=("functions/classify.py",), **opts):
+    def __init__(self, targets=("functions/classify.py",), node_path=None, **opts):
         from forge.config.load import load_node
         from forge.embedded import default_node_path
         from forge.functions.loader import load_function
         from forge.serve.app import ServeOptions
 
-        self.loaded = load_node(default_node_path())
+        self.loaded = load_node(node_path or default_node_path())
         self.specs = [load_function(str(REPO / t)) for t in targets]
         self.opts = ServeOptions(port=0, **opts)
         self.node = self.loop = self.stop = self.url = None

@@ -35,8 +35,9 @@ def test_function_endpoint_runs_the_function(served):
 
 
 def test_function_errors_are_one_json_line(served):
-    r = httpx.post(served.url + "/v1/functions/classify", json={"id": 1}, timeout=30)   # the function's KeyError
-    assert r.status_code == 500 and "text" in r.json()["error"]["message"]
+    r = httpx.post(served.url + "/v1/functions/classify", json={"id": 1}, timeout=30)   # a field the body lacks
+    assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error", r.json()
+    assert "'text'" in r.json()["error"]["message"] and r.json()["error"]["param"] == "text"
     assert "classify.py" in r.json()["error"]["message"]                                # where in user code
     r = httpx.post(served.url + "/v1/functions/classify", content=b"[1, 2]",
                    headers={"content-type": "application/json"}, timeout=30)

@@ -81,6 +81,7 @@ class TransformersEngine(Engine):
         self._pending: dict[Hashable, _Pending] = {}       # request id -> its entry
         self._by_internal: dict[str, Hashable] = {}        # the manager's id -> request id
         self._ready: deque[EngineResult] = deque()
+        self._partials: list = []                      # (request_id, ids so far) of streamed requests that grew
         self._failure: Optional[str] = None
         self._closed = False
         self._prefix_hits = 0
@@ -126,12 +127,13 @@ class TransformersEngine(Engine):
                     new_tokens += self._count_running()
                 results = list(self._ready)
                 self._ready.clear()
+                partials, self._partials = self._partials, []
             if dead is not None:
                 self._failure = dead      # finished results still go out; the next call raises
                 if not results:
                     raise EngineFailed(dead)
-            if results or time.monotonic() >= deadline:
-                return Progress(results=results, new_tokens=new_tokens)
+            if results or partials or time.monotonic() >= deadline:
+                return Progress(results=results, new_tokens=new_tokens, partials=partials)
 
     def cancel(self, request_id: Hashable) -> None:
         with self._lock:
@@ -234,7 +236,7 @@ class TransformersEngine(Engine):
                                            vocab_size=self._limits["vocab_size"])
             try:
                 got = self._manager.add_request(list(req.prompt_ids), request_id=entry.internal_id,
-                                                max_new_tokens=req.max_new_tokens, streaming=False,
+                                                max_new_tokens=req.max_new_tokens, streaming=req.stream,
                                                 eos_token_id=self._eos_arg if req.sampling.stop_at_eos else -1, **kwargs)
             except (TypeError, ValueError, OverflowError) as exc:    # this request's arguments, not the engine
                 self._forget(entry)
@@ -287,6 +289,8 @@ class TransformersEngine(Engine):
                 entry.error = f"transformers: {out.error}"
             entry.generating = False
             self._finish_if_complete(entry)
+        elif entry.request.stream and new:      # a streamed request's step: its manager sends these each step
+            self._partials.append((ext, list(tokens)))
         return new
 
     def _running_states(self) -> list:

@@ -150,6 +150,7 @@ class VllmEngine(Engine):
 
         self._SamplingParams, self._prompt, self._refused_by_vllm = SamplingParams, tokens_prompt(), request_errors()
         self._FINAL_ONLY, self._Guide = RequestOutputKind.FINAL_ONLY, StructuredOutputsParams
+        self._CUMULATIVE = RequestOutputKind.CUMULATIVE     # a streamed request's outputs, every step
 
     def describe(self) -> dict[str, Any]:
         return dict(self._info)
@@ -188,7 +189,7 @@ class VllmEngine(Engine):
         deadline = time.monotonic() + max(timeout_s, 0.0)
         out = Progress(results=self._ready)
         self._ready = []
-        while not out.results and self._live and not self._closed:
+        while not out.results and not out.partials and self._live and not self._closed:
             self._step(out)
             if time.monotonic() >= deadline:
                 break
@@ -264,7 +265,8 @@ class VllmEngine(Engine):
                 guide = self._Guide(regex=g.regex)
         return self._SamplingParams(
             max_tokens=r.max_new_tokens, temperature=float(s.temperature), top_p=float(s.top_p), top_k=int(s.top_k),
-            seed=s.seed, ignore_eos=not s.stop_at_eos, detokenize=False, output_kind=self._FINAL_ONLY,
+            seed=s.seed, ignore_eos=not s.stop_at_eos, detokenize=False,
+            output_kind=self._CUMULATIVE if r.stream else self._FINAL_ONLY,
             structured_outputs=guide, extra_args=extra), None
 
     def _choice_trie(self, choices) -> "ChoiceTrie | str":
@@ -293,6 +295,9 @@ class VllmEngine(Engine):
         out.new_tokens += self._sink.generated - generated
         for o in outputs:
             live = self._live.get(o.request_id)
+            if live is not None and not o.finished and live.request.stream and o.outputs:
+                out.partials.append((live.request.request_id, list(o.outputs[0].token_ids)))
+                continue                       # a streamed request's step (CUMULATIVE: every id so far)
             if live is None or not o.finished:
                 continue                       # cancelled meanwhile (or not final: FINAL_ONLY sends none such)
             c = o.outputs[0] if o.outputs else None
