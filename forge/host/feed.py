@@ -173,6 +173,7 @@ class Feed:
         s = self.sessions.get(r.key.session)
         if s is not None:
             s.returned.append((r.key.rid, r.key.attempt))
+            s.streamed.pop(r.key, None)        # sent again as attempt + 1: its text starts over
             s.wake()
 
     async def collect(self, sid: str, wait_s: float, max_items: int) -> Optional[Collected]:

@@ -128,3 +128,25 @@ def test_deliveries_reach_every_session_with_their_mean_occupancy():
         assert (await collect(feed, "b")).delivered == (400, 2.0, 0.75)
 
     run(go())
+
+
+def test_a_streamed_requests_text_goes_out_in_pieces_an_incomplete_character_waits():
+    words = {1: "Hé", 2: "llo", 3: "\ufffd", 4: "!"}      # id 3 is the first byte of a character id 4 completes
+
+    def decode(ids):
+        text = "".join(words[i] for i in ids)
+        return text.replace("\ufffd!", "é!")
+
+    async def main():
+        feed = Feed(G, node="n", max_pending=16)
+        send(feed, "s", [wire(1)])
+        (req,) = await take(feed)
+        for upto in (1, 2, 3, 4):
+            feed.partial(req, list(range(1, upto + 1)), decode)
+        got = await collect(feed, "s")
+        assert got.partials == [("r1", 0, "Hé"), ("r1", 0, "llo"), ("r1", 0, "é!")] and not got.results
+        assert (await collect(feed, "s")).partials == []          # each piece goes out once
+        feed.deliver(req, lambda: None)
+        assert not feed.sessions["s"].streamed                    # the answer ends what it kept for the request
+
+    run(main())
