@@ -53,8 +53,10 @@ ENGINE_GAUGES: list[tuple[str, str, Getter]] = [
     ("forge_step_budget_use_ratio", "Last step's tokens over the token budget (0..1).",
      lambda s: s.tokens_last_step / s.token_budget if s.token_budget else 0.0),
     ("forge_kv_cache_capacity_blocks", "KV cache blocks in the card's pool.", lambda s: s.kv_blocks_total),
-    ("forge_delivered_tokens_per_second", "Recent delivered tokens/s (input+output), the broker's balancing signal.",
-     lambda s: s.tokens_per_s),
+    ("forge_generated_tokens_per_second", "Recent generated tokens/s (what engines call tok/s), while work is in "
+     "flight.", lambda s: s.output_tokens_per_s),
+    ("forge_delivered_tokens_per_second", "Recent delivered tokens/s (prompt + generated), the broker's balancing "
+     "signal.", lambda s: s.tokens_per_s),
     ("forge_engine_healthy", "1 while the engine is usable, 0 once it has failed.", lambda s: 1.0 if s.healthy else 0.0),
     ("forge_stats_timestamp_seconds", "Unix time of the card's latest stats snapshot (staleness check).",
      lambda s: s.timestamp),

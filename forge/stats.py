@@ -37,6 +37,7 @@ class EngineStats:
     progress_only_steps: int = 0
     healthy: bool = True
     tokens_per_s: float = 0.0    # recent delivered (input+output) tokens/s, the broker's balancing signal
+    output_tokens_per_s: float = 0.0   # recent generated tokens/s (same EWMA weights): what `forge status` shows
     engine_steps: int = 0        # cumulative engine steps (IterationStats.steps): mean tokens/step vs budget
     prefix_hit_tokens: int = 0   # cumulative prompt tokens the engine served from block reuse (IterationStats)
     preemptions: int = 0         # cumulative sequences the engine preempted (IterationStats); admission keeps it 0
@@ -83,9 +84,11 @@ class RunStats:
     failed: int = 0
     skipped: int = 0                   # already in the output (resume)
     retried: int = 0
-    in_flight: int = 0
-    input_tokens: int = 0
-    output_tokens: int = 0
+    in_flight: int = 0                 # records started and not settled
+    calls_in_flight: int = 0           # the functions' generate / embed calls waiting for their node
+    records_limit: int = 0             # records the run lets be in flight now (functions/pace.py)
+    input_tokens: int = 0              # prompt tokens
+    output_tokens: int = 0             # generated tokens
     started_at: float = field(default_factory=time.time)
     producer_queue: int = 0            # records read and waiting for a function invocation slot
     writer_queue: int = 0              # results waiting to be written

@@ -41,7 +41,8 @@ def _common(f):
                           "function's over this input (same function name and file name; the file's content may "
                           "have changed); refused otherwise. See docs/ledger.md"),
         click.option("--concurrency", type=click.IntRange(1, 100_000), default=None,
-                     help="records in flight (bounded async pool); default: the function's, else 1024"),
+                     help="the most records in flight (fewer while the cards finish fewer in a few seconds); "
+                     "default: the function's, else 1024"),
         click.option("--metrics-port", type=click.IntRange(0, 65535), default=None,
                      help="serve Prometheus /metrics on 127.0.0.1:PORT during the run (0 = any free port)"),
         click.option("--progress", type=click.Choice(["auto", "bar", "lines", "off"]), default="auto",

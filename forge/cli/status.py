@@ -17,7 +17,7 @@ def register(cli: click.Group) -> None:
     @click.option("--wide", is_flag=True, help="every column, whatever the terminal's width (the default fits "
                   "the terminal, 80 columns at least)")
     def status_cmd(as_json: bool, token_env: str, cluster, wide: bool):
-        """Show provisioned nodes: cards, tiers, health, in flight, tokens/s."""
+        """Show provisioned nodes: cards, tiers, health, in flight, generated tokens/s."""
         import httpx
 
         from forge.cli import screen
@@ -61,9 +61,11 @@ def register(cli: click.Group) -> None:
 
 
 def idle_reads_zero(card: dict) -> float:
-    """A card's tokens/s as status shows it: the runtime's rate (an EWMA that only moves while work is in flight, the
-    broker's balancing signal) while it has work in flight; 0 when it has none, as `forge top` reads an idle card."""
-    return float(card.get("tokens_per_s") or 0.0) if card.get("in_flight") else 0.0
+    """A card's generated tokens/s as status shows it: the runtime's rate (an EWMA that only moves while work is in
+    flight) while it has work in flight; 0 when it has none, as `forge top` reads an idle card. Generated tokens
+    only, as engines and their benchmarks count tok/s (the runtime's prompt + generated rate is the broker's
+    balancing signal, in /v1/node as tokens_per_s)."""
+    return float(card.get("output_tokens_per_s") or 0.0) if card.get("in_flight") else 0.0
 
 
 def _node_table(rows: list[dict], *, compact: bool):
@@ -72,10 +74,10 @@ def _node_table(rows: list[dict], *, compact: bool):
 
     table = Table(title="forge nodes", title_justify="left", box=box.SIMPLE_HEAD if compact else box.HEAVY_HEAD,
                   pad_edge=not compact)
-    cols = ("node", "card", "tier", "health", "in flight", "tok/s") if compact else \
-        ("node", "card", "tier", "backend", "health", "in flight", "tok/s")
+    cols = ("node", "card", "tier", "health", "in flight", "gen tok/s") if compact else \
+        ("node", "card", "tier", "backend", "health", "in flight", "generated tok/s")
     for col in cols:
-        table.add_column(col, justify="right" if col in ("in flight", "tok/s") else "left")
+        table.add_column(col, justify="right" if col in ("in flight", "gen tok/s", "generated tok/s") else "left")
     for n in rows:
         live = n["live"]
         # Another user's or another checkout's node is marked where its name is: it is not this checkout's to
@@ -108,10 +110,11 @@ def _cluster_status(address: str, as_json: bool, wide: bool = False) -> int:
     def build(compact: bool) -> Table:
         table = Table(title=f"forge nodes on the Ray cluster at {address}", title_justify="left",
                       box=box.SIMPLE_HEAD if compact else box.HEAVY_HEAD, pad_edge=not compact)
-        cols = ("node", "host", "card", "tier", "health", "in flight", "tok/s") if compact else \
-            ("node", "host", "state", "card", "model", "tier", "backend", "health", "in flight", "tok/s")
+        cols = ("node", "host", "card", "tier", "health", "in flight", "gen tok/s") if compact else \
+            ("node", "host", "state", "card", "model", "tier", "backend", "health", "in flight",
+             "generated tok/s")
         for col in cols:
-            table.add_column(col, justify="right" if col in ("in flight", "tok/s") else "left")
+            table.add_column(col, justify="right" if col in ("in flight", "gen tok/s", "generated tok/s") else "left")
         for n in rows:
             head = (n["node"], str(n.get("host", "-"))) + (() if compact else (n.get("state", "-"),))
             if not n.get("cards"):

@@ -238,7 +238,8 @@ class Agent:
                 try:
                     s = ray.get(ref)
                     row.update(state="up" if s.healthy else "unhealthy", healthy=s.healthy, in_flight=s.in_flight,
-                               tokens_per_s=round(s.tokens_per_s, 1), requests_ok=s.requests_ok)
+                               tokens_per_s=round(s.tokens_per_s, 1),
+                               output_tokens_per_s=round(s.output_tokens_per_s, 1), requests_ok=s.requests_ok)
                     self.metrics.observe_engine(s)
                 except ray.exceptions.ActorDiedError as e:
                     row["state"] = f"dead: {ray_error_line(e)}"

@@ -178,7 +178,10 @@ def _summary(name: str, node: str, opts: JobOptions, outcome: RunOutcome, engine
         "retried": s.retried, "requeued": sum(e.requests_requeued for e in engines),
         "error_rows": counts.written_errors, "exit": code,
         "input_tokens": s.input_tokens, "output_tokens": s.output_tokens,
-        "tokens_per_s": (s.input_tokens + s.output_tokens) / wall, "output_tokens_per_s": s.output_tokens / wall,
+        # generated tokens/s is what the console calls tok/s; tokens_per_s (prompt + generated) is kept for
+        # reports read by older tools
+        "output_tokens_per_s": s.output_tokens / wall, "prompt_tokens_per_s": s.input_tokens / wall,
+        "tokens_per_s": (s.input_tokens + s.output_tokens) / wall,
         "wall_s": wall, "interrupted": outcome.interrupted,
         "cards": [{"node": e.node, "card": e.card, "tier": e.tier, "input_tokens": e.input_tokens, "output_tokens": e.output_tokens,
                    "requests": e.requests_ok, "stalls": e.stalls, "progress_only_steps": e.progress_only_steps}
@@ -192,8 +195,9 @@ def _summary(name: str, node: str, opts: JobOptions, outcome: RunOutcome, engine
 def _print_summary(s: dict) -> None:
     print(f"forge: {s['function']} on {s['node']}: {s['records_done']} done, {s['records_failed']} failed, "
           f"{s['records_resumed']} resumed, {s['retried']} retried"
-          + (f", {s['requeued']} requeued" if s.get("requeued") else "") + f" | tokens in {s['input_tokens']:,} "
-          f"out {s['output_tokens']:,} | {s['tokens_per_s']:,.0f} tok/s | {s['wall_s']:.1f} s", file=sys.stderr)
+          + (f", {s['requeued']} requeued" if s.get("requeued") else "")
+          + f" | generated {s['output_tokens']:,} tokens, {s['output_tokens_per_s']:,.0f} tok/s · prompt "
+          f"{s['input_tokens']:,} tokens, {s['prompt_tokens_per_s']:,.0f} tok/s | {s['wall_s']:.1f} s", file=sys.stderr)
 
 
 def _write_report(output: Path, summary: dict, sampler, **continued) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from contextvars import ContextVar
 from dataclasses import replace
 from typing import Optional
 
@@ -18,6 +19,31 @@ from forge.requests.messages import Chat
 from forge.stats import RunStats
 
 _MADE_PARAMS_MAX = 256      # distinct generate settings a job's handle keeps made (cleared when full)
+# A record's later calls go ahead of other records' earlier ones: its k-th call (k from 0) is queued at the job's
+# priority minus (LATER_CALLS - k), and its calls from the LATER_CALLS-th on at the job's own. A record that has
+# begun is finished first, so rows reach the ledger in a steady stream instead of every record's first call running
+# before any second one (the broker's output classes put longer calls first within one priority). Steps, not the
+# record's start order itself: a handful of priorities keeps the broker's prefix groups and output classes whole
+# within each step, and within one priority the broker and the hosts go by arrival, which is start order already.
+LATER_CALLS = 3
+
+
+class RecordCalls:
+    """The calls one record's function has made so far (the runner sets one per record: CURRENT_RECORD). One
+    object shared by every task the function starts, so calls made in parallel count once each."""
+
+    __slots__ = ("made",)
+
+    def __init__(self) -> None:
+        self.made = 0
+
+    def next_priority(self, base: int) -> int:
+        step = self.made
+        self.made = step + 1
+        return base - (LATER_CALLS - step if step < LATER_CALLS else 0)
+
+
+CURRENT_RECORD: ContextVar[Optional[RecordCalls]] = ContextVar("forge_current_record", default=None)
 
 
 class NodeLLM(LLM):
@@ -48,7 +74,7 @@ class NodeLLM(LLM):
         return (await self._submit(Chat.of(messages), params)).generation
 
     async def embed(self, text) -> list[float]:
-        answer = await self._submit(text, GenerateParams(max_tokens=1, embed=True, priority=self._priority))
+        answer = await self._submit(text, GenerateParams(max_tokens=1, embed=True, priority=self._call_priority()))
         if answer.hidden is None:
             raise ForgeError(f"card {answer.generation.card}: its backend returns no hidden state")
         return list(answer.hidden)
@@ -59,15 +85,25 @@ class NodeLLM(LLM):
             if left <= 0:
                 raise asyncio.TimeoutError("deadline exceeded")
             params = replace(params, deadline_s=left)
-        answer = await self._node.submit(prompt, params, wait=self._wait)
-        if self._stats is not None:
-            gen = answer.generation
-            self._stats.input_tokens += gen.input_tokens      # an embed reads its prompt and writes no token
-            self._stats.output_tokens += 0 if params.embed else gen.output_tokens
+        if self._stats is None:
+            return await self._node.submit(prompt, params, wait=self._wait)
+        self._stats.calls_in_flight += 1
+        try:
+            answer = await self._node.submit(prompt, params, wait=self._wait)
+        finally:
+            self._stats.calls_in_flight -= 1
+        gen = answer.generation
+        self._stats.input_tokens += gen.input_tokens      # an embed reads its prompt and writes no token
+        self._stats.output_tokens += 0 if params.embed else gen.output_tokens
         return answer
+
+    def _call_priority(self) -> int:
+        record = CURRENT_RECORD.get()
+        return self._priority if record is None else record.next_priority(self._priority)
 
     def _params(self, max_tokens, temperature, top_p, top_k, seed, choice, json_schema, stop,
                 include_stop_str_in_output) -> GenerateParams:
+        priority = self._call_priority()
         stop = (stop,) if isinstance(stop, str) else tuple(stop) if isinstance(stop, (list, tuple)) else stop
         stop = stop if stop is not None else ()
         params = None
@@ -78,7 +114,7 @@ class NodeLLM(LLM):
             # The types are part of the key, so True is not taken for 1 nor 1 for 1.0.
             key = (type(max_tokens), max_tokens, type(temperature), temperature, type(top_p), top_p,
                    type(top_k), top_k, type(seed), seed, stop, type(include_stop_str_in_output),
-                   include_stop_str_in_output)
+                   include_stop_str_in_output, priority)
             try:
                 params = self._made.get(key)
             except TypeError:           # an unhashable argument: GenerateParams below names it
@@ -87,7 +123,7 @@ class NodeLLM(LLM):
             # GenerateParams refuses what no engine can represent (api.params_problem): one place for every edge.
             params = GenerateParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
                                     seed=seed, choice=tuple(choice) if isinstance(choice, (list, tuple)) else choice,
-                                    json_schema=json_schema, priority=self._priority, stop=stop,
+                                    json_schema=json_schema, priority=priority, stop=stop,
                                     include_stop_str_in_output=include_stop_str_in_output)
             if choice is None and json_schema is None and key is not None:
                 if len(self._made) >= _MADE_PARAMS_MAX:

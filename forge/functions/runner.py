@@ -3,7 +3,12 @@
 Producer decoupling: one reader task feeds a bounded queue; `concurrency` worker tasks each run one
 record's function at a time (its generate calls go to the node's broker, which batches across all
 workers); finished rows go to the sink (ledger first, then the output file). Every queue is bounded,
-so a slow engine back-pressures the reader and memory stays flat however large the input."""
+so a slow engine back-pressures the reader and memory stays flat however large the input.
+
+Of those workers, only as many start records as the cards finish soon (pace.py: the rate records finish x a few
+seconds, never fewer than the cards' slots need), and each record's later calls go ahead of other records' first
+ones (llm.py, CURRENT_RECORD): rows reach the ledger in a steady stream, and a kill loses only the few records in
+flight."""
 from __future__ import annotations
 
 import asyncio
@@ -18,7 +23,8 @@ from typing import Callable, Optional
 from forge.errors import ForgeError, NodeDown
 from forge.functions.api import FunctionSpec
 from forge.functions.errorbudget import MaxErrors
-from forge.functions.llm import NodeLLM
+from forge.functions.llm import CURRENT_RECORD, NodeLLM, RecordCalls
+from forge.functions.pace import RecordPace
 from forge.gc_tuning import tune_for_throughput
 from forge.node.interface import Node
 from forge.runtime.loopwatch import LoopWatch
@@ -52,6 +58,14 @@ def error_row(index: int, exc: BaseException) -> dict:
     return {"index": index, "error": {"type": type(exc).__name__, "message": message[:4000]}}
 
 
+def card_slots(node: Node) -> Optional[int]:
+    """The slots of the node's cards as they last reported (None before any has)."""
+    try:
+        return sum(s.slots for s in node.engine_stats()) or None
+    except Exception:  # noqa: BLE001 - a node that cannot say: the pace keeps its floor
+        return None
+
+
 def _tell(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
@@ -66,6 +80,7 @@ async def run_records(*, spec: FunctionSpec, node: Node, records, sink, stats: R
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue = asyncio.Queue(maxsize=max(2 * concurrency, 16))
     llm = NodeLLM(node, spec, stats=stats)
+    pace = RecordPace(concurrency)
     stop = asyncio.Event()          # start no new record
     hurry = asyncio.Event()         # stop waiting for the records in flight (a second signal, a broken sink)
     broken: list[BaseException] = []   # the sink (ledger / output) failed: nothing more can be settled
@@ -133,43 +148,57 @@ async def run_records(*, spec: FunctionSpec, node: Node, records, sink, stats: R
 
     async def work() -> None:
         while True:
-            item = await queue.get()
-            stats.producer_queue = queue.qsize()       # drains to 0 once the input is read
-            if item is None or stop.is_set():     # stopped: a record not started stays unattempted
-                return
-            index, record = item
-            stats.in_flight += 1
+            await pace.enter()
             try:
-                if not isinstance(record, dict):          # an input line that could not be read
-                    stats.failed += 1
-                    await sink.error(index, record.type, record.message)
-                    check_budget()                        # after its row is handed to the sink: it is kept
-                    continue
-                await sink.started(index)
-                try:
-                    result = await spec.fn(record, llm)
-                except asyncio.CancelledError:
-                    raise
-                except NodeDown as e:   # not this record's fault: leave it pending, stop the run
-                    if outcome.fatal is None:
-                        outcome.fatal = str(e)
-                    stop.set()
-                    continue
-                except BaseException as e:  # the record fails, the run goes on (even sys.exit in user code)
-                    row = error_row(index, e)["error"]
-                    stats.failed += 1
-                    await sink.error(index, row["type"], row["message"])
-                else:
-                    if await sink.result(index, result) is False:   # not serialisable: an error row went in
-                        stats.failed += 1
-                    else:
-                        stats.done += 1
-                check_budget()
+                if not await run_one():
+                    return
             finally:
-                stats.in_flight -= 1
+                pace.leave()
+
+    async def run_one() -> bool:
+        """Take one record and settle it; False once there is nothing more to start."""
+        item = await queue.get()
+        stats.producer_queue = queue.qsize()       # drains to 0 once the input is read
+        if item is None or stop.is_set():     # stopped: a record not started stays unattempted
+            return False
+        index, record = item
+        stats.in_flight += 1
+        try:
+            if not isinstance(record, dict):          # an input line that could not be read
+                stats.failed += 1
+                await sink.error(index, record.type, record.message)
+                check_budget()                        # after its row is handed to the sink: it is kept
+                return True
+            await sink.started(index)
+            calls = CURRENT_RECORD.set(RecordCalls())     # this worker task's context: the function's calls
+            try:
+                result = await spec.fn(record, llm)
+            except asyncio.CancelledError:
+                raise
+            except NodeDown as e:   # not this record's fault: leave it pending, stop the run
+                if outcome.fatal is None:
+                    outcome.fatal = str(e)
+                stop.set()
+                return True
+            except BaseException as e:  # the record fails, the run goes on (even sys.exit in user code)
+                row = error_row(index, e)["error"]
+                stats.failed += 1
+                await sink.error(index, row["type"], row["message"])
+            else:
+                if await sink.result(index, result) is False:   # not serialisable: an error row went in
+                    stats.failed += 1
+                else:
+                    stats.done += 1
+            finally:
+                CURRENT_RECORD.reset(calls)
+            check_budget()
+            return True
+        finally:
+            stats.in_flight -= 1
 
     async def ticker() -> None:
         while True:
+            stats.records_limit = pace.adjust(time.monotonic(), stats.done + stats.failed, card_slots(node))
             on_tick()
             await asyncio.sleep(tick_s)
 
@@ -192,6 +221,7 @@ async def run_records(*, spec: FunctionSpec, node: Node, records, sink, stats: R
             # A signal (or a broken sink) may still come while the last records run: keep listening.
             await asyncio.wait({finished, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
         if stop.is_set() and not finished.done():
+            pace.unbound()                  # workers waiting to start a record find none
             for t in (read, closer):
                 if t is not None:
                     t.cancel()

@@ -93,7 +93,8 @@ class AdmissionRuntime:
 
     def stats(self) -> EngineStats:
         return replace(self._stats, timestamp=time.time(), in_flight=self._table.in_flight(),
-                       kv_blocks_reserved=self._table.reserved, tokens_per_s=self._rate.tokens_per_s)
+                       kv_blocks_reserved=self._table.reserved, tokens_per_s=self._rate.tokens_per_s,
+                       output_tokens_per_s=self._rate.generated_per_s)
 
     async def run(self) -> None:
         """Admit work until drained, stopped or the engine fails; the engine is shut down on the way out."""
@@ -260,13 +261,16 @@ class AdmissionRuntime:
         if not results:
             return
         occupancy = self._occupancy.take(now)     # up to now, with these results still in flight
-        tokens = 0
+        tokens = generated = 0
         for r in results:
             f = self._table.returned(r.request_id)
             if f is not None:                 # (None: an orphan came back; its reservation is free again)
-                tokens += self._out.delivered(f.req, r, f.input_tokens)
+                done = self._out.delivered(f.req, r, f.input_tokens)
+                tokens += done
+                generated += len(r.output_ids) if done else 0
         if tokens:
-            self._out.quietly(self.source.record_delivery, tokens, self._rate.delivered(tokens, now), occupancy)
+            self._out.quietly(self.source.record_delivery, tokens, self._rate.delivered(tokens, now, generated),
+                              occupancy)
         self._occupancy.set(now, self._table.occupancy())
         if not self._table:
             self._rate.idle()

@@ -55,11 +55,14 @@ class StallWatch:
 
 class DeliveryRate:
     """Delivered tokens per second: a time-weighted EWMA over the intervals between deliveries, counting
-    only time with work in flight (an idle engine is not a slow one)."""
+    only time with work in flight (an idle engine is not a slow one). `tokens_per_s` counts prompt and
+    generated tokens (the broker's balancing signal: the work a card does); `generated_per_s` the generated
+    ones alone, with the same weights (what `forge status` shows as tok/s)."""
 
     def __init__(self, half_life_s: float):
         self.half_life_s = half_life_s
         self.tokens_per_s = 0.0
+        self.generated_per_s = 0.0
         self._last = 0.0
         self._busy_since: Optional[float] = None
 
@@ -70,13 +73,15 @@ class DeliveryRate:
     def idle(self) -> None:
         self._busy_since = None
 
-    def delivered(self, tokens: int, now: float) -> float:
-        """Record a delivery; returns the interval it covers (what the broker's balancer is told)."""
+    def delivered(self, tokens: int, now: float, generated: int = 0) -> float:
+        """Record a delivery of `tokens` (prompt + generated), `generated` of them generated; returns the interval
+        it covers (what the broker's balancer is told)."""
         elapsed = max(now - max(self._last, self._busy_since if self._busy_since is not None else now), 1e-6)
         self._last = now
         # The first sample is taken as is: an EWMA starting at 0 would read low for many half-lives.
         weight = 1.0 - 0.5 ** (elapsed / self.half_life_s) if self.tokens_per_s else 1.0
         self.tokens_per_s += weight * (tokens / elapsed - self.tokens_per_s)
+        self.generated_per_s += weight * (generated / elapsed - self.generated_per_s)
         return elapsed
 
 

@@ -38,6 +38,7 @@ class WorkerSpec:
     stall_window_s: float = constants.STALL_WINDOW_S
     log_levels: dict[str, int] = field(default_factory=dict)     # the node's logger levels, kept here too
     cpu_affinity: Optional[frozenset[int]] = None                # where the node wants its workers to run
+    engine_log: bool = True          # the engine library's output to $FORGE_HOME/logs/NODE/CARD.log (engine_log.py)
 
     @property
     def label(self) -> str:
@@ -57,6 +58,10 @@ def main(fd: int) -> None:
         signal.signal(sig, signal.SIG_IGN)
     for name, level in spec.log_levels.items():
         logging.getLogger(name).setLevel(level)
+    if spec.engine_log:
+        from forge.host.engine_log import divert
+
+        divert(spec.node, spec.label)       # before any engine library is imported: all it writes goes to the file
     host, error = None, None
     try:
         from forge.host.engine_host import EngineHost

@@ -146,6 +146,7 @@ class LocalNode(LinkedNode):
                           "kv_blocks_reserved": st.kv_blocks_reserved if st else 0,
                           "guides": list(info.guides),
                           "tokens_per_s": round(st.tokens_per_s, 1) if st else 0.0,
+                          "output_tokens_per_s": round(st.output_tokens_per_s, 1) if st else 0.0,
                           "pid": info.pid, "transport": self.card_transport})
         return {"node": self.name, "started_at": self.started_at, "cards": cards,
                 "pending": self.broker.pending() if self.broker else 0, "closed": self.closed,

@@ -4,7 +4,8 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any
 
-SUMMARY_FIRST = ("command", "function", "node", "input", "output", "contract", "wall_s", "exit")
+SUMMARY_FIRST = ("command", "function", "node", "input", "output", "contract", "wall_s", "exit", "output_tokens_per_s",
+                 "prompt_tokens_per_s")
 
 
 def _fmt(v: Any) -> str:
@@ -51,35 +52,39 @@ def render_markdown(report: dict[str, Any], json_name: str) -> str:
     out += _table(["field", "value"], [[k, _field(k, summary[k])] for k in keys]) if keys else []
 
     out += ["## Totals", ""]
-    out += _table(["records", "done", "failed", "retried", "skipped", "tokens in", "tokens out",
-                   "wall (s)", "tokens/s", "output tokens/s", "stalls", "progress-only steps"],
-                  [[_fmt(totals[k]) for k in ("records_total", "done", "failed", "retried", "skipped",
-                                                "input_tokens", "output_tokens", "wall_s", "tokens_per_s",
-                                                "output_tokens_per_s", "stalls", "progress_only_steps")]])
+    # Generated tokens/s first: what engines and their benchmarks call tok/s.
+    out += _table(["records", "done", "failed", "retried", "skipped", "generated tokens", "prompt tokens",
+                   "wall (s)", "generated tok/s", "prompt tok/s", "stalls", "progress-only steps"],
+                  [[_fmt(totals.get(k)) for k in ("records_total", "done", "failed", "retried", "skipped",
+                                                    "output_tokens", "input_tokens", "wall_s", "output_tokens_per_s",
+                                                    "prompt_tokens_per_s", "stalls", "progress_only_steps")]])
 
     if report.get("runs"):
         out += ["## Runs", "", "This output was written by several starts of the same run (resumed); the figures "
                 "above add them up, and the plots put their running times back to back.", ""]
-        out += _table(["start", "started (UTC)", "wall (s)", "done", "failed", "tokens in", "tokens out", "stopped by"],
+        out += _table(["start", "started (UTC)", "wall (s)", "done", "failed", "generated tokens", "prompt tokens",
+                       "stopped by"],
                       [[str(i), _utc(r.get("started_at_unix_s")), _fmt(r.get("wall_s")), _fmt(r.get("done")),
-                        _fmt(r.get("failed")), _fmt(r.get("input_tokens")), _fmt(r.get("output_tokens")),
+                        _fmt(r.get("failed")), _fmt(r.get("output_tokens")), _fmt(r.get("input_tokens")),
                         r.get("interrupted") or "–"] for i, r in enumerate(report["runs"], 1)])
 
     if report["cards"]:
         out += ["## Cards", "",
-                "Share is the card's part of all tokens delivered; budget use is the mean tokens per engine "
-                "step over the contract's `max_num_tokens`.", ""]
+                "Share is the card's part of all tokens delivered (prompt + generated); work tok/s counts prompt and "
+                "generated tokens together, the work the card did; budget use is the mean tokens per engine step over "
+                "the contract's `max_num_tokens`.", ""]
         rows = []
         for c in report["cards"]:
             req = c["requests"]
             rows.append([f"{c['node']}/{c['card']}", c["tier"], _fmt(c["token_budget"]), _fmt(c["slots"]),
-                         _fmt(c["input_tokens"]), _fmt(c["output_tokens"]), _pct(c["token_share"]),
-                         _fmt(c["mean_tokens_per_s"]), _fmt(c["peak_tokens_per_s"]), _pct(c["mean_budget_use"]),
+                         _fmt(c["output_tokens"]), _fmt(c["input_tokens"]), _pct(c["token_share"]),
+                         _fmt(c.get("mean_output_tokens_per_s")), _fmt(c["mean_tokens_per_s"]),
+                         _fmt(c["peak_tokens_per_s"]), _pct(c["mean_budget_use"]),
                          f"{req['ok']:,} / {req['failed']:,} / {req['requeued']:,}",
                          _fmt(c["admission_refusals"]), _fmt(c["stalls"]), _fmt(c["progress_only_steps"]),
                          _fmt(c["healthy"])])
-        out += _table(["card", "tier", "budget", "slots", "tokens in", "tokens out", "share", "mean tok/s",
-                       "peak tok/s", "budget use", "requests ok / failed / requeued", "refusals", "stalls",
+        out += _table(["card", "tier", "budget", "slots", "generated tokens", "prompt tokens", "share",
+                       "mean generated tok/s", "mean work tok/s", "peak work tok/s", "budget use", "requests ok / failed / requeued", "refusals", "stalls",
                        "progress-only", "healthy"], rows)
 
     if report["broker"]:

@@ -89,6 +89,7 @@ def _merge_cards(prev: list[dict], cur: list[dict], wall_s: Optional[float]) -> 
         tokens = (c["input_tokens"] or 0) + (c["output_tokens"] or 0)
         c["token_share"] = _ratio(tokens, total)
         c["mean_tokens_per_s"] = _ratio(tokens, wall_s)
+        c["mean_output_tokens_per_s"] = _ratio(c["output_tokens"] or 0, wall_s)
         hits = c["prefix_hit_tokens"] or 0
         c["mean_tokens_per_step"] = _ratio((c["input_tokens"] or 0) - hits + (c["output_tokens"] or 0),
                                            c.get("engine_steps"))
@@ -170,6 +171,7 @@ def merge_reports(prev: dict, cur: dict) -> dict:
     wall = summary.get("wall_s")
     tin, tout = summary.get("input_tokens") or 0, summary.get("output_tokens") or 0
     summary["tokens_per_s"], summary["output_tokens_per_s"] = _ratio(tin + tout, wall), _ratio(tout, wall)
+    summary["prompt_tokens_per_s"] = _ratio(tin, wall)
     summary["cards"] = _merge_cards_summary(prev["summary"].get("cards") or [], cur["summary"].get("cards") or [])
     totals = dict(cur["totals"])
     for k in TOTALS_SUMMED:
@@ -178,6 +180,7 @@ def merge_reports(prev: dict, cur: dict) -> dict:
     tin, tout = totals.get("input_tokens") or 0, totals.get("output_tokens") or 0
     totals["tokens_per_s"] = _ratio(tin + tout, totals["wall_s"])
     totals["output_tokens_per_s"] = _ratio(tout, totals["wall_s"])
+    totals["prompt_tokens_per_s"] = _ratio(tin, totals["wall_s"])
     broker = _merge_broker(prev.get("broker"), cur.get("broker"))
     if broker is not None:
         summary["padding_ratio"], summary["prefix_reuse_ratio"] = broker["padding_ratio"], broker["prefix_reuse_ratio"]

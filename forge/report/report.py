@@ -84,7 +84,8 @@ def _cards(sampler: Sampler, series: dict[str, Any], wall_s: float | None) -> li
             "kv_blocks_total": s.kv_blocks_total, "healthy": s.healthy,
             "input_tokens": s.input_tokens, "output_tokens": s.output_tokens,
             "token_share": _ratio(tokens, total),
-            "mean_tokens_per_s": _ratio(tokens, wall_s or 0.0),
+            "mean_output_tokens_per_s": _ratio(s.output_tokens, wall_s or 0.0),     # generated
+            "mean_tokens_per_s": _ratio(tokens, wall_s or 0.0),                     # prompt + generated: its work
             "peak_tokens_per_s": max(rates) if rates else None,
             "engine_steps": s.engine_steps,
             "mean_tokens_per_step": per_step,
@@ -127,6 +128,7 @@ def build_report(summary: dict[str, Any], sampler: Sampler) -> dict[str, Any]:
             "input_tokens": tokens_in, "output_tokens": tokens_out, "wall_s": wall_s,
             "tokens_per_s": _ratio(tokens_in + tokens_out, wall_s or 0.0),
             "output_tokens_per_s": _ratio(tokens_out, wall_s or 0.0),
+            "prompt_tokens_per_s": _ratio(tokens_in, wall_s or 0.0),
             "stalls": sum(s.stalls for s in sampler.last_engines.values()),
             "progress_only_steps": sum(s.progress_only_steps for s in sampler.last_engines.values()),
         },

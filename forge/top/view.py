@@ -2,7 +2,8 @@
 
 Rates come from deltas of the cumulative counters between the two snapshots, over the engines' own
 timestamps, so HTTP latency does not skew them. Token counters move when a request finishes, so
-tokens/s is *delivered* tokens/s (as in run reports), bursty at short intervals. The runtime's
+tokens/s is *delivered* tokens/s (as in run reports), bursty at short intervals. Generated tokens/s comes
+first (what engines and their benchmarks call tok/s), prompt tokens/s beside it. The runtime's
 `tokens_per_s` (an EWMA that only moves while work is in flight: the broker's balancing signal) is
 deliberately not used: an idle card must read 0 here."""
 from __future__ import annotations
@@ -25,8 +26,8 @@ class CardLine:
     card: str
     tier: str
     healthy: bool
-    tokens_per_s: Optional[float]         # delivered (input + output); None until two snapshots
-    output_tokens_per_s: Optional[float]
+    output_tokens_per_s: Optional[float]  # generated tokens delivered per second; None until two snapshots
+    input_tokens_per_s: Optional[float]   # prompt tokens delivered per second
     budget_use: float                     # the last step's tokens / token budget (0 when no step ran)
     token_budget: int
     in_flight: int
@@ -51,19 +52,19 @@ def _ratio(num: float, den: float) -> float:
 
 def card_line(cur: dict, prev: Optional[dict]) -> CardLine:
     """One card from its current EngineStats dict and the previous one (None on the first frame)."""
-    tps = out_tps = None
+    in_tps = out_tps = None
     budget = _ratio(cur.get("tokens_last_step", 0), cur.get("token_budget", 0))
     if prev is not None:
         dt = cur.get("timestamp", 0.0) - prev.get("timestamp", 0.0)
         d_in = cur.get("input_tokens", 0) - prev.get("input_tokens", 0)
         d_out = cur.get("output_tokens", 0) - prev.get("output_tokens", 0)
         if dt > 0 and d_in >= 0 and d_out >= 0:           # a negative delta is a restarted engine: no rate
-            tps, out_tps = (d_in + d_out) / dt, d_out / dt
+            in_tps, out_tps = d_in / dt, d_out / dt
         if cur.get("engine_steps", 0) == prev.get("engine_steps", 0):
             budget = 0.0                                  # no step ran: the last step's figure is stale
     return CardLine(
         node=str(cur.get("node", "")), card=str(cur.get("card", "")), tier=str(cur.get("tier", "")),
-        healthy=bool(cur.get("healthy", False)), tokens_per_s=tps, output_tokens_per_s=out_tps,
+        healthy=bool(cur.get("healthy", False)), output_tokens_per_s=out_tps, input_tokens_per_s=in_tps,
         budget_use=budget, token_budget=int(cur.get("token_budget", 0)),
         in_flight=int(cur.get("in_flight", 0)), slots=int(cur.get("slots", 0)),
         kv_used=int(cur.get("kv_blocks_used", 0)), kv_reserved=int(cur.get("kv_blocks_reserved", 0)),
@@ -111,13 +112,15 @@ def _count(n: int, bad: bool) -> Text:
 def header(frame: Frame, lines: list[CardLine]) -> Text:
     h, b = frame.health, frame.stats.get("broker", {})
     status = str(h.get("status", "?"))
-    rates = [c.tokens_per_s for c in lines if c.tokens_per_s is not None]
-    total = _num(sum(rates)) if rates and len(rates) == len(lines) else "…"
+    known = [c for c in lines if c.output_tokens_per_s is not None]
+    full = known and len(known) == len(lines)
+    generated = _num(sum(c.output_tokens_per_s for c in known)) if full else "…"
+    prompt = _num(sum(c.input_tokens_per_s for c in known)) if full else "…"
     queue = int(b.get("pending", 0)) + sum(c.engine_queued for c in lines)
     out = Text.assemble(("forge top", "bold"), f"  node {h.get('node', '?')}  {frame.url}  ",
                         (status, "green" if status == "ok" else "bold red"),
                         f"  {len(lines)} card(s)  every {frame.interval_s:g} s\n",
-                        f"total {total} tok/s   queue depth {queue:,} (broker {int(b.get('pending', 0)):,})   "
+                        f"generated {generated} tok/s · prompt {prompt} tok/s   queue depth {queue:,} (broker {int(b.get('pending', 0)):,})   "
                         f"dispatched {int(b.get('dispatched', 0)):,}   no-fit {int(b.get('no_fit', 0)):,}   "
                         f"padding {float(b.get('padding_ratio', 0.0)) * 100:.1f}%   "
                         f"prefix reuse {float(b.get('prefix_reuse_ratio', 0.0)) * 100:.1f}%")
@@ -127,7 +130,7 @@ def header(frame: Frame, lines: list[CardLine]) -> Text:
 
 
 COMPACT_BAR_WIDTH = 3
-COMPACT_COLUMNS = ("card", "tier", "health", "tok/s", "budget", "slots", "KV used", "queue")
+COMPACT_COLUMNS = ("card", "tier", "health", "gen/s", "budget", "slots", "KV used", "queue")
 
 
 def compact_table(lines: list[CardLine]) -> RenderableType:
@@ -135,10 +138,10 @@ def compact_table(lines: list[CardLine]) -> RenderableType:
     are said below it, on a line per card that has any."""
     t = Table(box=None, pad_edge=False, header_style="bold", expand=False)
     for name in COMPACT_COLUMNS:
-        t.add_column(name, justify="right" if name in ("tok/s", "queue") else "left", no_wrap=True)
+        t.add_column(name, justify="right" if name in ("gen/s", "queue") else "left", no_wrap=True)
     for c in lines:
         t.add_row(c.card, c.tier, Text("ok", "green") if c.healthy else Text("DOWN", "bold red"),
-                  _num(c.tokens_per_s), bar(c.budget_use, COMPACT_BAR_WIDTH),
+                  _num(c.output_tokens_per_s), bar(c.budget_use, COMPACT_BAR_WIDTH),
                   bar(_ratio(c.in_flight, c.slots), COMPACT_BAR_WIDTH, label=f"{c.in_flight}/{c.slots}"),
                   bar(_ratio(c.kv_used, c.kv_total), COMPACT_BAR_WIDTH, warn_at=0.9), f"{c.engine_queued:,}")
     notes = [Text(f"{c.card}: {c.stalls:,} stalls, {c.progress_only_steps:,} progress-only steps, "
@@ -149,13 +152,13 @@ def compact_table(lines: list[CardLine]) -> RenderableType:
 
 def table(lines: list[CardLine]) -> Table:
     t = Table(box=None, pad_edge=False, header_style="bold", expand=False)
-    for name in ("card", "tier", "health", "tok/s", "out/s", "budget", "slots", "KV used", "KV rsv",
+    for name in ("card", "tier", "health", "gen/s", "prompt/s", "budget", "slots", "KV used", "KV rsv",
                  "queue", "stalls", "prog-only", "ok", "failed"):
         t.add_column(name, justify="left" if name in ("card", "tier", "health", "budget", "slots", "KV used")
                      else "right", no_wrap=True)
     for c in lines:
         t.add_row(c.card, c.tier, Text("ok", "green") if c.healthy else Text("DOWN", "bold red"),
-                  _num(c.tokens_per_s), _num(c.output_tokens_per_s), bar(c.budget_use),
+                  _num(c.output_tokens_per_s), _num(c.input_tokens_per_s), bar(c.budget_use),
                   bar(_ratio(c.in_flight, c.slots), label=f"{c.in_flight}/{c.slots}"),
                   bar(_ratio(c.kv_used, c.kv_total), warn_at=0.9),
                   f"{_ratio(c.kv_reserved, c.kv_total) * 100:.0f}%", f"{c.engine_queued:,}",

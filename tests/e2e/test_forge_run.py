@@ -41,11 +41,11 @@ def test_two_dependent_generates_and_embeddings(tmp_path):
         vec = row["result"]["embedding"]
         assert row["result"]["dim"] == len(vec) == 256
         assert abs(sum(v * v for v in vec) - 1.0) < 1e-3
-    # An embed's prompt tokens count as tokens in (the summary once said `tokens in 0 out 0 | 0 tok/s`).
+    # An embed's prompt tokens count as prompt tokens (the summary once said `tokens in 0 out 0 | 0 tok/s`).
     summary = json.loads(out.with_name(out.name + ".report.json").read_text())["summary"]
     assert summary["input_tokens"] > 16 and summary["output_tokens"] == 0
     line = next(ln for ln in r.stderr.splitlines() if ln.startswith("forge: embed on local:"))
-    assert "tokens in 0 " not in line and "| 0 tok/s" not in line, line
+    assert "| generated 0 tokens, 0 tok/s · prompt " in line and "prompt 0 tokens" not in line, line
 
 
 def test_bad_records_become_error_rows_and_the_run_goes_on(tmp_path):

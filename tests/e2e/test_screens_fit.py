@@ -57,22 +57,23 @@ def test_status_and_top_fit_80_columns_and_idle_reads_zero(tmp_path):
                    tmp_path / "out.jsonl", "--progress", "off", "--no-report", env=env, timeout=240)
         assert r.returncode == 0, r.stderr
         [entry] = json.loads(_forge("status", "--json", env=env).stdout)
-        assert entry["live"]["cards"][0]["tokens_per_s"] > 0      # the runtime's rate keeps its last value
+        card = entry["live"]["cards"][0]
+        assert card["tokens_per_s"] > card["output_tokens_per_s"] > 0   # the runtime's rates keep their last values
 
         narrow = _forge("status", env={**env, "COLUMNS": "80"})
         assert narrow.returncode == 0, narrow.stderr
         table = narrow.stdout.split("\nlocal: pid")[0]
         assert _width(table) <= 80 and "…" not in table, narrow.stdout
         [row] = [line for line in table.splitlines() if "cpu0" in line]
-        assert row.replace("│", " ").split()[-2:] == ["0", "0"], row     # nothing in flight, and so 0 tok/s
+        assert row.replace("│", " ").split()[-2:] == ["0", "0"], row     # nothing in flight, and so 0 generated tok/s
         wide = _forge("status", "--wide", env={**env, "COLUMNS": "80"})
         assert "backend" in wide.stdout and "transformers" in wide.stdout
 
         top = _forge("top", "--once", "--interval", "0.5", env={**env, "COLUMNS": "80"})
         assert top.returncode == 0, top.stderr
-        assert _width(top.stdout) <= 80 and "…" not in top.stdout.replace("total … tok/s", ""), top.stdout
+        assert _width(top.stdout) <= 80 and "…" not in top.stdout.replace("generated … tok/s · prompt … tok/s", ""), top.stdout
         [row] = [line for line in top.stdout.splitlines() if line.startswith("cpu0")]
-        assert row.split()[3] == "0", row                     # tok/s of an idle card
+        assert row.split()[3] == "0", row                     # generated tok/s of an idle card
         top_wide = _forge("top", "--once", "--interval", "0.5", "--wide", env={**env, "COLUMNS": "80"})
         assert "prog-only" in top_wide.stdout and _width(top_wide.stdout) > 80
         for out in (narrow, wide, top, top_wide):

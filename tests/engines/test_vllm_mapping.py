@@ -111,9 +111,9 @@ def test_a_contract_without_its_section_is_refused_naming_it(loaded):
 def test_environment_clears_the_cpu_kv_override():
     env = {"VLLM_CPU_KVCACHE_SPACE": "40", "OTHER": "x"}
     before = mapping.apply_environment(env)
-    assert env == {"OTHER": "x", "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_LOGGING_LEVEL": "WARNING"}
+    assert env == {"OTHER": "x", "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CONFIGURE_LOGGING": "0"}
     assert before == {"VLLM_CPU_KVCACHE_SPACE": "40", "VLLM_ENABLE_V1_MULTIPROCESSING": None,
-                      "VLLM_LOGGING_LEVEL": None}
+                      "VLLM_CONFIGURE_LOGGING": None}
     assert "VLLM_CPU_KVCACHE_SPACE" in mapping.environment() and mapping.environment()["VLLM_CPU_KVCACHE_SPACE"] is None
     assert os.environ is not env
 

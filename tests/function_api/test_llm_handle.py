@@ -103,3 +103,40 @@ def test_prompts_of_anything_else_are_refused(prompt):
     with pytest.raises(RequestRejected, match="prompt must be a string or a list of token ids|token ids are ints in"
                                               "|not valid Unicode"):
         checked_prompt(prompt, 0, "n")
+
+
+def test_a_records_later_calls_are_queued_ahead_of_first_calls():
+    """Inside a record (the runner sets CURRENT_RECORD), its k-th call goes at the job's priority minus
+    (LATER_CALLS - k), its calls from the LATER_CALLS-th on at the job's own; outside one, the job's priority."""
+    from forge.functions.llm import CURRENT_RECORD, LATER_CALLS, RecordCalls
+
+    node = Recorder()
+    llm = NodeLLM(node, priority=5)
+
+    async def record():
+        token = CURRENT_RECORD.set(RecordCalls())
+        try:
+            for _ in range(LATER_CALLS + 2):
+                await llm.generate([1, 2], max_tokens=4)
+            await llm.generate([1, 2], max_tokens=4, choice=["a", "b"])     # guided: not kept, still counted
+        finally:
+            CURRENT_RECORD.reset(token)
+
+    asyncio.run(record())
+    assert [p.priority for _, p in node.got] == [5 - LATER_CALLS + k for k in range(LATER_CALLS)] + [5] * 3
+    ask(llm)
+    assert node.got[-1][1].priority == 5                    # no record: the job's priority as given
+
+
+def test_calls_a_record_makes_in_parallel_count_once_each():
+    from forge.functions.llm import CURRENT_RECORD, RecordCalls
+
+    node = Recorder()
+    llm = NodeLLM(node)
+
+    async def record():
+        CURRENT_RECORD.set(RecordCalls())
+        await asyncio.gather(*(llm.generate([1], max_tokens=2) for _ in range(3)))   # tasks copy the context
+
+    asyncio.run(record())
+    assert sorted(p.priority for _, p in node.got) == [-3, -2, -1]

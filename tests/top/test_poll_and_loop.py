@@ -88,7 +88,7 @@ def test_a_missed_poll_is_shown_and_the_view_recovers():
     text = frames(FlakyPoller(good=2, bad=live.MAX_MISSED_POLLS - 1), 6)
     assert text.count("no answer: refused (showing the last one; retry 1/2)") == 1
     assert text.count("retry 2/2") == 1
-    assert text.strip().splitlines()[-1].split()[3] == "10"     # last frame: 10 tok/s again
+    assert text.strip().splitlines()[-1].split()[3] == "10"     # last frame: 10 generated tok/s again
 
 
 def test_a_node_that_stays_away_ends_top_with_one_line():

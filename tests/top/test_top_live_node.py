@@ -76,11 +76,11 @@ def test_once_under_load_shows_the_card_with_tokens_flowing(node):
     assert r.returncode == 0, r.stderr
     m = ROW.search(r.stdout)
     assert m, r.stdout
-    health, tps, out_tps = m.groups()
+    health, gen_tps, prompt_tps = m.groups()
     assert health == "ok"
-    assert int(tps.replace(",", "")) > 0 and int(out_tps.replace(",", "")) > 0, r.stdout
+    assert int(gen_tps.replace(",", "")) > 0 and int(prompt_tps.replace(",", "")) > 0, r.stdout
     assert f"node local  {node['url']}  ok  1 card(s)  every 2 s" in r.stdout
-    assert re.search(r"total [\d,]+ tok/s", r.stdout)
+    assert re.search(r"generated [\d,]+ tok/s · prompt [\d,]+ tok/s", r.stdout)
 
 
 def test_once_by_name_when_idle_reads_zero(node):

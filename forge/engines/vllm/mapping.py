@@ -19,7 +19,7 @@
                                       forge/engines/vllm/engine.py), scheduler_reserve_full_isl, stats on
 
 Environment (`environment()`): VLLM_CPU_KVCACHE_SPACE is cleared, because vLLM's CPU platform lets it override
-kv_cache_memory_bytes; VLLM_ENABLE_V1_MULTIPROCESSING is set to 0; VLLM_LOGGING_LEVEL to WARNING."""
+kv_cache_memory_bytes; VLLM_ENABLE_V1_MULTIPROCESSING is set to 0; VLLM_CONFIGURE_LOGGING to 0."""
 from __future__ import annotations
 
 import math
@@ -37,8 +37,11 @@ BACKEND = "vllm"
 WEIGHT_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 # vLLM's CacheDType has no float32: an fp32 cache is "auto" (the model's dtype) with fp32 weights only.
 KV_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp8": "fp8"}
+# VLLM_CONFIGURE_LOGGING=0: vLLM's loggers get no handler of their own and reach Python's root logger, which in a
+# card worker writes to the card's log file and says each class of warning that matters once on the console
+# (forge/host/engine_log.py); vLLM's own handler would print every line to the job's console.
 ENV_SET = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-           "VLLM_LOGGING_LEVEL": "WARNING"}     # vLLM's INFO lines would fill the job's console; forge logs the load
+           "VLLM_CONFIGURE_LOGGING": "0"}
 ENV_CLEAR = ("VLLM_CPU_KVCACHE_SPACE",)
 
 
