@@ -18,7 +18,6 @@ import os
 import re
 import sys
 import time
-import warnings
 from pathlib import Path
 from typing import IO, Optional
 
@@ -27,8 +26,10 @@ from forge.runtime.registry import home
 CLASSES_MAX = 256           # warning classes remembered (said once each); past it, no more are said
 LINE_CHARS = 200            # a warning's first line on the console, cut to this many characters
 # Warnings every engine load prints that say nothing about this job: the file has them, the console does not.
+# Each names a line a vLLM CPU load prints whatever the job (forge chooses eager mode, seeds per request, and a
+# tiny or CPU model): libraries' advice on how they were built or preloaded, deprecations, and forge's own choices.
 NOISE = re.compile(r"LD_PRELOAD|[Tt]riton|NUMA|numa|[Dd]eprecat|will be removed|FutureWarning|is not supported on CPU"
-                   r"|pin_memory|TORCH_CUDA_ARCH_LIST|cudagraph|Compilation config")
+                   r"|pin_memory|TORCH_CUDA_ARCH_LIST|cudagraph|Compilation config|random seed|Inductor|SSM cache")
 
 
 def log_path(node: str, card: str) -> Path:
@@ -45,7 +46,7 @@ class OncePerClass(logging.Handler):
         self.seen: set[tuple[str, str]] = set()
 
     def emit(self, record: logging.LogRecord) -> None:
-        if record.name == "forge" or record.name.startswith("forge."):
+        if record.levelno < self.level or record.name == "forge" or record.name.startswith("forge."):
             return                                  # forge's own lines have their handler
         try:
             text = record.getMessage()
@@ -97,5 +98,4 @@ def divert(node: str, card: str) -> Optional[Path]:
         root.setLevel(logging.INFO)                   # the libraries' INFO lines go to the file too
     logging.getLogger("forge").propagate = True
     logging.captureWarnings(True)                     # warnings.warn -> logging (py.warnings): the file
-    warnings.simplefilter("default")                  # each warning once per place, not hidden
     return path

@@ -75,3 +75,20 @@ def test_the_report_counts_the_engine_and_no_preemption(job):
     (card,) = report["cards"]
     assert card["tier"] == "tiny-llama-vllm" and card["engine_steps"] > 0 and card["output_tokens"] > 0
     assert card["preemptions"] == 0
+
+
+def test_vllm_logs_to_the_cards_file_and_the_console_keeps_forges_lines(job):
+    """vLLM's and torch's lines (its config dump, LD_PRELOAD and Triton advice, NUMA binding, deprecations, the
+    weights' progress bar) go to $FORGE_HOME/logs/local-vllm/cpu0.log, said once; the console has forge's lines."""
+    proc, _, out = job
+    log = out.parent / "home" / "logs" / "local-vllm" / "cpu0.log"
+    text = log.read_text()
+    for line in ("vllm.v1.engine.core: Initializing a V1 LLM engine", "Loading safetensors checkpoint shards",
+                 "libtcmalloc is not found in LD_PRELOAD"):
+        assert line in text, text[-3000:]
+    assert proc.stderr.count(f"forge: card cpu0: its engine library logs to {log}\n") == 1, proc.stderr
+    for line in proc.stderr.splitlines():
+        assert line.startswith("forge: "), proc.stderr          # forge's lines only (--progress off)
+    for vllm_line in ("Initializing a V1 LLM engine", "LD_PRELOAD", "Triton", "NUMA", "Loading safetensors",
+                      "deprecated", "INFO", "WARNING"):
+        assert vllm_line not in proc.stderr, proc.stderr
