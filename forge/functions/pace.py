@@ -7,9 +7,11 @@ others. By Little's law, records in flight = the rate they finish x the time eac
 once the cards are busy, and lets the pool grow (by that same rule) while they are not.
 
 Never below FLOOR_PER_SLOT x the slots of the node's cards, so the cards never wait on this gate: a record
-alternates between a call on a card and its function's own code between calls, and each card's link keeps the next
-batch waiting in its host (credit over the slots). Before the node reports its cards, UNKNOWN_FLOOR. Never above
-the ceiling (--concurrency). Pure bookkeeping on the job's loop: `enter` waits (no timeout of its own: it waits on
+alternates between a call on a card and its function's own code between calls, each card's link keeps the next
+batch waiting in its host (credit over the slots), a vLLM card holds a queue as long as its slots, and the broker
+needs a pool to group by prefix and serve longer outputs first (docs/broker.md); on a 256-slot card that is 1,024,
+the default --concurrency. Before the node reports its cards, UNKNOWN_FLOOR. Never above the ceiling
+(--concurrency). Pure bookkeeping on the job's loop: `enter` waits (no timeout of its own: it waits on
 records the runner bounds), `leave` and `adjust` never block."""
 from __future__ import annotations
 
@@ -19,8 +21,8 @@ from typing import Optional
 
 HORIZON_S = 5.0         # records in flight: what the cards finish in about this long
 WINDOW_S = 5.0          # the finish rate: records settled over this trailing window
-FLOOR_PER_SLOT = 2      # never fewer records in flight than this many per card slot
-UNKNOWN_FLOOR = 64      # the floor until the node reports its cards' slots
+FLOOR_PER_SLOT = 4      # never fewer records in flight than this many per card slot
+UNKNOWN_FLOOR = 128     # the floor until the node reports its cards' slots
 _SAMPLES_MAX = 256      # rate samples kept (adjust runs every tick; WINDOW_S of them are needed)
 
 
