@@ -65,6 +65,7 @@ SHARED_FIXTURE_MODULES = frozenset({
     "tests/serve/test_prompt_bounds.py", "tests/serve/test_request_bounds.py", "tests/top/test_top_live_node.py",
     "tests/vllm_backend/test_engine.py", "tests/vllm_backend/test_forge_run.py",
     "tests/vllm_backend/test_refusals_and_preemption.py", "tests/vllm_backend/test_serve.py",
+    "tests/vllm_backend/test_seeded_run.py",
 })
 
 ROOT = Path(__file__).resolve().parent.parent

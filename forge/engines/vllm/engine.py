@@ -35,7 +35,7 @@ from forge.config.plan import CardPlan
 from forge.engines.interface import (REFUSED, Engine, EngineBusy, EngineFailed, EngineRequest, EngineResult,
                                      IterationStats, Progress, sampling_problem)
 from forge.engines.choice_trie import ChoiceTrie, budget_problem, encode_choices
-from forge.engines.vllm import mapping
+from forge.engines.vllm import mapping, seeded
 from forge.engines.vllm.choice import extra_args as choice_extra_args
 from forge.engines.vllm.choice import spelling_bound
 
@@ -43,6 +43,12 @@ log = logging.getLogger("forge.engines.vllm")
 
 FINISH_REASONS = {"stop": "eos", "length": "length", "abort": "cancelled", "error": "error"}
 CHOICE_CACHE_ENTRIES = 256                             # choice lists' tries kept (a bulk job repeats one)
+# Who draws a seeded request's tokens (factory.py decides per card): vLLM's per-request generator (CUDA), forge's
+# logits processor (forge/engines/vllm/seeded.py: vLLM's CPU generator cannot be wound back), or nobody (refused)
+SEEDS_BY_VLLM, SEEDS_BY_FORGE, SEEDS_REFUSED = "vllm", "forge", "refused"
+SEED_REFUSAL = ("a per-request seed cannot be honoured on this card: vLLM's CPU platform fails a seeded request "
+                "whose prompt is split across steps, and this vLLM has no logits-processor adapter for forge's "
+                "seeded sampler; leave seed unset or use temperature 0")
 EMBED_REFUSAL = ("embed needs a pooling tier (vLLM runner 'pooling'); backend vllm runs this tier for generation "
                  "only")
 
@@ -132,11 +138,12 @@ class VllmEngine(Engine):
     queues_beyond_slots = True
 
     def __init__(self, plan: CardPlan, llm_engine, tokenizer, sink: StepStats, info: dict[str, Any],
-                 eos: Sequence[int] = (), trie_choices: bool = True):
+                 eos: Sequence[int] = (), trie_choices: bool = True, seeds: str = SEEDS_BY_VLLM):
         self.plan, self.tokenizer, self._engine, self._sink, self._info = plan, tokenizer, llm_engine, sink, info
         self._eos = [int(e) for e in eos]                  # what vLLM stops at: the choice guide ends with one
         self._tries: dict[str, Any] = {}                   # choice list (JSON) -> ChoiceTrie or why it cannot guide
         self._trie_choices = trie_choices                  # False: vLLM without the adapter (0.34): its grammar
+        self._seeds = seeds                                # SEEDS_BY_VLLM / SEEDS_BY_FORGE / SEEDS_REFUSED
         lim = plan.contract.limits
         self._lim = lim
         self._capacity = 2 * lim.max_batch_size            # held at most: the slots and one more batch
@@ -263,9 +270,17 @@ class VllmEngine(Engine):
                 guide = self._Guide(json=g.json_schema)
             elif g.regex is not None:
                 guide = self._Guide(regex=g.regex)
+        temperature, top_p, top_k, seed = float(s.temperature), float(s.top_p), int(s.top_k), s.seed
+        if seeded.wanted(s) and self._seeds == SEEDS_REFUSED:
+            return None, SEED_REFUSAL
+        if seeded.wanted(s) and self._seeds == SEEDS_BY_FORGE:
+            # forge's processor draws the token and leaves it alone possible: vLLM picks it greedily, with no
+            # generator of its own to wind back (forge/engines/vllm/seeded.py)
+            extra = {**(extra or {}), **seeded.extra_args(s)}
+            temperature, top_p, top_k, seed = 0.0, 1.0, 0, None
         return self._SamplingParams(
-            max_tokens=r.max_new_tokens, temperature=float(s.temperature), top_p=float(s.top_p), top_k=int(s.top_k),
-            seed=s.seed, ignore_eos=not s.stop_at_eos, detokenize=False,
+            max_tokens=r.max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
+            seed=seed, ignore_eos=not s.stop_at_eos, detokenize=False,
             output_kind=self._CUMULATIVE if r.stream else self._FINAL_ONLY,
             structured_outputs=guide, extra_args=extra), None
 

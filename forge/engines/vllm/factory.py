@@ -29,20 +29,27 @@ def import_vllm():
     return vllm
 
 
-def engine_args(arguments: dict[str, Any]):
+def engine_args(arguments: dict[str, Any], forge_seeds: bool = False):
     """vLLM's EngineArgs from mapping.engine_arguments() (its nested configs as vLLM's config objects), with forge's
-    choice guide as a logits processor (forge/engines/vllm/choice.py)."""
+    choice guide as a logits processor (forge/engines/vllm/choice.py) and, with `forge_seeds`, forge's seeded
+    sampler after it (forge/engines/vllm/seeded.py: it draws among the tokens the guide leaves)."""
     from vllm import EngineArgs
     from vllm.config import StructuredOutputsConfig
 
-    from forge.engines.vllm.choice import processor_class
+    from forge.engines.vllm import choice, seeded
 
     kwargs = dict(arguments)
     kwargs["structured_outputs_config"] = StructuredOutputsConfig(**kwargs["structured_outputs_config"])
-    choice_guide = processor_class()
-    if choice_guide is not None:
-        kwargs["logits_processors"] = [choice_guide]
+    processors = [choice.processor_class()] + ([seeded.processor_class()] if forge_seeds else [])
+    if all(p is not None for p in processors):      # both or neither: no adapter in this vLLM (0.34)
+        kwargs["logits_processors"] = processors
     return EngineArgs(**kwargs)
+
+
+def seeds_by_forge(contract) -> bool:
+    """vLLM's CPU platform cannot wind back a seeded request's generator (forge/engines/vllm/seeded.py): forge draws
+    seeded tokens on a cpu target; CUDA's generator is vLLM's own."""
+    return contract.target.kind == "cpu"
 
 
 def built_values(vllm_config) -> dict[str, Any]:
@@ -68,13 +75,15 @@ def build_engine(contract, plan: CardPlan):
     from vllm.v1.engine.llm_engine import LLMEngine
 
     from forge.engines.hf.loading import load_tokenizer
-    from forge.engines.vllm.engine import StepStats, VllmEngine, stat_logger_class
+    from forge.engines.vllm.engine import SEEDS_BY_FORGE, SEEDS_BY_VLLM, SEEDS_REFUSED, StepStats, VllmEngine, \
+        stat_logger_class
 
     sink = StepStats(plan.num_blocks)
     t0 = time.monotonic()
     import_s = t0 - t_import
     try:
-        llm_engine = LLMEngine.from_engine_args(engine_args(arguments), stat_loggers=[stat_logger_class(sink)])
+        llm_engine = LLMEngine.from_engine_args(engine_args(arguments, forge_seeds=seeds_by_forge(contract)),
+                                                stat_loggers=[stat_logger_class(sink)])
     except (ValueError, RuntimeError, TypeError, MemoryError) as exc:
         raise ForgeError(f"{mapping.where(contract)}: vLLM refused the engine settings ({type(exc).__name__}: "
                          f"{' '.join(str(exc).split())[:300]})") from None
@@ -93,8 +102,11 @@ def build_engine(contract, plan: CardPlan):
             "vllm_version": _version()}
     log.info("%s: vLLM engine loaded in %.1f s (%s)", plan.card_id, load_s, built)
     eos = tokenizer.hf.eos_token_id                # vLLM stops at the tokenizer's EOS (generation_config "vllm")
+    adapters = bool(llm_engine.vllm_config.model_config.logits_processors)
+    seeds = SEEDS_BY_VLLM if not seeds_by_forge(contract) else SEEDS_BY_FORGE if adapters else SEEDS_REFUSED
+    info["seeds"] = seeds
     return VllmEngine(plan, llm_engine, tokenizer, sink, info, eos=[eos] if eos is not None else [],
-                      trie_choices=bool(llm_engine.vllm_config.model_config.logits_processors))
+                      trie_choices=adapters, seeds=seeds)
 
 
 def geometry_problems(contract, vllm_config) -> list:

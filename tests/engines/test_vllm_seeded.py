@@ -1,0 +1,48 @@
+"""forge's seeded draw for vLLM's CPU card (forge/engines/vllm/seeded.py), as pure functions over torch tensors: which
+tokens temperature / top-k / top-p leave, and that a draw depends on (seed, position) only."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from forge.engines.interface import Sampling  # noqa: E402
+from forge.engines.vllm import seeded  # noqa: E402
+
+LOGITS = torch.log(torch.tensor([0.5, 0.25, 0.15, 0.1]))
+
+
+def spec(seed=7, temperature=1.0, top_p=1.0, top_k=0):
+    return seeded.extra_args(Sampling(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed))[seeded.EXTRA_KEY]
+
+
+def kept(scores) -> list[int]:
+    return [i for i, v in enumerate(scores.tolist()) if not math.isinf(v)]
+
+
+def test_top_k_and_top_p_leave_the_most_likely_tokens():
+    assert kept(seeded.shaped_logits(LOGITS, 1.0, 2, 1.0)) == [0, 1]
+    assert kept(seeded.shaped_logits(LOGITS, 1.0, 0, 0.7)) == [0, 1]          # 0.5 < 0.7 <= 0.75
+    assert kept(seeded.shaped_logits(LOGITS, 1.0, 0, 0.75)) == [0, 1]
+    assert kept(seeded.shaped_logits(LOGITS, 1.0, 0, 0.76)) == [0, 1, 2]
+    assert kept(seeded.shaped_logits(LOGITS, 1.0, 0, 0.01)) == [0]            # the most likely token always stays
+    scaled = seeded.shaped_logits(LOGITS, 0.5, 0, 1.0)
+    assert torch.allclose(scaled, LOGITS * 2)
+
+
+def test_a_draw_depends_on_seed_and_position_only():
+    first = [seeded.draw(LOGITS, spec(seed=7), p) for p in range(64)]
+    assert first == [seeded.draw(LOGITS.clone(), spec(seed=7), p) for p in range(64)]
+    assert first != [seeded.draw(LOGITS, spec(seed=8), p) for p in range(64)]
+    assert len(set(first)) > 1                                                  # it samples, not argmax
+    assert {seeded.draw(LOGITS, spec(top_k=2), p) for p in range(64)} == {0, 1}
+
+
+def test_only_sampled_requests_with_a_seed_are_drawn_by_forge():
+    assert seeded.wanted(Sampling(temperature=0.8, seed=3))
+    assert not seeded.wanted(Sampling(temperature=0.8))
+    assert not seeded.wanted(Sampling(temperature=0.0, seed=3))
+    assert not seeded.wanted(Sampling(temperature=0.8, top_k=1, seed=3))
+    assert seeded.draw_seed(1, 23) != seeded.draw_seed(12, 3)
