@@ -1,8 +1,9 @@
 """Seeded sampling at volume through `forge run --node local-vllm` (issue 49): 64 sampled requests with seeds and
 60-80 token prompts, more than one step's token budget (512), so vLLM splits a prompt across steps. vLLM's own
 per-request generator cannot be wound back on the CPU (`RuntimeError: CPU Generator does not use offset`, the card
-lost); forge draws seeded tokens itself there (forge/engines/vllm/seeded.py). The job runs twice, the second time
-in reverse order (other batches, other chunks): every record gets the same text both times."""
+lost); forge draws seeded tokens itself there (forge/engines/vllm/seeded.py), among the tokens a guide allows. The
+job runs twice, the second time in reverse order (other batches, other chunks): every record gets the same text
+both times."""
 from __future__ import annotations
 
 import json
@@ -11,24 +12,28 @@ import subprocess
 import sys
 from pathlib import Path
 
+import jsonschema
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 WORDS = ("Alice was beginning to get very tired of sitting by her sister on the bank and of having nothing to do "
          "once or twice she had peeped into the book her sister was reading").split()
-RECORDS = 64
+RECORDS = 80
+GUIDED = range(64, 80)          # 64-71 a seeded choice, 72-79 a seeded JSON object
 
 
 def records() -> list[dict]:
     """Records 0-31: distinct prompts, seeds 1000-1003; 32-47 repeat 0-15's prompt and seed; 48-63 repeat 0-15's
-    prompt with another seed."""
+    prompt with another seed; 64-79 guided, sampled with seeds."""
     out = []
     for i in range(32):
         text = " ".join(WORDS[(i + j) % len(WORDS)] for j in range(60 + i % 20))
         out.append({"id": i, "seed": 1000 + i % 4, "text": text})
     out += [{**out[i], "id": 32 + i} for i in range(16)]
     out += [{**out[i], "id": 48 + i, "seed": 2000 + i} for i in range(16)]
+    out += [{**out[i], "id": 64 + i, "kind": "choice"} for i in range(8)]
+    out += [{**out[i], "id": 72 + i, "kind": "json"} for i in range(8)]
     return out
 
 
@@ -65,6 +70,15 @@ def test_the_same_seed_gives_the_same_text(runs):
     (_, forward), (_, reverse) = runs
     assert all(forward[i]["text"] == forward[32 + i]["text"] for i in range(16))     # one run, other batches
     assert {i: r["text"] for i, r in forward.items()} == {i: r["text"] for i, r in reverse.items()}
+
+
+def test_a_seeded_guided_answer_keeps_its_guide(runs):
+    from tests.vllm_backend.fixtures.seeded import CHOICES, SCHEMA
+
+    for _, results in runs:
+        assert all(results[i]["text"] in CHOICES for i in GUIDED[:8])
+        for i in GUIDED[8:]:
+            jsonschema.validate(json.loads(results[i]["text"]), SCHEMA)
 
 
 def test_another_seed_samples_another_text(runs):
