@@ -25,7 +25,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("link",),                                     # node <-> host
     ("node",),
     ("functions",),                                # what a function author sees, the job loop
-    ("serve", "cluster", "bench", "top"),          # the products built on a node and the functions
+    ("serve", "cluster", "bench", "top", "openai_batch"),   # the products built on a node and the functions
     ("cli",),
     ("__main__",),
 )

@@ -23,10 +23,15 @@ def card_transport_option(f):
 def _common(f):
     opts = [
         # Paths only: what they name (a folder, a missing file) is forge's to refuse, exit 1, as for every file.
-        click.option("--input", "input_path", required=True, type=click.Path(path_type=Path, allow_dash=True),
+        click.option("--input", "input_path", type=click.Path(path_type=Path, allow_dash=True),
                      help="records: a file, a folder of shards or a quoted glob ('data/*.jsonl.gz'); JSONL (one "
                           "object per line; .gz, .zst), Parquet; '-' or <(cmd) reads a pipe (such a run cannot "
                           "resume)"),
+        click.option("--openai-batch", "openai_batch", type=click.Path(path_type=Path), default=None,
+                     metavar="BATCH.jsonl",
+                     help="run an OpenAI batch file ({custom_id, method, url, body} lines: /v1/chat/completions, "
+                          "/v1/completions, /v1/embeddings) with no function file: --output gets one OpenAI batch "
+                          "output row per line, in input order (docs/openai_batch.md); instead of FILE.py and --input"),
         click.option("--output", "output_path", required=True, type=click.Path(path_type=Path),
                      help="results: JSONL, or Parquet when the name ends in .parquet"),
         click.option("--ledger", "ledger_path", type=click.Path(path_type=Path), default=None,
@@ -94,6 +99,23 @@ def _retry(retry_errors: bool, restart: bool) -> bool:
     return retry_errors
 
 
+def _job_runner(target, input_path, openai_batch):
+    """(the job's input, the function that runs it): FILE.py over --input, or an OpenAI batch file alone."""
+    if openai_batch is not None:
+        if target is not None or input_path is not None:
+            raise UsageError("--openai-batch is the job's input and its function: give no FILE.py and no --input")
+        from forge.openai_batch.job import run_openai_batch
+
+        return openai_batch, run_openai_batch
+    if target is None:
+        raise UsageError("missing argument FILE.py[:NAME] (or give --openai-batch BATCH.jsonl)")
+    if input_path is None:
+        raise UsageError("missing option --input (the records FILE.py runs over)")
+    from forge.functions.job import run_with_node
+
+    return input_path, run_with_node
+
+
 def _ledger_default(output_path: Path, ledger_path: Path | None) -> Path:
     return ledger_path or output_path.with_name(output_path.name + ".ledger.sqlite")
 
@@ -114,7 +136,7 @@ def _warm_node(loaded, token):
 
 def register(cli: click.Group) -> None:
     @cli.command("run", epilog=EXIT_CODES)
-    @click.argument("target", metavar="FILE.py[:NAME]")
+    @click.argument("target", metavar="FILE.py[:NAME]", required=False)
     @click.option("--node", "node_arg", default=None, metavar="NODE", help=HELP_DESCRIPTION)
     @click.option("--grouping/--no-grouping", default=True, help="broker prefix/length grouping (off = FIFO)")
     @click.option("--strict", is_flag=True, help="treat validation warnings as errors")
@@ -124,16 +146,17 @@ def register(cli: click.Group) -> None:
                   "such a node")
     @card_transport_option
     @_common
-    def run_cmd(target, node_arg, grouping, strict, fresh_node, card_transport, input_path, output_path, ledger_path,
-                restart, accept_changed_function, retry_errors, concurrency, metrics_port, progress, report,
-                max_errors):
+    def run_cmd(target, node_arg, grouping, strict, fresh_node, card_transport, input_path, openai_batch, output_path,
+                ledger_path, restart, accept_changed_function, retry_errors, concurrency, metrics_port, progress,
+                report, max_errors):
         """Run a function over records on a node provisioned in this process, or on the same node already up
         (`forge provision NODE`): see --fresh-node."""
         from forge.cli.node_arg import description_path
         from forge.config.load import load_node
-        from forge.functions.job import JobOptions, run_with_node
+        from forge.functions.job import JobOptions
         from forge.node.local import LocalNode
 
+        input_path, run_with_node = _job_runner(target, input_path, openai_batch)
         budget = _max_errors(max_errors)        # a bad flag is refused before the node loads
         _before_loading(metrics_port)
         loaded = load_node(description_path(node_arg, "run"), strict=strict)
@@ -156,7 +179,7 @@ def register(cli: click.Group) -> None:
                              opts, node_label=loaded.node.node)
 
     @cli.command("deploy", epilog=EXIT_CODES)
-    @click.argument("target", metavar="FILE.py[:NAME]")
+    @click.argument("target", metavar="FILE.py[:NAME]", required=False)
     @click.option("--node", "node", default=None, metavar="NODE", help=HELP_PROVISIONED)
     @click.option("--token-env", default="FORGE_TOKEN", show_default=True,
                   help="environment variable holding the node's bearer token, if it needs one")
@@ -165,12 +188,14 @@ def register(cli: click.Group) -> None:
     @click.option("--grouping/--no-grouping", default=True,
                   help="with --cluster: broker prefix/length grouping (off = FIFO)")
     @_common
-    def deploy_cmd(target, node, token_env, cluster, grouping, input_path, output_path, ledger_path, restart,
-                   accept_changed_function, retry_errors, concurrency, metrics_port, progress, report, max_errors):
+    def deploy_cmd(target, node, token_env, cluster, grouping, input_path, openai_batch, output_path, ledger_path,
+                   restart, accept_changed_function, retry_errors, concurrency, metrics_port, progress, report,
+                   max_errors):
         """Run a function over records against a node provisioned with `forge provision` (or, with
         --cluster, across every node provisioned on a Ray cluster)."""
-        from forge.functions.job import JobOptions, run_with_node
+        from forge.functions.job import JobOptions
 
+        input_path, run_with_node = _job_runner(target, input_path, openai_batch)
         _before_loading(metrics_port)
 
         opts = JobOptions(target=target, input_path=input_path, output_path=output_path,
@@ -182,6 +207,8 @@ def register(cli: click.Group) -> None:
         if cluster is not None:
             if node is not None:
                 raise UsageError("give --node or --cluster, not both")
+            if openai_batch is not None:
+                raise UsageError("--openai-batch runs on one node (forge run, or forge deploy --node), not --cluster")
             from forge.cluster.job import run_cluster
 
             return run_cluster(cluster, opts, grouping=grouping)

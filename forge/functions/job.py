@@ -12,6 +12,7 @@ from typing import Callable, Optional
 from forge import constants
 from forge.errors import ForgeError
 from forge.functions.errorbudget import MaxErrors
+from forge.functions.api import FunctionSpec
 from forge.functions.loader import load_function
 from forge.functions.progress import Progress
 from forge.functions.runner import RunOutcome, run_records
@@ -33,6 +34,7 @@ class JobOptions:
     accept_changed_function: bool = False     # the user declares the changed function compatible with done rows
     max_errors: Optional[MaxErrors] = None
     retry_errors: bool = False                # run again only the records whose rows are errors (forge/ledger/retry.py)
+    function: Optional[FunctionSpec] = None    # a function made in code (an OpenAI batch job), not from `target`
 
 
 def run_with_node(make_node: Callable[[], Node], opts: JobOptions, *, node_label: str = "") -> int:
@@ -42,7 +44,7 @@ def run_with_node(make_node: Callable[[], Node], opts: JobOptions, *, node_label
     The node's stats feed the report."""
     from forge.functions.store import open_store
 
-    spec = load_function(opts.target)
+    spec = opts.function or load_function(opts.target)
     stats = RunStats()
     store = open_store(opts, function_name=spec.name, function_file=spec.fn.__code__.co_filename, node=node_label,
                        stats=stats)
@@ -54,6 +56,9 @@ def run_with_node(make_node: Callable[[], Node], opts: JobOptions, *, node_label
         async def main() -> int:
             try:
                 await node.start()
+                node_up = spec.extra.get("node_up")     # a function that checks its work against the node first
+                if node_up is not None:
+                    node_up(node)
                 return await _run(spec, node, opts, node_label=node.name, engine_stats=node.engine_stats,
                                   broker_stats=node.broker_stats, store=store, stats=stats)
             finally:

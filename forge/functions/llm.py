@@ -79,6 +79,17 @@ class NodeLLM(LLM):
             raise ForgeError(f"card {answer.generation.card}: its backend returns no hidden state")
         return list(answer.hidden)
 
+    async def submit(self, prompt: Prompt, params: GenerateParams) -> Answer:
+        """One request whose GenerateParams the caller made (forge's OpenAI batch job, which answers with the
+        Answer's stop_reason and an embed's prompt tokens), sent as every request of this handle is: its priority,
+        what is left of its deadline, counted in its stats, within the function's max_output_tokens."""
+        if params.priority != self._priority:
+            params = replace(params, priority=self._priority)
+        if self._cap is not None and not params.embed and params.max_tokens > self._cap:
+            raise RequestRejected(f"max_tokens={params.max_tokens} exceeds the function's "
+                                  f"max_output_tokens={self._cap}")
+        return await self._submit(prompt, params)
+
     async def _submit(self, prompt: Prompt, params: GenerateParams) -> Answer:
         if self._deadline_at is not None:
             left = self._deadline_at - time.monotonic()

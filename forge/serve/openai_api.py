@@ -94,6 +94,22 @@ def guide_params(req: _Common) -> tuple[Optional[tuple[str, ...]], Optional[dict
     return (found[0][1], found[0][2]) if found else (None, None)
 
 
+def request_params(req: _Common, chat: bool, tier_max_output: int, choice: Optional[tuple[str, ...]],
+                   json_schema: Optional[dict]) -> GenerateParams:
+    """The GenerateParams of one (chat) completion request, its guide already read (guide_params): OpenAI's
+    defaults (temperature and top_p 1; max_tokens the tier's for a chat, 16 for a completion), the stop strings
+    for the node to apply - none for a guided request, whose text is always whole. Raises RequestRejected or
+    ValueError for a value no engine can represent."""
+    max_tokens = (getattr(req, "max_completion_tokens", None) or req.max_tokens or
+                  (tier_max_output if chat else COMPLETION_DEFAULT_MAX_TOKENS))
+    guided = choice is not None or json_schema is not None
+    return GenerateParams(max_tokens=max_tokens, temperature=1.0 if req.temperature is None else req.temperature,
+                          top_p=1.0 if req.top_p is None else req.top_p, top_k=max(0, req.top_k or 0),
+                          seed=req.seed, choice=choice, json_schema=json_schema,
+                          stop=() if guided else tuple(req.stops),
+                          include_stop_str_in_output=bool(req.include_stop_str_in_output))
+
+
 def openai_router(node: Node, gates: dict[str, EndpointGate], *, default_deadline_s: float) -> APIRouter:
     router = APIRouter(tags=["openai"])
     tiers = tier_limits(node)
@@ -119,7 +135,7 @@ def openai_router(node: Node, gates: dict[str, EndpointGate], *, default_deadlin
         echo: list[str] = []
         if req.echo:
             try:
-                echo = [p if isinstance(p, str) else _decode(node, p) for p in req.prompts]
+                echo = [p if isinstance(p, str) else decode_prompt(node, p) for p in req.prompts]
             except BadRequest as e:
                 return error_response(400, "invalid_request_error", str(e), param=e.param)
         return await _generate(request, req, req.prompts, "text_completion", gates["completions"], x_forge_deadline,
@@ -150,16 +166,9 @@ def openai_router(node: Node, gates: dict[str, EndpointGate], *, default_deadlin
         except ValueError as e:      # a bad deadline
             return error_response(400, "invalid_request_error", str(e))
         chat = kind == "chat.completion"
-        max_tokens = (getattr(req, "max_completion_tokens", None) or req.max_tokens or
-                      (tiers[req.model] if chat else COMPLETION_DEFAULT_MAX_TOKENS))
         guided = choice is not None or schema is not None
-        try:        # a guided request ignores stop (its text is always whole)
-            params = GenerateParams(max_tokens=max_tokens,
-                                    temperature=1.0 if req.temperature is None else req.temperature,
-                                    top_p=1.0 if req.top_p is None else req.top_p, top_k=max(0, req.top_k or 0),
-                                    seed=req.seed, choice=choice, json_schema=schema,
-                                    stop=() if guided else tuple(req.stops),
-                                    include_stop_str_in_output=bool(req.include_stop_str_in_output))
+        try:
+            params = request_params(req, chat, tiers[req.model], choice, schema)
         except (RequestRejected, ValueError) as e:   # a value no engine can represent (top_k 2**31, ...)
             return error_response(400, "invalid_request_error", str(e))
         n = req.n or 1
@@ -184,9 +193,9 @@ def openai_router(node: Node, gates: dict[str, EndpointGate], *, default_deadlin
         out = await answer(request, node, gate, limit_s, work)
         if not isinstance(out, list):
             return out
-        choices = [_choice(chat, j, gen, *finish_of(gen, matched, guided), echo[j // n] if echo else "")
+        choices = [choice_object(chat, j, gen, *finish_of(gen, matched, guided), echo[j // n] if echo else "")
                    for j, (gen, matched) in enumerate(out)]
-        return {**head, "object": kind, "choices": choices, "usage": _usage(out, n)}
+        return {**head, "object": kind, "choices": choices, "usage": usage_of(out, n)}
 
     def _stream(request, req: _Common, chat: bool, head: dict, gate: EndpointGate, limit_s: float, prompts: list,
                 params: GenerateParams, n: int, echo: list[str], *, guided: bool):
@@ -251,7 +260,7 @@ def openai_router(node: Node, gates: dict[str, EndpointGate], *, default_deadlin
                         yield event(j, None, finish, matched=why)
                 slot.ok = True
                 if include_usage:
-                    yield "data: " + json.dumps({**head, "object": obj, "choices": [], "usage": _usage(out, n)}) + "\n\n"
+                    yield "data: " + json.dumps({**head, "object": obj, "choices": [], "usage": usage_of(out, n)}) + "\n\n"
                 yield "data: [DONE]\n\n"
             except ClientGone:
                 return                      # nobody to tell; the finally takes the generations back
@@ -270,7 +279,8 @@ def openai_router(node: Node, gates: dict[str, EndpointGate], *, default_deadlin
     return router
 
 
-def _choice(chat: bool, index: int, gen: Generation, finish: str, matched: Optional[str], echo: str) -> dict:
+def choice_object(chat: bool, index: int, gen: Generation, finish: str, matched: Optional[str], echo: str) -> dict:
+    """One entry of a (chat) completion's `choices`."""
     if chat:
         return {"index": index, "message": {"role": "assistant", "content": gen.text}, "finish_reason": finish,
                 "stop_reason": matched, "logprobs": None}
@@ -278,7 +288,7 @@ def _choice(chat: bool, index: int, gen: Generation, finish: str, matched: Optio
             "logprobs": None}
 
 
-def _usage(out: list[tuple[Generation, Optional[str]]], n: int) -> dict:
+def usage_of(out: list[tuple[Generation, Optional[str]]], n: int) -> dict:
     """Prompt tokens once per prompt (not per choice, as vLLM counts them); completion tokens of every choice."""
     prompt = sum(gen.input_tokens for j, (gen, _) in enumerate(out) if j % n == 0)
     completion = sum(gen.output_tokens for gen, _ in out)
@@ -291,7 +301,8 @@ def choice_seed(seed: int, i: int) -> int:
     return (seed + i) % 2**63
 
 
-def _decode(node: Node, ids: list[int]) -> str:
+def decode_prompt(node: Node, ids: list[int]) -> str:
+    """A token-id prompt as text, for echo; BadRequest where the node's tokenizer is not in this process."""
     tok = node.tokenizer_for()
     if tok is None:
         raise BadRequest("echo of a token-id prompt needs the node's tokenizer, which is not in this process "
