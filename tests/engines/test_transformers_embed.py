@@ -103,11 +103,16 @@ def test_a_node_embeds_one_text_the_same_alone_among_other_requests_and_after():
         await node.start()
         try:
             alone = await node.embed("hello")
+            # long generations first; once a short one has come back the loop is mid-batch, forwarding
+            long = [asyncio.ensure_future(node.generate(text, GenerateParams(max_tokens=96 + 4 * i)))
+                    for i, text in enumerate(NEIGHBOURS)]
+            await node.generate("Alice", GenerateParams(max_tokens=4))
             mixed = await asyncio.gather(
-                *(node.generate(text, GenerateParams(max_tokens=16 + 8 * i)) for i, text in enumerate(NEIGHBOURS)),
-                *(node.embed(text) for text in ("hello", "hello there, Alice", "hello", *NEIGHBOURS, "hello")))
+                *(node.embed(text) for text in ("hello", "hello there, Alice", "hello", *NEIGHBOURS, "hello")),
+                *(node.generate(text, GenerateParams(max_tokens=8 + 4 * i)) for i, text in enumerate(NEIGHBOURS)),
+                *long)
             after = [await node.embed("hello") for _ in range(2)]
-            return alone, mixed[len(NEIGHBOURS):], after
+            return alone, mixed[:len(NEIGHBOURS) + 4], after
         finally:
             await node.stop()
 
