@@ -33,14 +33,6 @@ GREEDY_MATCH_FLOOR = 0.75
 EMBED_COSINE_FLOOR = 0.9999
 
 
-# What fails today (the test is the correct expectation). Not strict: whether it fails depends on the run (seen
-# wrong: 2 of 4 in one job, 1 of 2 and 2 of 2 and 0 of 2 in others), so a strict mark would fail the runs it passes.
-EMBED_BATCHED = pytest.mark.xfail(strict=False, reason="transformers' embed sometimes answers another vector for the "
-                                  "same text (cosine 0.48 with that text's embed alone on local), alone or among "
-                                  "other requests (the batch or the prefix cache suspected); found by this suite, not "
-                                  "yet filed")
-
-
 def engines(**marks) -> list:
     """E.ENGINES as parameters, with the marks given by engine (local_vllm= for local-vllm, ...)."""
     return [pytest.param(e, marks=marks.get(e.replace("-", "_"), ())) for e in E.ENGINES]
@@ -193,7 +185,7 @@ def test_around_rejected_requests_every_other_record_is_answered(outcomes, engin
     assert proc.returncode == 3, proc.stderr[-3000:]
 
 
-@pytest.mark.parametrize("engine", engines(local=EMBED_BATCHED, local_mixed=EMBED_BATCHED))
+@pytest.mark.parametrize("engine", engines())
 def test_embed_gives_the_same_answer_or_the_same_refusal(outcomes, engine):
     """transformers returns the final hidden state: the same vector for the same text whatever else the node is
     doing (the reference: that text's embed alone on `local`); an engine that has none refuses in one line, as that
