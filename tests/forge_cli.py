@@ -72,7 +72,13 @@ def forge(*args, cwd: Path = REPO, env: Optional[dict] = None, timeout: float = 
                        text=True, timeout=timeout, **kw)
     if importtime:
         lines = r.stderr.splitlines()
-        r.imported = {line.rsplit("|", 1)[-1].strip() for line in lines if line.startswith("import time:")}
+        # a card worker writes its own import lines (it gets -X importtime too) to its engine log file, named once
+        # on stderr: those count as well
+        logs = [line.split(" logs to ", 1)[1] for line in lines if ": its engine library logs to " in line]
+        worker_lines = [x for log in logs if Path(log).is_file()
+                        for x in Path(log).read_text(errors="replace").splitlines()]
+        r.imported = {line.rsplit("|", 1)[-1].strip() for line in lines + worker_lines
+                      if line.startswith("import time:")}
         r.torch_loaded = "torch" in r.imported            # any engine library pulls torch in
         r.message = "\n".join(line for line in lines if not line.startswith("import time:"))
     return r

@@ -13,6 +13,7 @@ The file's path is said once, when the worker starts: `$FORGE_HOME/logs/NODE/CAR
 restarted worker's lines follow its predecessor's)."""
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import re
@@ -69,22 +70,33 @@ def divert(node: str, card: str) -> Optional[Path]:
     """Point this process's stdout and stderr at the card's log file, forge's lines at the console; returns the
     file's path (None, and nothing changed, when the file cannot be opened: the console keeps everything)."""
     path = log_path(node, card)
+    for stream in (sys.stdout, sys.stderr):
+        if stream is not None:                        # None: the node was started with that stream closed
+            stream.flush()
+    try:            # the console, taken before the file is opened: a closed fd 2 must not become the file's number
+        console = os.fdopen(os.dup(2), "w", buffering=1, encoding="utf-8", errors="backslashreplace")
+    except OSError:                                   # fd 2 closed (`2>&-`): forge's lines go nowhere, as before
+        console = open(os.devnull, "w", encoding="utf-8")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        opened = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        fd = fcntl.fcntl(opened, fcntl.F_DUPFD, 3)    # above 0-2, which a closed stream may have left free
+        os.close(opened)
     except OSError as e:
         print(f"forge: card {card}: engine logs stay on the console: cannot write {path}: {e.strerror}",
-              file=sys.stderr, flush=True)
+              file=console, flush=True)
+        console.close()
         return None
-    sys.stdout.flush()
-    sys.stderr.flush()
-    console = os.fdopen(os.dup(2), "w", buffering=1, encoding="utf-8", errors="backslashreplace")
     print(f"forge: card {card}: its engine library logs to {path}", file=console, flush=True)
     os.write(fd, f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} card {card} of node {node}, worker pid "
                  f"{os.getpid()}\n".encode())
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)
+    if sys.stdout is None:                            # a stream closed at start now has the file to write to
+        sys.stdout = open(1, "w", buffering=1, encoding="utf-8", errors="backslashreplace", closefd=False)
+    if sys.stderr is None:
+        sys.stderr = open(2, "w", buffering=1, encoding="utf-8", errors="backslashreplace", closefd=False)
 
     ours = logging.StreamHandler(console)             # forge's lines, as the node's own print (bare messages)
     ours.setLevel(logging.WARNING)

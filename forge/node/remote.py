@@ -146,7 +146,10 @@ class RemoteNode(Node):
     def _encode(self, item: dict) -> bytes:
         try:    # encoded here, alone: an item that cannot travel fails its own call, never its batch
             return json.dumps(item, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode("utf-8")
-        except (TypeError, ValueError, RecursionError) as e:   # UnicodeEncodeError (a lone surrogate) is a ValueError
+        except UnicodeEncodeError as e:      # a lone surrogate in the prompt, a message or a stop string
+            raise RequestRejected(f"the request cannot be sent to node {self.name}: it holds a lone surrogate "
+                                  f"(U+{ord(e.object[e.start]):04X}), which is not valid Unicode text") from None
+        except (TypeError, ValueError, RecursionError) as e:
             raise RequestRejected(f"the request cannot be sent to node {self.name}: {type(e).__name__}: {e}") from None
 
     async def _call_alone(self, body: bytes) -> dict:
