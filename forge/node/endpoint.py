@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import ipaddress
 import json
 from typing import Any, Awaitable, ClassVar, Optional, Sequence
 
@@ -20,7 +19,7 @@ from forge.errors import ForgeError
 from forge.node.interface import Node, Prompt
 from forge.requests import GenerateParams
 from forge.requests.messages import Chat
-from forge.runtime.node_proof import Prover
+from forge.runtime.node_proof import Prover, is_loopback_host
 from forge.runtime.http_errors import error_body, install_error_handlers, scrub_paths
 
 MAX_BATCH_REQUESTS = 1024        # requests in one POST /v1/generate
@@ -99,18 +98,9 @@ def batch_for(node: Node) -> type:
                         requests=(list[item], Field(min_length=1, max_length=MAX_BATCH_REQUESTS)))
 
 
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def require_token(host: str, token: Optional[str], token_env: str, what: str = "the control endpoint") -> None:
     """Refuse to expose a node beyond loopback without a token."""
-    if not is_loopback(host) and not token:
+    if not is_loopback_host(host) and not token:
         raise ForgeError(f"refusing to bind {what} to {host} without a token: "
                          f"set ${token_env} (clients send it as 'Authorization: Bearer <token>')")
 

@@ -57,6 +57,11 @@ def is_loopback_url(url: str) -> bool:
         return False
     if parts.scheme != "http" or parts.username is not None or parts.password is not None:
         return False
+    return is_loopback_host(host)
+
+
+def is_loopback_host(host: str) -> bool:
+    """`localhost` or a loopback address (127.0.0.0/8, ::1)."""
     if host == "localhost":
         return True
     try:
