@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from forge.runtime import registry
+from forge.machine import registry
 from tests.forge_cli import REPO, forge_argv, forge_env
 
 INSTANT = REPO / "tests" / "reliability" / "fixtures" / "nodes" / "instant.yaml"

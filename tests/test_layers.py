@@ -20,7 +20,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("plugins", "gc_tuning", "backends"),       # backends: the registered Backend objects
     ("tunables", "config"),                        # formats, load, checks, plan
     ("engines", "hardware", "records"),            # backends (plugins), the hardware probe, record I/O
-    ("requests", "ledger", "metrics", "report", "broker", "runtime"),
+    ("requests", "ledger", "metrics", "report", "broker", "web", "machine", "watchdogs"),
     ("host",),                                     # the card worker: admission around one engine
     ("link",),                                     # node <-> host
     ("node",),

@@ -33,7 +33,7 @@ def is_path(value: str) -> bool:
 
 
 def _provisioned(name: str) -> Optional[dict]:
-    from forge.runtime import registry
+    from forge.machine import registry
 
     return next((n for n in registry.nodes() if n["node"] == name), None)
 
@@ -75,7 +75,7 @@ def description_path(value: Optional[str], command: str) -> Path:
 def provisioned(value: Optional[str]) -> dict:
     """The registry entry (or {"node", "control_url"} for a URL) of a node a command uses (`forge deploy`, `top`,
     `serve --remote`). A description's path means the node it describes, by its name."""
-    from forge.runtime import registry
+    from forge.machine import registry
 
     if value is not None and not is_url(value) and (is_path(value) or Path(value).is_file()):
         name = _node_name(Path(value))
@@ -90,8 +90,8 @@ def provisioned(value: Optional[str]) -> dict:
 
 def _proven(entry: dict) -> dict:
     """A node picked from the registry, once it proved it is that node: only then may a token or a record go to it
-    (forge/runtime/node_proof.py). A URL the user gives is the user's choice, and is used as given."""
-    from forge.runtime.warm_node import proven
+    (forge/machine/node_proof.py). A URL the user gives is the user's choice, and is used as given."""
+    from forge.machine.warm_node import proven
 
     require_answer(entry)           # a bare GET /health: a stopped or stuck node is named as such, with what to do
     why = proven(entry)

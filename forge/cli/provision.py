@@ -113,8 +113,8 @@ def engine_argument_lines(loaded, *, wide: bool = False, width: int = 80) -> lis
 def _check_before_loading(loaded, host: Optional[str], port: Optional[int], metrics_port: Optional[int]) -> None:
     """What can be refused before an engine loads: the node's name is taken on this machine (held for this
     process's life from here on), or a port it must listen on is busy."""
-    from forge.runtime import registry
-    from forge.runtime.ports import check_free
+    from forge.machine import registry
+    from forge.machine.ports import check_free
 
     node = loaded.node
     registry.claim(node.node)

@@ -66,7 +66,7 @@ def _before_loading(metrics_port: int | None) -> None:
     """Refusals that need no engine come before one loads; Ctrl-C until then stops at once."""
     exit_at_once_until_draining("before any record ran (the output is as it was)")
     if metrics_port:
-        from forge.runtime.ports import check_free
+        from forge.machine.ports import check_free
 
         check_free("127.0.0.1", metrics_port, "metrics endpoint", "--metrics-port")
 
@@ -121,9 +121,9 @@ def _ledger_default(output_path: Path, ledger_path: Path | None) -> Path:
 
 
 def _warm_node(loaded, token):
-    """The same node, already up on this machine, that this run may use (forge/runtime/warm_node.py), saying so;
+    """The same node, already up on this machine, that this run may use (forge/machine/warm_node.py), saying so;
     None (and why, when a node of that name is up) to provision one in this process."""
-    from forge.runtime import warm_node
+    from forge.machine import warm_node
 
     entry, why = warm_node.find(loaded, token)
     if why is not None:
@@ -219,7 +219,7 @@ def register(cli: click.Group) -> None:
         info = provisioned(node)
         require_answer(info)
         from forge.functions.remote_stats import StatsRemoteNode
-        from forge.runtime.registry import whose
+        from forge.machine.registry import whose
 
         if "pid" in info and whose(info):        # named by the user, yet not theirs: say so before the job runs
             click.echo(f"forge: note: node {info['node']!r} is {whose(info)} (not started from this checkout)",

@@ -53,7 +53,7 @@ def register(cli: click.Group) -> None:
             raise UsageError("give --node (provision here) or --remote (a node provisioned elsewhere), not both")
         token: Optional[str] = os.environ.get(token_env) or None
         require_token(host, token, token_env, what="forge serve")
-        from forge.runtime.ports import check_free
+        from forge.machine.ports import check_free
 
         check_free(host, port, "forge serve", "--port")      # before any engine loads
         from forge.cli.interrupt import exit_at_once_until_draining

@@ -21,8 +21,8 @@ def register(cli: click.Group) -> None:
         import httpx
 
         from forge.cli import screen
-        from forge.runtime import registry
-        from forge.runtime.warm_node import proven
+        from forge.machine import registry
+        from forge.machine.warm_node import proven
 
         if cluster is not None:
             return _cluster_status(cluster, as_json, wide)

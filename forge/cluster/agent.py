@@ -97,7 +97,7 @@ class Agent:
 
         from forge.cluster.connect import connect, unreachable, unreachable_line
         from forge.cluster.record import NodeRecord
-        from forge.runtime.registry import home
+        from forge.machine.registry import home
 
         why = unreachable(self.address)
         if why:

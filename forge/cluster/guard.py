@@ -16,7 +16,7 @@ import threading
 from typing import Optional
 
 from forge.host.lifeline import EXIT_ORPHANED, WATCH_INTERVAL_S, die_with_parent, watch_parent
-from forge.runtime.registry import pid_alive
+from forge.machine.registry import pid_alive
 
 __all__ = ["EXIT_ORPHANED", "die_with_parent", "install", "watch"]
 

@@ -27,7 +27,7 @@ from forge.functions.llm import CURRENT_RECORD, NodeLLM, RecordCalls
 from forge.functions.pace import RecordPace
 from forge.gc_tuning import tune_for_throughput
 from forge.node.interface import Node
-from forge.runtime.loopwatch import LoopWatch
+from forge.watchdogs.loopwatch import LoopWatch
 from forge.stats import RunStats
 
 READ_CHUNK = 256            # records parsed per slice of reader work
@@ -100,7 +100,7 @@ async def run_records(*, spec: FunctionSpec, node: Node, records, sink, stats: R
             notice(f"forge: {name} again: stopping now; {stats.in_flight:,} record(s) in flight go back to the ledger")
 
     # Signals are read by a watchdog thread, not by loop callbacks: a function blocking the loop in synchronous
-    # code must not make Ctrl-C wait for it (forge/runtime/loopwatch.py); it also names such a function.
+    # code must not make Ctrl-C wait for it (forge/watchdogs/loopwatch.py); it also names such a function.
     watch = LoopWatch(loop, on_signal) if install_signals else None
     if watch is not None and not watch.start():
         watch = None

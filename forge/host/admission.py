@@ -24,7 +24,7 @@ from forge.host.outcomes import Outcomes
 from forge.host.progress import DeliveryRate, Occupancy, StallWatch
 from forge.host.request import HostRequest
 from forge.host.source import AdmissionSource
-from forge.runtime.awake import pause_clock
+from forge.watchdogs.awake import pause_clock
 from forge.stats import EngineStats
 
 log = logging.getLogger("forge.host.admission")
@@ -310,7 +310,7 @@ class AdmissionRuntime:
             await asyncio.sleep(self._tick_s)
             now = time.monotonic()
             # Time this process was stopped (SIGSTOP, Ctrl-Z) is not the engine's: its call and its silence are
-            # judged on the time we were there to watch (forge/runtime/awake.py).
+            # judged on the time we were there to watch (forge/watchdogs/awake.py).
             self._stall.skip(clock.paused_since(last, now), now)
             last = now
             for f in self._table.expired(now):

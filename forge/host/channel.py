@@ -15,7 +15,7 @@ import time
 from typing import Any, Awaitable, Callable, Optional
 
 from forge.errors import ForgeError
-from forge.runtime.awake import pause_clock
+from forge.watchdogs.awake import pause_clock
 
 HEADER = struct.Struct("!I")
 
@@ -102,7 +102,7 @@ class CallChannel:
 
 class _CallTimer:
     """Fails a call unanswered for `timeout_s` of this process's running time: a node stopped (SIGSTOP) longer
-    than that and woken finds its workers' answers waiting, not late (forge/runtime/awake.py)."""
+    than that and woken finds its workers' answers waiting, not late (forge/watchdogs/awake.py)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, fut: asyncio.Future, method: str, timeout_s: float):
         self._loop, self._fut, self._method, self._timeout_s = loop, fut, method, timeout_s

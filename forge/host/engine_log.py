@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import IO, Optional
 
-from forge.runtime.registry import home
+from forge.machine.registry import home
 
 CLASSES_MAX = 256           # warning classes remembered (said once each); past it, no more are said
 LINE_CHARS = 200            # a warning's first line on the console, cut to this many characters

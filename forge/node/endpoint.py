@@ -19,8 +19,8 @@ from forge.errors import ForgeError
 from forge.node.interface import Node, Prompt
 from forge.requests import GenerateParams
 from forge.requests.messages import Chat
-from forge.runtime.node_proof import Prover, is_loopback_host
-from forge.runtime.http_errors import error_body, install_error_handlers, scrub_paths
+from forge.machine.node_proof import Prover, is_loopback_host
+from forge.web.errors import error_body, install_error_handlers, scrub_paths
 
 MAX_BATCH_REQUESTS = 1024        # requests in one POST /v1/generate
 MAX_BODY_BYTES = 32 * 2**20      # a bigger body is refused with 413 (from Content-Length, or while it streams in)
@@ -163,7 +163,7 @@ async def until_disconnected(request: Request, work: Awaitable[Any]) -> Any:
 def control_router(node: Node, prover: Optional[Prover] = None) -> APIRouter:
     """/health, /v1/node, /v1/stats and /v1/generate over a Node (forge/node/interface.py). With a prover,
     /health?challenge=... also answers the proof that this is the node its registry entry names
-    (forge/runtime/node_proof.py)."""
+    (forge/machine/node_proof.py)."""
     router = APIRouter()
 
     @router.get("/health")
@@ -232,7 +232,7 @@ def control_router(node: Node, prover: Optional[Prover] = None) -> APIRouter:
 
 def build_app(node: Node, *, token: Optional[str] = None, max_body_bytes: Optional[int] = None,
               prover: Optional[Prover] = None) -> FastAPI:
-    """node: a Node (forge/node/interface.py); prover: the node's proof of itself (forge/runtime/node_proof.py)."""
+    """node: a Node (forge/node/interface.py); prover: the node's proof of itself (forge/machine/node_proof.py)."""
     app = FastAPI(title=f"forge node {node.name}", version="1", docs_url=None, redoc_url=None, openapi_url=None,
                   max_body_size=max_body_bytes or control_body_limit(node))
     app.include_router(control_router(node, prover))

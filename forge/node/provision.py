@@ -17,8 +17,8 @@ from forge.config.load import LoadedNode
 from forge.errors import ForgeError
 from forge.node.endpoint import build_app, require_token
 from forge.node.local import CardTransport, LocalNode
-from forge.runtime import node_proof, registry, warm_node
-from forge.runtime.http import NotServing, QuietServer
+from forge.machine import node_proof, registry, warm_node
+from forge.web.server import NotServing, QuietServer
 
 log = logging.getLogger("forge.provision")
 DRAIN_TIMEOUT_S = 60.0
@@ -60,7 +60,7 @@ async def _serve(loaded: LoadedNode, host: str, port: int, metrics_port: int, to
     metrics = ForgeMetrics()
     _, mport = metrics.serve(loaded.node.metrics.host, metrics_port)
     # the node's key: written beside its entry (this user alone reads it), proven on /health before any client
-    # picking the node from the registry sends it a token or a record (forge/runtime/node_proof.py)
+    # picking the node from the registry sends it a token or a record (forge/machine/node_proof.py)
     prover = node_proof.Prover(runtime.name, node_proof.new_key())
     web = QuietServer(build_app(runtime, token=token, prover=prover), host, port)
     try:

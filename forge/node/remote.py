@@ -29,7 +29,7 @@ from forge.node import answer_check
 from forge.node.interface import Answer, Node, Prompt
 from forge.requests import GenerateParams, Generation
 from forge.requests.messages import Chat
-from forge.runtime.awake import pause_clock
+from forge.watchdogs.awake import pause_clock
 
 CONNECT_RETRIES = 3
 PROBE_INTERVAL_S = 2.0
@@ -262,7 +262,7 @@ class RemoteNode(Node):
         """Probe /health while calls are open; silence for the stall window fails them all (NodeDown). With POSTs
         waiting, /v1/stats too: a node that answers no POST and shows no progress for the window fails them as
         well. Silence is counted in this process's running time: a job stopped (Ctrl-Z) and woken does not blame
-        the node for its own absence (forge/runtime/awake.py)."""
+        the node for its own absence (forge/watchdogs/awake.py)."""
         clock = pause_clock()
         last_heard = last_progress = time.monotonic()
         mark: Optional[str] = None

@@ -24,7 +24,7 @@ from forge.functions.llm import NodeLLM
 from forge.node.interface import Node
 from forge.openai_batch.lines import CHAT_URL, EmbeddingRequest, LineRefused, check_line
 from forge.requests.messages import Chat
-from forge.runtime.http_errors import error_body
+from forge.web.errors import error_body
 from forge.serve.openai_api import (BadRequest, choice_object, decode_prompt, finish_of, guide_params,
                                     request_params, tier_limits, usage_of)
 

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 from forge.errors import ForgeError, display_path
 from forge.records.reader import InputError
 from forge.records.shards import open_input
-from forge.runtime.http_errors import validation_message
+from forge.web.errors import validation_message
 from forge.serve.openai_api import BadRequest, guide_params
 from forge.serve.openai_models import ChatRequest, CompletionRequest
 from forge.serve.openai_params import refusal

@@ -15,12 +15,12 @@ from typing import Optional, Sequence
 
 from fastapi import FastAPI
 
-from forge.runtime.http import NotServing, QuietServer
+from forge.web.server import NotServing, QuietServer
 from forge.functions.api import FunctionSpec
 from forge.node.endpoint import MAX_BODY_BYTES, TokenAuth, control_router
 from forge.node.interface import Node
-from forge.runtime.connections import DEFAULT_PER_CLIENT, ConnectionLimits
-from forge.runtime.http_errors import error_body, install_error_handlers
+from forge.web.connections import DEFAULT_PER_CLIENT, ConnectionLimits
+from forge.web.errors import error_body, install_error_handlers
 from forge.serve.functions_api import function_router
 from forge.serve.limits import CONCURRENCY_FACTOR, DEFAULT_DEADLINE_S, EndpointGate, node_slots
 from forge.serve.openai_api import openai_router

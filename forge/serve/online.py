@@ -17,7 +17,7 @@ from forge.functions.api import FunctionSpec, GenerateParams
 from forge.functions.llm import NodeLLM
 from forge.node.endpoint import ClientGone, until_disconnected
 from forge.node.interface import Answer, Node, Prompt
-from forge.runtime import http_errors
+from forge.web import errors as web_errors
 from forge.serve.limits import BadDeadline, EndpointGate, Overloaded, ONLINE_PRIORITY, Slot
 
 
@@ -53,7 +53,7 @@ class OnlineCall:
 
 def error_response(status: int, kind: str, message: str, headers: Optional[dict] = None, *,
                    param: Optional[str] = None) -> JSONResponse:
-    return http_errors.error_response(status, kind, message, param=param, headers=headers)
+    return web_errors.error_response(status, kind, message, param=param, headers=headers)
 
 
 def describe_failure(exc: BaseException, node: Node, gate: EndpointGate) -> JSONResponse:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from forge.runtime import node_proof, registry
+from forge.machine import node_proof, registry
 from tests.forge_cli import REPO, forge, forge_env, provisioned
 from tests.logging_server import LoggingServer
 
@@ -28,8 +28,8 @@ TOKEN = {"FORGE_TOKEN": "s3cret-token"}
 
 
 def _digest(home: Path) -> str:
-    """The digest a `forge run` of NODE computes (forge/runtime/warm_node.py), in a process like the run's."""
-    code = ("import sys; from forge.config.load import load_node; from forge.runtime.warm_node import "
+    """The digest a `forge run` of NODE computes (forge/machine/warm_node.py), in a process like the run's."""
+    code = ("import sys; from forge.config.load import load_node; from forge.machine.warm_node import "
             "description_digest; print(description_digest(load_node(sys.argv[1])))")
     return subprocess.run([sys.executable, "-c", code, str(NODE)], env=forge_env({"FORGE_HOME": str(home)}),
                           cwd=REPO, capture_output=True, text=True, check=True).stdout.strip()

@@ -1,4 +1,4 @@
-"""`forge run` on a node already up (forge/runtime/warm_node.py): the same node, provisioned from this checkout, runs
+"""`forge run` on a node already up (forge/machine/warm_node.py): the same node, provisioned from this checkout, runs
 the job and loads nothing new; a changed description or environment, a node that does not answer, refuses the run's
 token or runs its cards in its own process each make the run provision its own and say why, as --fresh-node does
 without a word. Real processes, real HTTP, the real engine."""

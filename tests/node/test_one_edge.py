@@ -52,7 +52,7 @@ class CheckCounter:
 
 
 async def _served(node, specs):
-    from forge.runtime.http import QuietServer
+    from forge.web.server import QuietServer
     from forge.serve.app import ServeOptions, build_serve_app
 
     web = QuietServer(build_serve_app(node, specs, ServeOptions(port=0)), "127.0.0.1", 0)

@@ -1,4 +1,4 @@
-"""The event loop's watchdog (forge/runtime/loopwatch.py) in a real subprocess: a loop blocked in synchronous code
+"""The event loop's watchdog (forge/watchdogs/loopwatch.py) in a real subprocess: a loop blocked in synchronous code
 is named once with its file:line; a process stopped (SIGSTOP) and woken is not taken for a blocked loop; a
 signal reaches the loop's handler through the watchdog when the loop is free."""
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = '''
 import asyncio, sys, time
-from forge.runtime.loopwatch import LoopWatch
+from forge.watchdogs.loopwatch import LoopWatch
 
 async def main():
     got = []

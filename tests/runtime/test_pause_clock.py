@@ -1,4 +1,4 @@
-"""forge/runtime/awake.py: time this process was not running is left out of a wait. A real pause of the loop
+"""forge/watchdogs/awake.py: time this process was not running is left out of a wait. A real pause of the loop
 (blocked by time.sleep, which the heartbeat sees exactly like a SIGSTOP) is measured, a short one is not."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 
-from forge.runtime.awake import BEAT_S, GAP_S, pause_clock
+from forge.watchdogs.awake import BEAT_S, GAP_S, pause_clock
 
 
 def test_a_loop_that_did_not_run_is_left_out_of_the_wait():
@@ -44,7 +44,7 @@ def test_scheduling_noise_is_time_not_a_pause():
 def test_a_sigstopped_process_counts_its_stop_as_a_pause(tmp_path):
     """The real thing: a child process measuring a 2 s SIGSTOP of itself."""
     code = ("import asyncio,time,sys\n"
-            "from forge.runtime.awake import pause_clock\n"
+            "from forge.watchdogs.awake import pause_clock\n"
             "async def main():\n"
             "    c=pause_clock(); t=time.monotonic(); print('ready',flush=True)\n"
             "    await asyncio.sleep(4.0)\n"

@@ -1,4 +1,4 @@
-"""forge/runtime/http.py: a server that cannot bind says why as NotServing (uvicorn ends its startup with
+"""forge/web/server.py: a server that cannot bind says why as NotServing (uvicorn ends its startup with
 sys.exit, which escaped the event loop as SystemExit before); one that can is serving when start() returns."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import socket
 import httpx
 import pytest
 
-from forge.runtime.http import NotServing, QuietServer
+from forge.web.server import NotServing, QuietServer
 
 
 async def _app(scope, receive, send):

@@ -10,11 +10,11 @@ import textwrap
 import pytest
 
 from forge.errors import ForgeError
-from forge.runtime import registry
+from forge.machine import registry
 
 HOLDER = textwrap.dedent("""
     import sys, time
-    from forge.runtime import registry
+    from forge.machine import registry
     registry.register(sys.argv[1], {"control_url": "http://127.0.0.1:1", "source": "x.yaml"})
     print("registered", flush=True)
     time.sleep(600)

@@ -1,6 +1,6 @@
-"""forge believes only the registry entries it can prove it wrote for this user (forge/runtime/registry_files.py),
+"""forge believes only the registry entries it can prove it wrote for this user (forge/machine/registry_files.py),
 and sends nothing to a node picked from the registry before the node proves it is that node
-(forge/runtime/node_proof.py). Real files, modes and owners; a second user (nobody) through os.setuid where the
+(forge/machine/node_proof.py). Real files, modes and owners; a second user (nobody) through os.setuid where the
 machine allows it; real HTTP servers on 127.0.0.1 that log what they receive."""
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from forge.errors import ForgeError, UsageError
-from forge.runtime import node_proof, registry, warm_node
+from forge.machine import node_proof, registry, warm_node
 from tests.forge_cli import invoke
 from tests.logging_server import LoggingServer
 

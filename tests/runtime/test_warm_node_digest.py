@@ -6,7 +6,7 @@ import shutil
 
 from forge.config.load import load_node
 from forge.embedded import PACKAGED_NODES
-from forge.runtime.warm_node import description_digest
+from forge.machine.warm_node import description_digest
 from tests.forge_cli import REPO
 
 

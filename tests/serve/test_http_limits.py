@@ -174,8 +174,8 @@ def test_per_client_bound_and_silent_sockets_closed():
     within first_request_s is closed. Real uvicorn on a minimal app."""
     from fastapi import FastAPI
 
-    from forge.runtime.connections import ConnectionLimits
-    from forge.runtime.http import QuietServer
+    from forge.web.connections import ConnectionLimits
+    from forge.web.server import QuietServer
 
     app = FastAPI()
     app.get("/health")(lambda: {"ok": True})
@@ -206,7 +206,7 @@ def test_per_client_bound_and_silent_sockets_closed():
 def test_scrub_paths_keeps_routes_and_urls():
     import os
 
-    from forge.runtime.http_errors import scrub_paths
+    from forge.web.errors import scrub_paths
 
     site = next(p for p in sys.path if p.endswith("site-packages"))
     msg = (f"boom (at {site}/transformers/x.py:12 in f); tokenizer {os.getcwd()}/forge/embedded/tiny-llama; "

@@ -7,8 +7,8 @@ a warm container, and the whole command takes the job's time and half a second.
 
 When. Only a node that is what this run would provision: the same name, started by this user from this checkout,
 with the same `digest` (below), its cards in worker processes (the run's default), its control URL on loopback,
-proving it is that node (forge/runtime/node_proof.py: nothing, token included, is sent to it before), answering
-/health "ok" and taking this run's token. Only entries forge believes are read (forge/runtime/registry_files.py). Anything else is said in one line and the run provisions its own node, as it always did;
+proving it is that node (forge/machine/node_proof.py: nothing, token included, is sent to it before), answering
+/health "ok" and taking this run's token. Only entries forge believes are read (forge/machine/registry_files.py). Anything else is said in one line and the run provisions its own node, as it always did;
 `--fresh-node` asks for that outright. What a warm node cannot give a run: a node of its own (other jobs on it
 share its cards, and its counters), and a fresh start of worker restarts spent by earlier jobs."""
 from __future__ import annotations
@@ -19,7 +19,7 @@ import os
 from pathlib import Path
 from typing import Any, Optional
 
-from forge.runtime import node_proof
+from forge.machine import node_proof
 
 DIGEST_KEY = "description_digest"      # the registry entry's fields: written by `forge provision`
 TRANSPORT_KEY = "card_transport"
@@ -86,7 +86,7 @@ def description_digest(loaded) -> str:
 def find(loaded, token: Optional[str]) -> tuple[Optional[dict], Optional[str]]:
     """(the registry entry of a warm node this run may use, None) or (None, why a node of that name is up but
     not used: one line), or (None, None) when no node of that name is up."""
-    from forge.runtime import registry
+    from forge.machine import registry
 
     name = loaded.node.node
     entry = next((n for n in registry.nodes() if n["node"] == name), None)
@@ -114,8 +114,8 @@ def find(loaded, token: Optional[str]) -> tuple[Optional[dict], Optional[str]]:
 
 
 def proven(entry: dict) -> Optional[str]:
-    """None when the node at the entry's URL proved it is that node (forge/runtime/node_proof.py); else why not."""
-    from forge.runtime import registry
+    """None when the node at the entry's URL proved it is that node (forge/machine/node_proof.py); else why not."""
+    from forge.machine import registry
 
     key, why = registry.key_of(entry["node"])
     if key is None:

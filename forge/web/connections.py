@@ -189,7 +189,7 @@ class ConnectionBook:
         cycle = getattr(proto, "cycle", None)
         if cycle is None or not (getattr(cycle, "response_started", False)
                                  and not getattr(cycle, "response_complete", False)):
-            from forge.runtime.http_errors import error_body
+            from forge.web.errors import error_body
 
             body = json.dumps(error_body(408, "request_timeout", why)).encode()
             proto.transport.write(b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\n"

@@ -1,12 +1,12 @@
 """The files of $FORGE_HOME/nodes that forge believes: only what it can prove it wrote for this user.
 
-A registry entry decides where a run sends its token and its records (forge/runtime/warm_node.py), so nothing in
+A registry entry decides where a run sends its token and its records (forge/machine/warm_node.py), so nothing in
 one is taken on its word. The folder must be this user's and writable by no one else, or every command that reads
 or writes the registry refuses the home in one line (another user could otherwise plant or swap entries). Each
 file is opened through the folder's descriptor without following links, non-blocking (a FIFO cannot hang a
 read), and believed only when it is a regular file of this user's, writable by no one else, small, strict JSON
 (no NaN, no 1e400) and of the shape `forge provision` writes, its name the node's; anything else is skipped with
-one line naming the file. A node's key (NAME.key, for the proof of forge/runtime/node_proof.py) must moreover be
+one line naming the file. A node's key (NAME.key, for the proof of forge/machine/node_proof.py) must moreover be
 readable by this user alone."""
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """uvicorn as forge runs it: without uvicorn's own signal handling, because forge drains its node first; with
-bounded connections (forge/runtime/connections.py), a bounded request head, and one error shape
-(forge/runtime/http_errors.py)."""
+bounded connections (forge/web/connections.py), a bounded request head, and one error shape
+(forge/web/errors.py)."""
 from __future__ import annotations
 
 import asyncio
@@ -40,8 +40,8 @@ class QuietServer:
         import uvicorn
         from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
-        from forge.runtime.connections import ConnectionBook, ConnectionLimits, limited_protocol
-        from forge.runtime.http_errors import ErrorShape
+        from forge.web.connections import ConnectionBook, ConnectionLimits, limited_protocol
+        from forge.web.errors import ErrorShape
 
         class Quiet(uvicorn.Server):
             @contextlib.contextmanager

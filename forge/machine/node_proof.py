@@ -3,7 +3,7 @@
 Why. An entry's `control_url` is only a file's word: a process on another port (a planted entry, a rewritten
 URL, a logging proxy, whatever took a dead node's port) would have received the run's bearer token in its first
 request, then the run's records. Now each node has a key, 32 random bytes that `forge provision` writes beside
-its entry readable by this user alone (NAME.key, forge/runtime/registry_files.py). Before any token or record
+its entry readable by this user alone (NAME.key, forge/machine/registry_files.py). Before any token or record
 goes to a node picked from the registry, the client sends a fresh random challenge, and nothing else, in
 `GET /health?challenge=...` (no Authorization header); the node answers HMAC-SHA256(key, node name, its own
 control URL, challenge). Only a holder of the key can answer, and the answer binds the URL the node registered:

@@ -13,8 +13,8 @@ that are not this checkout's, and a command that picks a node by itself (`forge 
 picks one of them: it names them and says how to choose one. $FORGE_HOME keeps one's nodes apart altogether.
 
 What is believed of the folder and its files (this user's, writable by no one else, of the shape written here) is
-forge/runtime/registry_files.py's; a node proves it is the node its entry names before anything is sent to it
-(forge/runtime/node_proof.py, with the key `register` writes beside the entry, readable by this user alone)."""
+forge/machine/registry_files.py's; a node proves it is the node its entry names before anything is sent to it
+(forge/machine/node_proof.py, with the key `register` writes beside the entry, readable by this user alone)."""
 from __future__ import annotations
 
 import contextlib
@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Optional
 
 from forge.errors import ForgeError, UsageError
-from forge.runtime import registry_files as files
-from forge.runtime.registry_files import check_name, home  # noqa: F401 - home: forge.cluster reads it from here
+from forge.machine import registry_files as files
+from forge.machine.registry_files import check_name, home  # noqa: F401 - home: forge.cluster reads it from here
 
 _claims: dict[str, int] = {}      # name -> fd of NAME.lock, held by this process
 
@@ -119,7 +119,7 @@ def release(name: str) -> None:
 
 def register(name: str, info: dict, key: Optional[str] = None) -> Path:
     """Write this process's entry for `name` (and first its key, readable by this user alone: what its node proves
-    itself with, forge/runtime/node_proof.py)."""
+    itself with, forge/machine/node_proof.py)."""
     claim(name)
     with files.opened_folder() as dfd:
         if key is not None:
@@ -161,7 +161,7 @@ def pid_alive(pid: int) -> bool:
 
 
 def entries() -> list[dict]:
-    """Every entry forge believes (forge/runtime/registry_files.py), each with "alive"; entries of processes that
+    """Every entry forge believes (forge/machine/registry_files.py), each with "alive"; entries of processes that
     are gone are removed from disk (the registry heals itself) but still returned once, so `forge status` can say
     what happened."""
     out = []

@@ -10,7 +10,7 @@ from forge.errors import ForgeError
 
 def _holder(port: int) -> str:
     """A node of this machine's registry that serves on `port`, if one does (the likely holder)."""
-    from forge.runtime import registry
+    from forge.machine import registry
 
     try:
         live = registry.nodes()
