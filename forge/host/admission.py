@@ -45,7 +45,7 @@ def geometry_from_plan(plan: CardPlan, tokenizer_key: str = "default", engine: O
                           queue_slots=lim.max_batch_size if getattr(e, "queues_beyond_slots", False) else 0)
 
 
-class AdmissionRuntime:
+class CardAdmission:
     def __init__(self, *, engine: Engine, plan: CardPlan, source: AdmissionSource, node: str,
                  deliver: Callable[[HostRequest, EngineResult], None], tokenizer_key: str = "default",
                  partial: Optional[Callable[[HostRequest, list[int]], None]] = None,

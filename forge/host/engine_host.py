@@ -25,7 +25,7 @@ from forge import constants
 from forge.config.plan import CardPlan
 from forge.errors import ForgeError
 from forge.engines.interface import RequestKey
-from forge.host.admission import AdmissionRuntime, geometry_from_plan
+from forge.host.admission import CardAdmission, geometry_from_plan
 from forge.host.feed import Feed
 from forge.host.protocol import Collected, Hello, WireResult
 from forge.host.request import HostRequest
@@ -76,7 +76,7 @@ class EngineHost:
         self._node_tokenizer = node_tokenizer
         self.session_lease_s = session_lease_s
         self.feed: Optional[Feed] = None
-        self._rt: Optional[AdmissionRuntime] = None
+        self._rt: Optional[CardAdmission] = None
         self._tasks: list[asyncio.Task] = []
         self._stopping = False
         self.stopped = False
@@ -89,7 +89,7 @@ class EngineHost:
             return
         g = self.geometry
         self.feed = Feed(g, node=self.node, max_pending=MAX_PENDING_FACTOR * g.max_batch_size)
-        self._rt = AdmissionRuntime(engine=self.engine, plan=self.plan, source=self.feed, node=self.node,
+        self._rt = CardAdmission(engine=self.engine, plan=self.plan, source=self.feed, node=self.node,
                                     deliver=self._deliver, partial=self._partial, tokenizer_key=self.tokenizer_key,
                                     stall_window_s=self.stall_window_s)
         loop = asyncio.get_running_loop()

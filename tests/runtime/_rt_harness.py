@@ -20,7 +20,7 @@ from forge.config.models import Card, Contract
 from forge.config.plan import plan_card
 from forge.engines.faults import FaultsSection, FaultyEngine
 from forge.engines.instant import InstantEngine, InstantSection
-from forge.host.admission import AdmissionRuntime, geometry_from_plan
+from forge.host.admission import CardAdmission, geometry_from_plan
 from forge.host.engine_host import MAX_PENDING_FACTOR
 from forge.host.feed import Feed
 from forge.host.request import HostRequest
@@ -102,7 +102,7 @@ class Harness(_ResultsByRequest):
         self.requests: dict[str, HostRequest] = {}   # rid -> its latest attempt at the host
         self.backlog: deque[tuple] = deque()         # wire items not sent yet (the node's broker)
         self.out = 0                                 # sent and not answered yet (the link's credit)
-        self.runtimes: list[AdmissionRuntime] = []
+        self.runtimes: list[CardAdmission] = []
         self.tasks: list[asyncio.Task] = []
         self.max_in_flight: dict[str, int] = {}
         self.max_reserved: dict[str, int] = {}
@@ -112,9 +112,9 @@ class Harness(_ResultsByRequest):
         assert result.request_id == req.key         # the engine answered under the key it was given
         self.feed.deliver(req, lambda: (self.plan.card_id, req, result))
 
-    def start(self, engine, p, **kw) -> AdmissionRuntime:
+    def start(self, engine, p, **kw) -> CardAdmission:
         assert p is self.plan and not self.runtimes, "one card per Harness (several: LinkedCards)"
-        rt = AdmissionRuntime(engine=engine, plan=p, source=self.feed, node="test", deliver=self._deliver,
+        rt = CardAdmission(engine=engine, plan=p, source=self.feed, node="test", deliver=self._deliver,
                               tokenizer_key=KEY, **kw)
         self.runtimes.append(rt)
         self.tasks.append(asyncio.create_task(rt.run()))
@@ -206,7 +206,7 @@ class LinkedCards(_ResultsByRequest):
     def _settle(self, req: BrokerRequest, engine_id: str, result: tuple) -> None:
         self.results.setdefault(req.request_id, []).append((engine_id, result))
 
-    def runtime(self, i: int) -> AdmissionRuntime:
+    def runtime(self, i: int) -> CardAdmission:
         return self.transports[i].host._rt
 
     def admission_task(self, i: int) -> asyncio.Task:

@@ -243,8 +243,8 @@ def test_stop_before_run_shuts_the_engine_down():
 
     async def go():
         h = Harness(p)
-        from forge.host.admission import AdmissionRuntime
-        rt = AdmissionRuntime(engine=eng, plan=p, source=h.feed, node="test", deliver=h._deliver)
+        from forge.host.admission import CardAdmission
+        rt = CardAdmission(engine=eng, plan=p, source=h.feed, node="test", deliver=h._deliver)
         assert rt.state == "idle" and rt.geometry.kv_blocks_total == p.num_blocks
         await rt.stop()
         assert rt.state == "stopped"

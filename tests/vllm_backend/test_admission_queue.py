@@ -11,7 +11,7 @@ import pytest
 from forge.config.load import load_node
 from forge.embedded import PACKAGED_NODES
 from forge.engines.interface import RequestKey
-from forge.host.admission import AdmissionRuntime, geometry_from_plan
+from forge.host.admission import CardAdmission, geometry_from_plan
 from forge.host.feed import Feed
 from forge.host.request import HostRequest
 
@@ -33,7 +33,7 @@ def test_admission_holds_a_queue_in_vllm_and_vllm_never_preempts():
         feed = Feed(g, node="t", max_pending=4 * slots)
         feed.session("s")
         got: dict[str, list] = {}
-        rt = AdmissionRuntime(engine=engine, plan=plan, source=feed, node="t",
+        rt = CardAdmission(engine=engine, plan=plan, source=feed, node="t",
                               deliver=lambda req, res: got.setdefault(req.key.rid, []).append(res))
         task = asyncio.create_task(rt.run())
         assert feed.put("s", [HostRequest(RequestKey("s", f"r{i}", 0), prompt, 24) for i in range(n)]) == n
