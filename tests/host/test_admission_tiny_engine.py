@@ -8,7 +8,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from _rt_harness import Harness, LinkedCards, contract, plan  # noqa: E402
+from tests.host._admission_harness import Harness, LinkedCards, contract, plan  # noqa: E402
 from forge.engines.interface import Sampling  # noqa: E402
 from forge.backends import factories  # noqa: E402
 from forge.requests import RequestOptions  # noqa: E402

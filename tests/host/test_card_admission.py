@@ -1,12 +1,12 @@
 """The admission runtime against the instant engine and the faults wrapper (real engines, no model), taking from an
-engine host's Feed fed as a link feeds it (_rt_harness.py)."""
+engine host's Feed fed as a link feeds it (_admission_harness.py)."""
 from __future__ import annotations
 
 import asyncio
 
 import pytest
 
-from _rt_harness import Harness, LinkedCards, contract, faulty, instant, plan, prompt
+from tests.host._admission_harness import Harness, LinkedCards, contract, faulty, instant, plan, prompt
 from forge import constants
 from forge.engines.instant import synthetic_output
 from forge.requests import RequestOptions

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from _rt_harness import TINY, contract, faulty, instant, plan
+from tests.host._admission_harness import TINY, contract, faulty, instant, plan
 from forge.config.load import load_paths
 from forge.config.plan import plan_card
 from forge.config.models import Card

@@ -1,6 +1,6 @@
 """Stalls, wedged engines and crashes: work is taken back, given back to its link and finished (elsewhere, when the
 node has another card), never lost. One card: its Feed fed as a link feeds it; several: the node's broker and links
-(_rt_harness.py)."""
+(_admission_harness.py)."""
 from __future__ import annotations
 
 import asyncio
@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from _rt_harness import Harness, LinkedCards, contract, faulty, instant, plan, until
+from tests.host._admission_harness import Harness, LinkedCards, contract, faulty, instant, plan, until
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -1,4 +1,6 @@
-"""Shared pieces of the runtime tests: contracts built in code, and admission wired as in production.
+"""Shared pieces of the admission tests (test_card_admission.py, test_admission_stalls.py,
+test_admission_tiny_engine.py; the instant and faults engines' tests too): contracts built in code, and admission
+wired as in production.
 
 Harness: one engine host's admission runtime taking from the host's Feed, which the test fills as a link does: wire
 tuples arriving on one session (from_wire, Feed.put), never more at the host than it may queue, results and
