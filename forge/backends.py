@@ -26,6 +26,12 @@ class Backend:
     tunables: Optional[Callable[..., list]] = None        # (contract, card) -> list[forge.tunables.Tunable]
     working_memory: Optional[Callable[..., list]] = None  # (card_plan) -> [(what, bytes)] beside weights and KV
     rules: tuple[Callable[..., Any], ...] = ()   # (loaded: LoadedSet) -> iterable of Problem, after built-in checks
+    # (contract, file) -> problems, run by forge's own checks of one contract file on every contract, whatever its
+    # backend (a contract file whose name another file reuses is still checked, in its place among forge's rules):
+    # contract_rules beside the rules of the contract's own fields, artifact_checks where its artifact's files are
+    # read (TensorRT-LLM: a trtllm target is a GPU; an engine directory is its artifact, checked against its files)
+    contract_rules: tuple[Callable[..., list], ...] = ()
+    artifact_checks: tuple[Callable[..., list], ...] = ()
     engine_arguments: Optional[Callable[..., dict]] = None  # (contract, card_plan) -> what the engine is given
     environment: Optional[Callable[[], dict]] = None        # () -> variables the engine host sets (None: clears)
     label: str = ""                              # one line for listings, e.g. "vLLM (v1 engine)"

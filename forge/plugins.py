@@ -10,9 +10,9 @@ from forge import hookspecs
 
 # Built-in plugins: modules with @hookimpl functions. They must import without torch/transformers.
 DEFAULT_PLUGINS = (
-    "forge.engines.transformers_backend",
-    "forge.engines.trtllm_backend",
-    "forge.engines.vllm_backend",
+    "forge.engines.transformers.backend",
+    "forge.engines.trtllm.backend",
+    "forge.engines.vllm.backend",
     "forge.engines.faults",
     "forge.engines.instant",
     "forge.hardware.probe",

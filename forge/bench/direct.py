@@ -60,9 +60,9 @@ class DirectEngine:
         if plan.contract.backend != "transformers":
             raise ForgeError(f"the direct mode drives transformers' continuous batching; card {plan.card_id} runs "
                              f"backend {plan.contract.backend!r}")
-        from forge.engines.hf import requests as reqs
-        from forge.engines.hf.loading import load_model, load_tokenizer
-        from forge.engines.hf.sizing import cb_config_kwargs, device_of, dtype_of, section_of
+        from forge.engines.transformers import requests as reqs
+        from forge.engines.transformers.loading import load_model, load_tokenizer
+        from forge.engines.transformers.sizing import cb_config_kwargs, device_of, dtype_of, section_of
 
         self.plan = plan
         self.section = section = section_of(plan)
@@ -95,7 +95,7 @@ class DirectEngine:
         m = self.model.init_continuous_batching(generation_config=GenerationConfig(**self.gen_kwargs),
                                                 continuous_batching_config=ContinuousBatchingConfig(**self.cb_kwargs))
         m.warmup()
-        from forge.engines.hf import graph_shapes
+        from forge.engines.transformers import graph_shapes
 
         if graph_shapes.in_use(self.section):     # the tier's cached graph shapes, as forge's engine does
             graph_shapes.capture_at_load(self.plan, self.section, m.batch_processor, self.model)
@@ -142,7 +142,7 @@ class DirectEngine:
         finally:
             processor = m.batch_processor
             m.stop(block=True, timeout=30, hard_stop=True)
-            from forge.engines.hf import graph_shapes
+            from forge.engines.transformers import graph_shapes
 
             if processor is not None and graph_shapes.in_use(self.section):   # as forge's engine does
                 graph_shapes.record(self.plan, self.section, processor)

@@ -3,14 +3,14 @@ against its contracts (memory, slots, architecture). Each rule is a small functi
 from __future__ import annotations
 
 from collections import Counter
-from typing import Iterable, Optional
+from typing import Callable, Iterable, Optional, Sequence
 
-from forge.config import checkpoint_dir, kvmath, trtllm_dir
+from forge.config import checkpoint_dir, kvmath
 from forge.config.messages import did_you_mean
 from forge.config.models import Contract, Node
 from forge.config.plan import CardPlan
 from forge.config.units import fmt_bytes
-from forge.errors import Problem
+from forge.errors import ForgeError, Problem
 
 FP8_MIN_CC = (8, 9)        # FP8 tensor cores: Ada (8.9), Hopper (9.0) and later
 
@@ -49,19 +49,6 @@ def precision_fits_target(c: Contract, file: str) -> list[Problem]:
     return out
 
 
-def backend_fits_artifact(c: Contract, file: str) -> list[Problem]:
-    out = []
-    if c.backend == "trtllm" and c.target.kind != "gpu":
-        out.append(Problem(file, "$.target.kind", "TensorRT-LLM runs only on NVIDIA GPUs; the target must be gpu"))
-    if c.artifact.engine_dir is not None and c.artifact.tokenizer is None:
-        out.append(Problem(file, "$.artifact.tokenizer",
-                           "a TensorRT-LLM engine directory holds no tokenizer; name the tokenizer directory"))
-    if c.artifact.engine_dir is not None and c.backend != "trtllm":
-        out.append(Problem(file, "$.artifact.engine_dir",
-                           f"an engine directory is a TensorRT-LLM artifact; backend {c.backend} loads a checkpoint"))
-    return out
-
-
 def host_cache_is_used(c: Contract, file: str) -> list[Problem]:
     if c.kv_cache.host_cache_bytes > 0 and not c.kv_cache.block_reuse:
         return [Problem(file, "$.kv_cache.host_cache_size", "a host cache only holds reusable blocks; with "
@@ -69,21 +56,29 @@ def host_cache_is_used(c: Contract, file: str) -> list[Problem]:
     return []
 
 
-def artifact_matches(c: Contract, file: str) -> list[Problem]:
-    out = []
-    if c.artifact.engine_dir is not None:
-        out += trtllm_dir.check_engine_dir(c, file)
+def _backend_checks(checks: Sequence[Callable], c: Contract, file: str) -> list[Problem]:
+    """The registered backends' checks of one contract (Backend.contract_rules / artifact_checks), in order."""
+    out: list[Problem] = []
+    for check in checks:
+        try:
+            out += check(c, file)
+        except Exception as e:  # a plugin bug is not a problem in the user's file
+            raise ForgeError(f"validation rule {getattr(check, '__qualname__', check)!r} failed: "
+                             f"{type(e).__name__}: {e}") from e
+    return out
+
+
+def check_contract(c: Contract, file: str, *, contract_rules: Sequence[Callable] = (),
+                   artifact_checks: Sequence[Callable] = ()) -> list[Problem]:
+    """forge's rules of one contract file, with the backends' own where they belong: theirs of the contract's fields
+    after forge's, their artifact checks before the checkpoint's and the tokenizer's files are read."""
+    out = budget_holds_a_prompt(c, file) + precision_fits_target(c, file)
+    out += _backend_checks(contract_rules, c, file)
+    out += host_cache_is_used(c, file)
+    out += _backend_checks(artifact_checks, c, file)
     if c.artifact.checkpoint is not None:
         out += checkpoint_dir.check_checkpoint(c, file)
     return out + checkpoint_dir.check_tokenizer(c, file)
-
-
-def check_contract(c: Contract, file: str) -> list[Problem]:
-    out: list[Problem] = []
-    for rule in (budget_holds_a_prompt, precision_fits_target, backend_fits_artifact, host_cache_is_used,
-                 artifact_matches):
-        out += rule(c, file)
-    return out
 
 
 # ----------------------------------------------------------------------------- one node

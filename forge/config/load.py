@@ -164,7 +164,8 @@ def load_paths(paths: Sequence[PathLike], *, strict: bool = False, registry: Opt
     files = list(s.parsed.values())
     for pf in files:
         if pf.kind == "contract" and pf.model is not None:
-            pf.problems += checks.check_contract(pf.model, pf.display)
+            pf.problems += checks.check_contract(pf.model, pf.display, contract_rules=registry.contract_rules,
+                                                 artifact_checks=registry.artifact_checks)
             out.contracts.setdefault(pf.model.contract, pf.model)
     problems = _cross_file_duplicates(files) + s.extra
     for pf in files:

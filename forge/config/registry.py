@@ -1,4 +1,4 @@
-"""What plugins add to validation: backend names, contract sections, extra rules.
+"""What plugins add to validation: backend names, contract sections, extra rules (per loaded set, per contract file).
 
 Read lazily (only when a file is validated), so importing forge.config never loads plugins."""
 from __future__ import annotations
@@ -20,9 +20,12 @@ class Registry:
     backends: frozenset[str] = frozenset()
     sections: dict[str, type[BaseModel]] = field(default_factory=dict)
     rules: tuple[Callable, ...] = ()
+    contract_rules: tuple[Callable, ...] = ()      # (contract, file) -> problems: Backend.contract_rules
+    artifact_checks: tuple[Callable, ...] = ()     # (contract, file) -> problems: Backend.artifact_checks
 
 
-def build(backends: Iterable[tuple], sections: Iterable[tuple], rules: Iterable[tuple]) -> Registry:
+def build(backends: Iterable[tuple], sections: Iterable[tuple], rules: Iterable[tuple], *,
+          contract_rules: Iterable[Callable] = (), artifact_checks: Iterable[Callable] = ()) -> Registry:
     """A Registry from the tuples the register-style hooks produced; refuses clashing registrations."""
     names: set[str] = set()
     secs: dict[str, type[BaseModel]] = {}
@@ -45,15 +48,18 @@ def build(backends: Iterable[tuple], sections: Iterable[tuple], rules: Iterable[
             add_section(name, args[2])
     for key, model in sections:
         add_section(key, model)
-    return Registry(backends=frozenset(names), sections=secs, rules=tuple(args[0] for args in rules))
+    return Registry(backends=frozenset(names), sections=secs, rules=tuple(args[0] for args in rules),
+                    contract_rules=tuple(contract_rules), artifact_checks=tuple(artifact_checks))
 
 
 def from_plugins() -> Registry:
-    """The registry as the installed plugins define it: each registered Backend's name, section and rules, then the
-    node-wide rules of forge_validation_rules."""
+    """The registry as the installed plugins define it: each registered Backend's name, section and rules (its
+    per-file contract rules and artifact checks too), then the node-wide rules of forge_validation_rules."""
     from forge.backends import registered
     from forge.plugins import collect
 
     backends = list(registered().values())
     return build([(b.name, b.factory, b.section) for b in backends], [],
-                 [(rule,) for b in backends for rule in b.rules] + collect("forge_validation_rules"))
+                 [(rule,) for b in backends for rule in b.rules] + collect("forge_validation_rules"),
+                 contract_rules=[rule for b in backends for rule in b.contract_rules],
+                 artifact_checks=[check for b in backends for check in b.artifact_checks])

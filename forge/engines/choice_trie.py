@@ -1,5 +1,5 @@
 """A guided choice as the tokens each choice is in the model's own tokenizer: one canonical token sequence per
-choice, held in a trie. Both engines guide a choice with it (transformers: forge/engines/hf/guided.py; vLLM:
+choice, held in a trie. Both engines guide a choice with it (transformers: forge/engines/transformers/guided.py; vLLM:
 forge/engines/vllm/choice.py), so a choice costs the same tokens on every card: the tokens the tokenizer gives
 its text, never a longer spelling of the same text that a character-level grammar would also accept (vLLM's own
 `choice` lets a model spell "electronics" in 11 one-letter tokens and run out of max_tokens before it ends).

@@ -36,8 +36,8 @@ def test_the_plugin_modules_import_without_engine_libraries():
 def test_no_import_circle_between_the_transformers_plugin_and_its_helpers():
     import subprocess
 
-    for first in ("forge.engines.hf.sizing", "forge.engines.hf.graph_shapes", "forge.engines.hf.attention_memory"):
-        code = f"import {first}; import sys; print('forge.engines.transformers_backend' in sys.modules)"
+    for first in ("forge.engines.transformers.sizing", "forge.engines.transformers.graph_shapes", "forge.engines.transformers.attention_memory"):
+        code = f"import {first}; import sys; print('forge.engines.transformers.backend' in sys.modules)"
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
         assert out.stdout.strip() == "False", (first, out.stderr)     # the helpers never need the plugin module
 

@@ -1,4 +1,4 @@
-"""transformers.graph_shape_cache (forge/engines/hf/graph_shapes.py): the file, its merge, and the capture at load.
+"""transformers.graph_shape_cache (forge/engines/transformers/graph_shapes.py): the file, its merge, and the capture at load.
 
 The capture itself needs CUDA graphs (a GPU; measured in docs/benchmarks.md, "forge ÷ direct on one card"). Here
 it runs on the real CPU engine's batch processor with the two flags a graph tier sets turned on and the forward
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from forge.engines.hf import graph_shapes as gs
+from forge.engines.transformers import graph_shapes as gs
 
 HERE = Path(__file__).resolve().parent
 
@@ -55,7 +55,7 @@ def test_each_geometry_has_its_own_file_in_the_folder():
     from types import SimpleNamespace
 
     from forge.config.models import Contract
-    from forge.engines.transformers_backend import TransformersSection
+    from forge.engines.transformers.backend import TransformersSection
 
     c = Contract.model_validate(dict(
         contract="t", backend="transformers",

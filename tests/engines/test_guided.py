@@ -16,7 +16,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("llguidance")
 
-from forge.engines.hf.guided import ChoiceTrie, guide_kind, strict_objects  # noqa: E402
+from forge.engines.transformers.guided import ChoiceTrie, guide_kind, strict_objects  # noqa: E402
 from tests.engines.test_transformers_backend import TINY, contract, run_all, start  # noqa: E402
 
 PROMPTS = ["Alice was beginning to", "The Mock Turtle said", "Down the Rabbit-Hole", "`Off with her head!' the Queen",
@@ -139,7 +139,7 @@ def test_what_the_engine_cannot_guide_is_refused(engine):
 
 def test_unguided_requests_are_untouched(engine):
     """The guide processor sits in every step; requests without a guide decode exactly as before."""
-    from forge.engines.hf import guided
+    from forge.engines.transformers import guided
 
     r = EngineRequest("plain", ids(engine, PROMPTS[0]), 24)
     first, _ = run_all(engine, [r])
@@ -171,8 +171,8 @@ def test_strict_objects_only_narrows():
 
 
 def test_guides_need_the_eager_loop():
-    from forge.engines.hf.factory import guides_unavailable
-    from forge.engines.transformers_backend import TransformersSection
+    from forge.engines.transformers.factory import guides_unavailable
+    from forge.engines.transformers.backend import TransformersSection
 
     assert guides_unavailable(TransformersSection()) == ""
     why = guides_unavailable(TransformersSection(use_cuda_graph=True, compile_level=2))

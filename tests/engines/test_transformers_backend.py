@@ -41,7 +41,7 @@ def plan_for(c: Contract):
 
 
 def start(c: Contract):
-    from forge.engines.transformers_backend import _factory
+    from forge.engines.transformers.backend import _factory
 
     return _factory(c, plan_for(c))
 
@@ -265,7 +265,7 @@ def test_a_card_plan_of_several_replicas_is_refused_one_replica_plan_loads():
     """Until the runtime starts one engine worker per replica, handing the factory the card's plan would start one
     engine where the node declares two: refused before any load. A replica's own plan builds its engine."""
     from forge.config.plan import replica_plans
-    from forge.engines.transformers_backend import _factory
+    from forge.engines.transformers.backend import _factory
 
     c = contract(TINY)
     card_plan = plan_card(Card(index=0, kind="cpu", model="cpu", memory_gib=2, engine=c.contract, replicas=2), c)
@@ -279,7 +279,7 @@ def test_a_card_plan_of_several_replicas_is_refused_one_replica_plan_loads():
 
 
 def test_backend_module_imports_without_torch():
-    code = ("import sys; import forge.engines.transformers_backend as m; "
+    code = ("import sys; import forge.engines.transformers.backend as m; "
             "assert 'torch' not in sys.modules and 'transformers' not in sys.modules; print(m.BACKEND)")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout.strip() == "transformers", out.stderr
@@ -287,7 +287,7 @@ def test_backend_module_imports_without_torch():
 
 def test_registered_as_one_backend_object():
     from forge.backends import get
-    from forge.engines.transformers_backend import TransformersSection, _factory
+    from forge.engines.transformers.backend import TransformersSection, _factory
 
     b = get("transformers")
     assert (b.name, b.section, b.factory) == ("transformers", TransformersSection, _factory)
@@ -295,8 +295,8 @@ def test_registered_as_one_backend_object():
 
 # ---------------------------------------------------------------- the pure mappings (no engine)
 def test_cb_config_from_a_gpu_fraction_contract():
-    from forge.engines.hf.sizing import cb_config_kwargs
-    from forge.engines.transformers_backend import TransformersSection
+    from forge.engines.transformers.sizing import cb_config_kwargs
+    from forge.engines.transformers.backend import TransformersSection
 
     c = Contract.model_validate(dict(
         contract="gpu-tier", backend="transformers",
@@ -321,7 +321,7 @@ def test_cb_config_from_a_gpu_fraction_contract():
 
 
 def test_sampling_modes():
-    from forge.engines.hf import requests as reqs
+    from forge.engines.transformers import requests as reqs
 
     limits = dict(max_input_len=8, max_output_len=8, vocab_size=100)
     hot = EngineRequest("t", (1, 2), 4, sampling=Sampling(temperature=0.9))
@@ -360,9 +360,9 @@ def test_the_loop_hands_over_one_output_per_request_not_one_per_step(engine):
 
 
 def test_the_load_time_warm_up_runs_a_full_budget_step_and_a_full_slot_decode_and_leaves_the_engine_as_it_was(engine):
-    """forge/engines/hf/warm.py, run at load on CUDA cards, here through the tiny engine's own started manager:
+    """forge/engines/transformers/warm.py, run at load on CUDA cards, here through the tiny engine's own started manager:
     both rounds finish within their bound, and the engine's requests before and after are untouched by them."""
-    from forge.engines.hf.warm import warm_up
+    from forge.engines.transformers.warm import warm_up
 
     lim = engine.plan.contract.limits
     steps = engine.stats().steps
@@ -376,10 +376,10 @@ def test_the_load_time_warm_up_runs_a_full_budget_step_and_a_full_slot_decode_an
 
 
 def test_the_attention_mask_rule_counts_the_mask_the_engine_allocates(engine):
-    """attention_masks_fit (forge/engines/hf/attention_memory.py) refuses tiers whose mask does not fit the card; its
+    """attention_masks_fit (forge/engines/transformers/attention_memory.py) refuses tiers whose mask does not fit the card; its
     arithmetic is the size of the mask tensors transformers actually allocates for the tier."""
-    from forge.engines.hf.attention_memory import mask_bytes
-    from forge.engines.hf.sizing import section_of
+    from forge.engines.transformers.attention_memory import mask_bytes
+    from forge.engines.transformers.sizing import section_of
 
     masks = engine._manager.batch_processor.inputs_and_outputs.attention_mask
     allocated = sum(t.numel() * t.element_size() for t in masks.values())

@@ -118,7 +118,7 @@ def test_the_node_side_copy_of_the_tiny_tokenizer_encodes_and_decodes_as_the_eng
     from pathlib import Path
 
     from forge.embedded import default_node_path
-    from forge.engines.hf.loading import load_tokenizer
+    from forge.engines.transformers.loading import load_tokenizer
     from forge.host.engine_host import PROBE_TEXTS
     from forge.host.tokenizer import NodeTokenizer, for_node
 

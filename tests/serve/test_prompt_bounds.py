@@ -14,7 +14,7 @@ MODEL = "tiny-llama-cpu"
 
 
 def test_longest_token_bounds_every_encoding():
-    from forge.engines.hf.loading import HFTokenizer
+    from forge.engines.transformers.loading import HFTokenizer
     from forge.requests.prompt_bounds import FALLBACK_TOKEN_CHARS, longest_token_chars
     from transformers import AutoTokenizer
 

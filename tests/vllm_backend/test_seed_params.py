@@ -7,7 +7,7 @@ import pytest
 
 from forge.config.load import load_node
 from forge.embedded import PACKAGED_NODES
-from forge.engines.hf.loading import load_tokenizer
+from forge.engines.transformers.loading import load_tokenizer
 from forge.engines.interface import REFUSED, EngineRequest, Guide, Sampling
 from forge.engines.vllm import engine as vllm_engine
 from forge.engines.vllm import factory, seeded

@@ -3,7 +3,7 @@ in a process of its own, so `forge validate` stays light (it imports no engine l
 test_light_imports.py) and a vLLM import that hangs or crashes is bounded by the parent's timeout.
 
 stdin: [{"where": file, "arguments": mapping.engine_arguments(...)}, ...]; stdout, last line: JSON, per request
-[[path, message], ...]. Used by forge/engines/vllm_backend.py::vllm_engine_check and scripts/check_vllm_wheel.py."""
+[[path, message], ...]. Used by forge/engines/vllm/backend.py::vllm_engine_check and scripts/check_vllm_wheel.py."""
 from __future__ import annotations
 
 import json

@@ -74,7 +74,7 @@ def build_engine(contract, plan: CardPlan):
     import_vllm()
     from vllm.v1.engine.llm_engine import LLMEngine
 
-    from forge.engines.hf.loading import load_tokenizer
+    from forge.engines.transformers.loading import load_tokenizer
     from forge.engines.vllm.engine import SEEDS_BY_FORGE, SEEDS_BY_VLLM, SEEDS_REFUSED, StepStats, VllmEngine, \
         stat_logger_class
 

@@ -1,6 +1,6 @@
 """What vLLM refuses at load, by vLLM version, as `forge validate` problems at the contract's field.
 
-Two kinds of check, both run by `forge validate` (the vllm Backend's rules, forge/engines/vllm_backend.py):
+Two kinds of check, both run by `forge validate` (the vllm Backend's rules, forge/engines/vllm/backend.py):
 
 - version rules, pure (no vLLM import): read from vLLM's sources for each release forge supports, applied for the
   installed release (read from package metadata, never by importing vLLM), or for every supported release where

@@ -15,7 +15,7 @@ token), and leaves only that token possible; vLLM's greedy pick takes it. vLLM k
 so there is nothing to wind back. Seeding by position rather than advancing one generator makes a discarded draw
 harmless: the row sampled while a prompt is still being filled is drawn again, identically, when the prompt ends.
 The same seed gives the same text whatever the chunking, the batch or a preemption (up to the last bits of the
-logits, as on transformers: forge/engines/hf/seeded.py). Requests without the key cost the processor nothing.
+logits, as on transformers: forge/engines/transformers/seeded.py). Requests without the key cost the processor nothing.
 """
 from __future__ import annotations
 

@@ -3,8 +3,8 @@
 NOT RUN ON A REAL ENGINE. TensorRT-LLM cannot be installed on the machines forge is built on, so this
 module is written against the API as read in TensorRT-LLM's sources (docs/trtllm.md names the files and
 versions) and has never driven a real Executor or LLM. Every setting it passes comes from
-forge.engines.trtllm_mapping.engine_arguments, which is unit-tested; this module only asks the installed
-release what it has (`trtllm_install.installed_release`), turns those arguments into objects and logs what was set.
+forge.engines.trtllm.mapping.engine_arguments, which is unit-tested; this module only asks the installed
+release what it has (`install.installed_release`), turns those arguments into objects and logs what was set.
 
   artifact.checkpoint  -> tensorrt_llm.LLM on the PyTorch backend (the primary path)
   artifact.engine_dir  -> tensorrt_llm.bindings.executor.Executor (releases up to 1.2.x ship it)
@@ -25,10 +25,11 @@ from typing import Any, Hashable, Optional, Sequence
 
 from forge.config.models import Contract
 from forge.config.plan import CardPlan
-from forge.engines import trtllm_mapping as tm
-from forge.engines.trtllm_install import first_line, installed_release, require
-from forge.engines.trtllm_release import Release
-from forge.engines.trtllm_section import TrtllmSection
+from forge.engines.trtllm import mapping as tm
+from forge.engines.trtllm.install import first_line, installed_release, require
+from forge.engines.trtllm.release import Release
+from forge.engines.trtllm.rules import BACKEND, engine_dir_matches, gpu_target_and_engine_dir
+from forge.engines.trtllm.section import TrtllmSection
 from forge.backends import Backend
 from forge.engines.interface import (REFUSED, Engine, EngineBusy, EngineFailed, EngineRequest, EngineResult,
                                      IterationStats, Progress)
@@ -41,7 +42,8 @@ log = logging.getLogger("forge.engines.trtllm")
 
 @hookimpl
 def forge_register_backend(register):
-    register(Backend(name="trtllm", factory=create_engine, section=TrtllmSection, rules=(trtllm_contract_rule,),
+    register(Backend(name=BACKEND, factory=create_engine, section=TrtllmSection, rules=(trtllm_contract_rule,),
+                     contract_rules=(gpu_target_and_engine_dir,), artifact_checks=(engine_dir_matches,),
                      engine_arguments=planned_engine_arguments, label="TensorRT-LLM"))
 
 

@@ -35,7 +35,7 @@ class TransformersSection(BaseModel):
         "runs as top_k=1); greedy: the engine only decodes greedily and refuses requests asking for temperature > 0 "
         "(slightly cheaper: no logits processing)")
     seed: int = Field(0, ge=0, description="the engine-wide seed (model initialisation and unseeded sampling; a "
-                      "request's own seed is honoured on the eager loop, see forge/engines/hf/seeded.py)")
+                      "request's own seed is honoured on the eager loop, see forge/engines/transformers/seeded.py)")
     max_waiting: Optional[int] = Field(
         None, gt=0, description="requests accepted beyond limits.max_batch_size before submit raises EngineBusy; "
         "default: limits.max_batch_size (the engine holds at most twice its slots)")
@@ -57,7 +57,7 @@ class TransformersSection(BaseModel):
         "[query tokens, KV tokens read, longest key] per line). At load the engine captures every shape in its file "
         "before its card reports ready (at most 240 s); when it stops it adds the shapes it met, so the next load "
         "captures them too. Without it each shape is captured the first time a job meets it "
-        "(forge/engines/hf/graph_shapes.py)", json_schema_extra={"forge_path": True})
+        "(forge/engines/transformers/graph_shapes.py)", json_schema_extra={"forge_path": True})
     hidden_pooling: Literal["mean", "last"] = Field(
         "mean", description="how want_hidden requests pool the final (normed) hidden states of the prompt: mean over "
         "all prompt tokens, or the last token's")

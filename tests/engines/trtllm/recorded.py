@@ -1,4 +1,4 @@
-"""The field lists recorded from TensorRT-LLM's sources (tests/engines/trtllm_fields/*.json), as Releases.
+"""The field lists recorded from TensorRT-LLM's sources (tests/engines/trtllm/fields/*.json), as Releases.
 
 Each file names the repository, file and commit it was read from. MAIN is TensorRT-LLM main's llm_args.py
 (TorchLlmArgs, KvCacheConfig, SchedulerConfig, CudaGraphConfig) with SamplingParams from the newest stored
@@ -8,9 +8,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from forge.engines.trtllm_release import ARGUMENT_MODELS, Release
+from forge.engines.trtllm.release import ARGUMENT_MODELS, Release
 
-FIELDS_DIR = Path(__file__).resolve().parent / "trtllm_fields"
+FIELDS_DIR = Path(__file__).resolve().parent / "fields"
 
 
 def recorded_files() -> dict[str, dict]:

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from forge.config.files import shown
-from forge.engines.hf.section import BACKEND
+from forge.engines.transformers.section import BACKEND
 from forge.errors import Problem
 
 log = logging.getLogger("forge.engines.transformers")

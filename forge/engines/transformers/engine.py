@@ -21,10 +21,10 @@ from dataclasses import dataclass, field
 from typing import Any, Hashable, Optional, Sequence
 
 from forge.config.plan import CardPlan
-from forge.engines.hf import requests as reqs
-from forge.engines.hf.cache_stats import count_prefix_hits, kv_blocks
-from forge.engines.hf.hidden import HiddenWorker
-from forge.engines.hf.sizing import capacity_of
+from forge.engines.transformers import requests as reqs
+from forge.engines.transformers.cache_stats import count_prefix_hits, kv_blocks
+from forge.engines.transformers.hidden import HiddenWorker
+from forge.engines.transformers.sizing import capacity_of
 from forge.engines.interface import (REFUSED, Engine, EngineBusy, EngineFailed, EngineRequest, EngineResult,
                                      IterationStats, Progress)
 
@@ -45,7 +45,7 @@ class _Pending:
     hidden: Optional[list[float]] = None
     error: Optional[str] = None
     cancelled: bool = False
-    guide: Any = None                                  # per-request guide state (forge/engines/hf/guided.py)
+    guide: Any = None                                  # per-request guide state (forge/engines/transformers/guided.py)
 
     def complete(self) -> bool:
         if self.error is not None:
@@ -72,7 +72,7 @@ class TransformersEngine(Engine):
         self._limits = dict(max_input_len=lim.max_input_len, max_output_len=lim.max_output_len,
                             vocab_size=plan.contract.model.vocab_size, sampling_mode=section.sampling,
                             guides=self.supports_guides, no_guides_why=no_guides_why, seeds=seeds is not None)
-        self._seeds = seeds                        # SeededSampler (forge/engines/hf/seeded.py) or None
+        self._seeds = seeds                        # SeededSampler (forge/engines/transformers/seeded.py) or None
         eos_ids = eos if isinstance(eos, (list, tuple)) else [eos]
         self._eos_set = {int(e) for e in eos_ids if e is not None and int(e) >= 0}
         self._eos_arg = sorted(self._eos_set) if len(self._eos_set) > 1 else (next(iter(self._eos_set), -1))
@@ -198,7 +198,7 @@ class TransformersEngine(Engine):
         return dict(self._info)
 
     def _record_shapes(self, processor) -> None:
-        from forge.engines.hf import graph_shapes
+        from forge.engines.transformers import graph_shapes
 
         if processor is not None and graph_shapes.in_use(self.section):
             graph_shapes.record(self.plan, self.section, processor)

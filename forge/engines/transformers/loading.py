@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from forge.config.plan import CardPlan
-from forge.engines.hf.sizing import where
+from forge.engines.transformers.sizing import where
 from forge.errors import ForgeError, display_path
 
 log = logging.getLogger("forge.engines.transformers")

@@ -2,22 +2,22 @@
 paged KV cache), on CPU or on one GPU.
 
 This module is a pluggy plugin and must import without torch/transformers: the heavy imports happen inside the
-factory (forge/engines/hf/). It registers the backend as one object (forge.backends.Backend) with its
-contract section, `transformers:` (forge/engines/hf/section.py).
+factory (forge/engines/transformers/). It registers the backend as one object (forge.backends.Backend) with its
+contract section, `transformers:` (forge/engines/transformers/section.py).
 """
 from __future__ import annotations
 
 from forge.backends import Backend
-from forge.engines.hf import attention_memory, graph_shapes, tunables
-from forge.engines.hf.section import BACKEND, TransformersSection
-from forge.engines.hf.sizing import cb_config_kwargs, dtype_of, section_of
+from forge.engines.transformers import attention_memory, graph_shapes, tunables
+from forge.engines.transformers.section import BACKEND, TransformersSection
+from forge.engines.transformers.sizing import cb_config_kwargs, dtype_of, section_of
 from forge.hookspecs import hookimpl
 
 __all__ = ["BACKEND", "TransformersSection"]
 
 
 def _factory(contract, plan):
-    from forge.engines.hf.factory import build_engine
+    from forge.engines.transformers.factory import build_engine
 
     return build_engine(contract, plan)
 

@@ -1,8 +1,8 @@
 """What one TensorRT-LLM release offers forge, as plain data: its version, the fields of the LLM API's
 argument models, whether it still ships the Executor, whether it honours a per-request seed.
 
-The backend builds a Release from the installed package at load (trtllm_install.installed_release); tests build them
-from the field lists recorded from TensorRT-LLM's sources (tests/engines/trtllm_fields/); planning without
+The backend builds a Release from the installed package at load (install.installed_release); tests build them
+from the field lists recorded from TensorRT-LLM's sources (tests/engines/trtllm/fields/); planning without
 TensorRT-LLM uses `Release.unchecked()`. Pure: never imports tensorrt_llm."""
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ from typing import Any
 
 from forge.config.plan import CardPlan
 from forge.config.units import GIB
-from forge.engines.hf.section import BACKEND, TransformersSection
+from forge.engines.transformers.section import BACKEND, TransformersSection
 from forge.errors import ForgeError
 
 # contract precision -> torch dtype name; fp8 / int4 weights are not something this backend can load.

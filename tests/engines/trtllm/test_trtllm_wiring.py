@@ -15,8 +15,8 @@ from forge.config.models import KvCache
 from forge.config.plan import plan_card
 from forge.engines.interface import REFUSED, EngineBusy, EngineRequest, Guide, Sampling
 from forge.errors import EngineUnavailable
-from tests.engines.trtllm_recorded import recorded_fields
-from tests.engines.trtllm_contracts import CKPT, STATS_154, contract, gpu_card as _card
+from tests.engines.trtllm.recorded import recorded_fields
+from tests.engines.trtllm.contracts import CKPT, STATS_154, contract, gpu_card as _card
 
 
 # ----------------------------------------------------------------------------- wiring against stand-in bindings
@@ -119,7 +119,7 @@ def fake_trtllm(monkeypatch):
         monkeypatch.setitem(sys.modules, name, mod)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
     monkeypatch.setenv("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
-    from forge.engines import trtllm_backend
+    from forge.engines.trtllm import backend as trtllm_backend
     tokenizer = types.SimpleNamespace(eos_token_id=2, pad_token_id=0, get_vocab=lambda: {"<pad>": 0, "a": 1, "</s>": 2},
                                       backend_tokenizer=types.SimpleNamespace(to_str=lambda: '{"model": {}}'))
     monkeypatch.setattr(trtllm_backend, "_load_tokenizer", lambda c: tokenizer)
@@ -127,7 +127,7 @@ def fake_trtllm(monkeypatch):
 
 
 def test_executor_engine_wiring(fake_trtllm):
-    from forge.engines import trtllm_backend
+    from forge.engines.trtllm import backend as trtllm_backend
     c = contract(limits=(2, 8192, 1024, 128))
     engine = trtllm_backend.create_engine(c, plan_card(_card(index=3), c))
     fake = engine._executor
@@ -170,7 +170,7 @@ def test_executor_engine_wiring(fake_trtllm):
 
 def test_a_request_the_executor_rejects_is_a_typed_refusal(fake_trtllm):
     """Refused, not failed: the node answers it as the caller's to fix (RequestRejected, HTTP 400)."""
-    from forge.engines import trtllm_backend
+    from forge.engines.trtllm import backend as trtllm_backend
     c = contract(limits=(2, 8192, 1024, 128))
     engine = trtllm_backend.create_engine(c, plan_card(_card(index=3), c))
 
@@ -183,8 +183,8 @@ def test_a_request_the_executor_rejects_is_a_typed_refusal(fake_trtllm):
     assert res.finish_reason == REFUSED and res.error == "TensorRT-LLM: invalid sampling config"
     engine.shutdown(5.0)
 
-# The LLM API stand-ins accept exactly the fields recorded from TensorRT-LLM's sources (tests/engines/
-# trtllm_fields/); GuidedDecodingParams' fields are from tensorrt_llm/sampling_params.py (1.0.0rc4).
+# The LLM API stand-ins accept exactly the fields recorded from TensorRT-LLM's sources (tests/engines/trtllm/
+# fields/); GuidedDecodingParams' fields are from tensorrt_llm/sampling_params.py (1.0.0rc4).
 _RECORDED = recorded_fields()
 _LLMAPI_NAMES = {
     "LLM": _RECORDED["TorchLlmArgs"],
@@ -259,7 +259,7 @@ def fake_llmapi(monkeypatch):
         monkeypatch.setitem(sys.modules, mod.__name__, mod)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     monkeypatch.setenv("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
-    from forge.engines import trtllm_backend
+    from forge.engines.trtllm import backend as trtllm_backend
     monkeypatch.setattr(trtllm_backend, "_load_tokenizer",
                         lambda c: types.SimpleNamespace(eos_token_id=2, pad_token_id=None))
     return LLM
@@ -276,7 +276,7 @@ def _poll_until(engine, n, timeout_s=5.0):
 
 
 def test_llmapi_engine_wiring(fake_llmapi, caplog):
-    from forge.engines import trtllm_backend
+    from forge.engines.trtllm import backend as trtllm_backend
     c = contract(artifact=CKPT, kv=KvCache(tokens_per_block=64, max_tokens=4096, host_cache_size=0,
                                            block_reuse=True))
     with caplog.at_level("INFO", logger="forge.engines.trtllm"):
@@ -312,7 +312,7 @@ def test_llmapi_engine_wiring(fake_llmapi, caplog):
 
 
 def test_llmapi_without_kv_dtype_field_is_refused(fake_llmapi, monkeypatch):
-    from forge.engines import trtllm_backend
+    from forge.engines.trtllm import backend as trtllm_backend
     monkeypatch.setattr(sys.modules["tensorrt_llm.llmapi"].KvCacheConfig, "model_fields", {"max_tokens": None})
     c = contract(artifact=CKPT)
     with pytest.raises(EngineUnavailable, match=r"::\$\.precision\.kv_cache: TensorRT-LLM 1\.4\.0rc4 has no "

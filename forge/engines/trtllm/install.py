@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from forge.engines.trtllm_release import Release, release_from_models
+from forge.engines.trtllm.release import Release, release_from_models
 from forge.errors import EngineUnavailable
 
 INSTALL_HINT = ("backend 'trtllm' needs TensorRT-LLM on Linux with an NVIDIA GPU and driver: pip install "

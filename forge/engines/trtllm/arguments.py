@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 from forge.config.models import Contract
-from forge.engines.trtllm_release import Release, ships_executor
-from forge.engines.trtllm_section import SECTION, TrtllmSection
+from forge.engines.trtllm.release import Release, ships_executor
+from forge.engines.trtllm.section import SECTION, TrtllmSection
 from forge.errors import EngineUnavailable
 
 ITER_STATS_MAX_ITERATIONS = 128          # stats kept between two stats() calls (bounded memory)

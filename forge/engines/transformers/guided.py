@@ -27,7 +27,7 @@ import torch
 from transformers.generation.continuous_batching.cb_logits_processors import ContinuousBatchingLogitsProcessor
 
 from forge.engines.choice_trie import ChoiceState, ChoiceTrie, budget_problem, encode_choices  # noqa: F401 - re-exported
-from forge.engines.hf.guided_json import Closer, JsonState, strict_objects
+from forge.engines.transformers.guided_json import Closer, JsonState, strict_objects
 from forge.engines.interface import Guide
 
 SHORTEST_SEARCH_LIMIT = 1024   # tokens the up-front search for a schema's shortest JSON may take

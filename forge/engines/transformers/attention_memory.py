@@ -29,8 +29,8 @@ from forge.config.kvmath import KV_DTYPE_BYTES
 from forge.config.models import Contract
 from forge.config.plan import CardPlan
 from forge.config.units import fmt_bytes
-from forge.engines.hf.sizing import FLASH, PRECISION_TO_DTYPE, dtype_of, section_of
-from forge.engines.hf.section import BACKEND
+from forge.engines.transformers.sizing import FLASH, PRECISION_TO_DTYPE, dtype_of, section_of
+from forge.engines.transformers.section import BACKEND
 from forge.errors import ForgeError, Problem
 
 SCORE_BYTES = 4                          # the softmax runs in float32 whatever the model's dtype

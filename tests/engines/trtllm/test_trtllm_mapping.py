@@ -1,5 +1,5 @@
 """The trtllm backend's pure mapping (contract -> TensorRT-LLM settings), and its guards on a machine without
-TensorRT-LLM. tests/engines/test_trtllm_wiring.py drives the backend against stand-in bindings."""
+TensorRT-LLM. tests/engines/trtllm/test_trtllm_wiring.py drives the backend against stand-in bindings."""
 from __future__ import annotations
 
 import json
@@ -11,10 +11,10 @@ import pytest
 
 from forge.config.models import Artifact, KvCache
 from forge.config.plan import plan_card
-from forge.engines import trtllm_mapping as tm
+from forge.engines.trtllm import mapping as tm
 from forge.engines.interface import EngineRequest, Guide, Sampling
 from forge.errors import ConfigError, EngineUnavailable
-from tests.engines.trtllm_contracts import CKPT, STATS_154, contract, gpu_card as _card
+from tests.engines.trtllm.contracts import CKPT, STATS_154, contract, gpu_card as _card
 
 
 # ----------------------------------------------------------------------------- engine_dir: ExecutorConfig
@@ -169,7 +169,7 @@ def test_cuda_device_ordinal():
 
 # ----------------------------------------------------------------------------- guards on this machine
 def test_backend_module_imports_no_engine_library():
-    code = ("import sys, forge.engines.trtllm_backend as b; "
+    code = ("import sys, forge.engines.trtllm.backend as b; "
             "print(sorted(m for m in ('tensorrt_llm', 'torch', 'transformers') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip() == "[]"
@@ -177,7 +177,7 @@ def test_backend_module_imports_no_engine_library():
 
 def test_backend_is_registered_as_trtllm():
     from forge import backends
-    from forge.engines import trtllm_backend
+    from forge.engines.trtllm import backend as trtllm_backend
     b = backends.get("trtllm")
     assert (b.factory, b.section, b.rules) == (trtllm_backend.create_engine, trtllm_backend.TrtllmSection,
                                                (trtllm_backend.trtllm_contract_rule,))
@@ -185,7 +185,7 @@ def test_backend_is_registered_as_trtllm():
 
 
 def test_factory_without_tensorrt_llm_raises_engine_unavailable(monkeypatch):
-    from forge.engines import trtllm_backend
+    from forge.engines.trtllm import backend as trtllm_backend
     monkeypatch.setitem(sys.modules, "tensorrt_llm", None)   # import fails as on any machine without it
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     monkeypatch.setenv("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
@@ -199,7 +199,7 @@ def test_factory_without_tensorrt_llm_raises_engine_unavailable(monkeypatch):
 def test_validation_rule_reports_trtllm_refusals():
     from forge.config.load import LoadedSet
     from forge.config.registry import from_plugins
-    from forge.engines import trtllm_backend
+    from forge.engines.trtllm import backend as trtllm_backend
     assert trtllm_backend.trtllm_contract_rule in from_plugins().rules
     full = contract(kv=KvCache(tokens_per_block=32, free_gpu_memory_fraction=1.0, host_cache_size=0,
                                block_reuse=True))
@@ -209,7 +209,7 @@ def test_validation_rule_reports_trtllm_refusals():
 
 
 def test_factory_refuses_contract_problems_before_importing(monkeypatch):
-    from forge.engines import trtllm_backend
+    from forge.engines.trtllm import backend as trtllm_backend
     c = contract(kv=KvCache(tokens_per_block=32, free_gpu_memory_fraction=1.0, host_cache_size=0, block_reuse=True))
     with pytest.raises(ConfigError, match=r"free_gpu_memory_fraction"):
         trtllm_backend.create_engine(c, plan_card(_card(), c))

@@ -11,7 +11,7 @@ from importlib import metadata
 from typing import Optional
 
 from forge.config.files import shown
-from forge.engines.hf.section import Q_PADDING_PRESET   # transformers 5.24's query padding (initialization.py)
+from forge.engines.transformers.section import Q_PADDING_PRESET   # transformers 5.24's query padding (initialization.py)
 from forge.errors import Problem
 from forge.tunables import Choice, Tunable
 

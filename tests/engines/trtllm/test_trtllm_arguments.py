@@ -9,13 +9,13 @@ import pytest
 
 from forge.config.models import Artifact, Card, Contract, KvCache, Limits, ModelGeometry, Precision, Target
 from forge.config.plan import plan_card
-from forge.engines import trtllm_mapping as tm
+from forge.engines.trtllm import mapping as tm
 from forge.engines.interface import EngineRequest, Sampling
-from forge.engines.trtllm_arguments import cuda_graph_batch_sizes
-from forge.engines.trtllm_release import Release, ships_executor, version_tuple
-from forge.engines.trtllm_section import SECTION, TrtllmSection
+from forge.engines.trtllm.arguments import cuda_graph_batch_sizes
+from forge.engines.trtllm.release import Release, ships_executor, version_tuple
+from forge.engines.trtllm.section import SECTION, TrtllmSection
 from forge.errors import EngineUnavailable
-from tests.engines.trtllm_recorded import main_release, recorded_fields, recorded_files
+from tests.engines.trtllm.recorded import main_release, recorded_fields, recorded_files
 
 LLAMA7B = ModelGeometry(architecture="LlamaForCausalLM", num_layers=32, num_kv_heads=8, head_dim=128,
                         vocab_size=32000, weights_gib=7.2)
@@ -249,7 +249,7 @@ def test_release_fields_are_read_from_pydantic_models_and_dataclasses():
 
     import pydantic
 
-    from forge.engines.trtllm_release import model_field_names, release_from_models
+    from forge.engines.trtllm.release import model_field_names, release_from_models
 
     class Kv(pydantic.BaseModel):
         dtype: str = "auto"

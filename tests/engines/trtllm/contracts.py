@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from forge.config.models import Artifact, Card, Contract, KvCache, Limits, ModelGeometry, Precision, Target
-from forge.engines.trtllm_section import SECTION, TrtllmSection
+from forge.engines.trtllm.section import SECTION, TrtllmSection
 
 LLAMA7B = ModelGeometry(architecture="LlamaForCausalLM", num_layers=32, num_kv_heads=8, head_dim=128,
                         vocab_size=32000, weights_gib=7.2)

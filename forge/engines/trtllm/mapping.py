@@ -16,11 +16,11 @@ from typing import Any, Mapping, Optional, Sequence, Union
 from forge.config.models import Contract
 from forge.config.plan import CardPlan
 from forge.engines.interface import EngineRequest, Guide, IterationStats, Sampling, sampling_problem
-from forge.engines.trtllm_arguments import (ITER_STATS_MAX_ITERATIONS, MAX_TOKENS_MEMORY_CAP,  # noqa: F401
+from forge.engines.trtllm.arguments import (ITER_STATS_MAX_ITERATIONS, MAX_TOKENS_MEMORY_CAP,  # noqa: F401
                                             kv_sizing, llm_api_arguments, torch_kv_dtype)
-from forge.engines.trtllm_quant import kv_quant_problems
-from forge.engines.trtllm_release import Release
-from forge.engines.trtllm_section import SECTION, TrtllmSection
+from forge.engines.trtllm.quant import kv_quant_problems
+from forge.engines.trtllm.release import Release
+from forge.engines.trtllm.section import SECTION, TrtllmSection
 from forge.errors import EngineUnavailable, Problem, display_path
 
 CAPACITY_POLICIES = ("GUARANTEED_NO_EVICT", "MAX_UTILIZATION", "STATIC_BATCH")

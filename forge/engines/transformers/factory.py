@@ -6,8 +6,8 @@ import logging
 import time
 
 from forge.config.plan import CardPlan, one_engine
-from forge.engines.hf import requests as reqs
-from forge.engines.hf.sizing import cb_config_kwargs, device_of, dtype_of, section_of, where
+from forge.engines.transformers import requests as reqs
+from forge.engines.transformers.sizing import cb_config_kwargs, device_of, dtype_of, section_of, where
 from forge.engines.interface import Sampling
 from forge.errors import EngineUnavailable, ForgeError
 
@@ -63,8 +63,8 @@ def build_engine(contract, plan: CardPlan):
         from transformers import ContinuousBatchingConfig, GenerationConfig
     except ImportError as exc:
         raise EngineUnavailable(f"the transformers backend needs the engine extra (torch, transformers): {exc}") from None
-    from forge.engines.hf.engine import TransformersEngine
-    from forge.engines.hf.loading import load_model, load_tokenizer
+    from forge.engines.transformers.engine import TransformersEngine
+    from forge.engines.transformers.loading import load_model, load_tokenizer
 
     if contract is not plan.contract and contract != plan.contract:
         raise ForgeError(f"{where(plan)}: the card plan was made for contract {plan.contract.contract}, "
@@ -96,13 +96,13 @@ def build_engine(contract, plan: CardPlan):
         _guard_request_kwargs(manager)
         guides = None
         if not no_guides_why:   # the guide processor must be in place before warmup builds the loop's buffers
-            from forge.engines.hf.guided import install
+            from forge.engines.transformers.guided import install
 
             eos_ids = eos if isinstance(eos, (list, tuple)) else [eos]
             guides = install(manager, tokenizer, vocab, [int(e) for e in eos_ids if e is not None and int(e) >= 0])
         seeds = None
         if not no_guides_why and section.sampling == "per_request":   # per-request seeds: the same eager loop
-            from forge.engines.hf.seeded import install as install_seeds
+            from forge.engines.transformers.seeded import install as install_seeds
 
             seeds = install_seeds(manager)
         # Builds the paged cache and the scheduler now, in this thread, so a sizing error is raised here and not
@@ -111,7 +111,7 @@ def build_engine(contract, plan: CardPlan):
     except (MemoryError, ValueError, RuntimeError, TypeError) as exc:
         raise ForgeError(f"{where(plan)}: transformers refused the engine settings ({type(exc).__name__}: "
                          f"{' '.join(str(exc).split())[:300]})") from None
-    from forge.engines.hf import graph_shapes
+    from forge.engines.transformers import graph_shapes
 
     shapes_report = None
     if graph_shapes.in_use(section):     # captured before the loop starts, in the thread that built it
@@ -143,7 +143,7 @@ def build_engine(contract, plan: CardPlan):
                                 guides=guides, no_guides_why=no_guides_why, seeds=seeds)
     manager.start()
     if device.startswith("cuda"):      # a fresh process's first full-size steps, before any job's (warm.py)
-        from forge.engines.hf.warm import warm_up
+        from forge.engines.transformers.warm import warm_up
 
         t0 = time.monotonic()
         try:
