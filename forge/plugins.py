@@ -13,8 +13,6 @@ DEFAULT_PLUGINS = (
     "forge.engines.transformers.backend",
     "forge.engines.trtllm.backend",
     "forge.engines.vllm.backend",
-    "forge.engines.faults",
-    "forge.engines.instant",
     "forge.hardware.probe",
 )
 

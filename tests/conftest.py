@@ -6,6 +6,7 @@
 """
 import atexit
 import compileall
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -15,8 +16,11 @@ from pathlib import Path
 
 import pytest
 
-# Tests never load third-party entry points; built-ins register as usual.
-os.environ.setdefault("FORGE_LOAD_PLUGINS", "")
+from tests.forge_cli import TEST_PLUGINS
+
+# Tests never load third-party entry points; built-ins register as usual, and forge-bench's plugin (`forge bench`,
+# the test engines instant and faults) by name: the README's test command installs it.
+os.environ.setdefault("FORGE_LOAD_PLUGINS", TEST_PLUGINS)
 sys._called_from_test = True  # type: ignore[attr-defined]
 
 # A FORGE_HOME for this test process before anything runs, so that a module- or session-scoped fixture that
@@ -94,7 +98,11 @@ def pytest_configure(config):
         # Byte-compile forge once, as pip does on a non-editable install: with PYTHONDONTWRITEBYTECODE set (as on
         # the development and CI machines) every forge process the suite starts, node and card worker alike,
         # compiled forge's modules from source again (0.3 s of a 1.0 s instant-engine `forge run`).
-        compileall.compile_dir(ROOT / "forge", quiet=1)
+        for package in (ROOT / "forge", ROOT / "bench" / "forge_bench"):
+            compileall.compile_dir(package, quiet=1)
+    if importlib.util.find_spec("forge_bench") is None:
+        raise pytest.UsageError("the tests need forge-bench (`forge bench`, the engines instant and faults): "
+                                "pip install -e '.[bench]' -e ./bench")
     # Plain `python -m pytest` (no test paths given) selects the fast tests; named paths run as asked, and an
     # explicit -m (even -m '') or --slow decides otherwise.
     if config.getoption("--slow"):

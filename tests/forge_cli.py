@@ -8,8 +8,8 @@
   process themselves (Popen) and talk to it while it runs.
 - `provisioned(home, ...)`: a node brought up as users do (`forge provision`), for as long as a `with` block runs.
 
-Both paths run with the repository root as the working directory, FORGE_LOAD_PLUGINS empty (no third-party
-plugins) and FORGE_DEBUG unset (a traceback is a failure, not a debug aid); the test's own FORGE_HOME
+Both paths run with the repository root as the working directory, FORGE_LOAD_PLUGINS=TEST_PLUGINS (forge-bench's
+plugin, no other third-party one) and FORGE_DEBUG unset (a traceback is a failure, not a debug aid); the test's own FORGE_HOME
 (tests/conftest.py) is inherited.
 """
 from __future__ import annotations
@@ -27,12 +27,13 @@ from pathlib import Path
 from typing import Optional
 
 REPO = Path(__file__).resolve().parent.parent
+TEST_PLUGINS = "forge_bench.plugin"              # `forge bench` and the test engines instant and faults
 WORKER_MARK = "runpy.run_module('forge.host'"      # forge/link/worker_argv.py's bootstrap
 
 
 def forge_env(extra: Optional[dict] = None) -> dict[str, str]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
-           "FORGE_LOAD_PLUGINS": "", "PYTHONUNBUFFERED": "1"}
+           "FORGE_LOAD_PLUGINS": TEST_PLUGINS, "PYTHONUNBUFFERED": "1"}
     env.pop("FORGE_DEBUG", None)
     env.update(extra or {})
     return env
@@ -101,7 +102,7 @@ def invoke(*args, env: Optional[dict] = None, cwd: Path = REPO) -> Invoked:
     import forge.cli
 
     runner = CliRunner()
-    extra = {"FORGE_LOAD_PLUGINS": "", "FORGE_DEBUG": None, **(env or {})}
+    extra = {"FORGE_LOAD_PLUGINS": TEST_PLUGINS, "FORGE_DEBUG": None, **(env or {})}
     before = Path.cwd()
     os.chdir(cwd)
     try:

@@ -25,7 +25,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("link",),                                     # node <-> host
     ("node",),
     ("functions",),                                # what a function author sees, the job loop
-    ("serve", "cluster", "bench", "top", "openai_batch"),   # the products built on a node and the functions
+    ("serve", "cluster", "top", "openai_batch"),   # the products built on a node and the functions
     ("cli",),
     ("__main__",),
 )
@@ -175,3 +175,26 @@ def test_the_check_sees_an_upward_import(tmp_path, monkeypatch):
         assert "node -> functions" in str(e) and "forge/node/bad.py:2" in str(e)
     else:
         raise AssertionError("an upward import was not reported")
+
+
+def imports_of_bench(root: Path) -> list[str]:
+    """Where a module under root imports forge_bench, by statement or by name (importlib, plugin lists)."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+            names = ([alias.name for alias in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom)
+                     else [node.value] if isinstance(node, ast.Constant) and isinstance(node.value, str) else [])
+            if any(name == "forge_bench" or name.startswith("forge_bench.") for name in names):
+                found.append(f"{path.relative_to(root.parent)}:{node.lineno}")
+    return found
+
+
+def test_forge_never_imports_forge_bench(tmp_path):
+    """forge-bench (bench/) is built on forge and reaches it only through the plugin hooks; the core runs without
+    it. The check can fail: a lazy import and a module named in a string are both found."""
+    assert not imports_of_bench(FORGE), f"forge imports forge_bench: {imports_of_bench(FORGE)}"
+    (tmp_path / "forge").mkdir()
+    (tmp_path / "forge" / "bad.py").write_text("import importlib\n\n\ndef f():\n    from forge_bench import cli\n"
+                                             "    importlib.import_module('forge_bench.plugin')\n")
+    assert imports_of_bench(tmp_path / "forge") == ["forge/bad.py:5", "forge/bad.py:6"]

@@ -34,9 +34,9 @@ def one(variant: str, records: int, work: Path, node_only: bool) -> dict:
         g._tuned = True                          # as if already tuned: Python's defaults stay
         if variant == "process-gc-off":
             gc.disable()
-    from forge.bench.control_plane import NEW_TOKENS, PROMPT_TOKENS, instant_node
-    from forge.bench.forge_mode import SPEC, _Opts, write_records
-    from forge.bench.workload import BenchRequest
+    from forge_bench.control_plane import NEW_TOKENS, PROMPT_TOKENS, instant_node
+    from forge_bench.forge_mode import SPEC, _Opts, write_records
+    from forge_bench.workload import BenchRequest
     from forge.functions.api import GenerateParams
     from forge.functions.runner import run_records
     from forge.functions.store import open_store

@@ -22,12 +22,25 @@ COMMAND_MODULES = (
     "forge.cli.status",
     "forge.cli.report",
     "forge.cli.serve",
-    "forge.cli.bench",
     "forge.cli.top",
 )
+# Commands that come with a package of their own, registered through the forge_register_commands hook: when one is
+# missing, what to install (one line, exit code 2) rather than click's bare "No such command".
+PACKAGED_APART = {
+    "bench": "`forge bench` comes with the forge-bench package, not installed here (or left out by FORGE_LOAD_PLUGINS):"
+             " in a forge checkout, pip install -e '.[bench]' -e ./bench",
+}
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+class _ForgeGroup(click.Group):
+    def get_command(self, ctx: click.Context, cmd_name: str):
+        command = super().get_command(ctx, cmd_name)
+        if command is None and cmd_name in PACKAGED_APART:
+            raise UsageError(PACKAGED_APART[cmd_name])
+        return command
+
+
+@click.group(cls=_ForgeGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(package_name="forge-llm", prog_name="forge")
 def cli() -> None:
     """forge — engines as inputs to provisioning; plain Python functions over millions of records."""

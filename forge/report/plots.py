@@ -15,11 +15,11 @@ from matplotlib.ticker import FuncFormatter, PercentFormatter
 
 from forge.atomic import save_figure
 from forge.errors import ForgeError, UsageError, display_path
-from forge.report.report import REPORT_FORMAT, REPORT_VERSION, windowed_rate_series
+from forge.report.files import DPI, REPORT_FORMAT, REPORT_VERSION, is_png
+from forge.report.rates import windowed_rate_series
 
 COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf"]
 STAGE_COLORS = {"producer": "#7f7f7f", "broker": "#1f3b73", "writer": "#bcbd22"}
-DPI = 110
 TOKENS_PER_S_WINDOW_S = 5.0     # the tokens/s plot: mean over this trailing window (bursts of finishing requests)
 
 
@@ -224,17 +224,9 @@ def render_plots(report_json: str | os.PathLike, out_dir: str | os.PathLike | No
         xlabel = xlabel.replace("time since start", "running time, the run's starts back to back")
     paths = [out / f"{stem}.{name}.png" for name, _ in PLOTS]
     for path in paths:      # forge never writes over a file it did not write: only PNGs are replaced
-        if (path.exists() or path.is_symlink()) and not _is_png(path):
+        if (path.exists() or path.is_symlink()) and not is_png(path):
             raise ForgeError(f"{display_path(path)}: exists and is not a PNG; forge never writes over a file "
                              "it did not write: choose another --out")
     for path, (name, draw) in zip(paths, PLOTS):
         draw(report, x, xlabel, path)
     return paths
-
-
-def _is_png(path: Path) -> bool:
-    try:
-        with open(path, "rb") as f:
-            return f.read(8) == b"\x89PNG\r\n\x1a\n"
-    except OSError:
-        return False

@@ -11,58 +11,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from forge.atomic import replace_text
 from forge.errors import display_path
 from forge.records.writer import valid_text
+from forge.report.files import REPORT_FORMAT, REPORT_VERSION, report_paths, write_json_and_markdown
 from forge.report.markdown import render_markdown
+from forge.report.rates import rate_series
 from forge.report.sampler import Sampler
-
-REPORT_FORMAT = "forge-run-report"
-REPORT_VERSION = 1
-DIR_REPORT_NAME = "forge"          # a run directory gets forge.report.json / forge.report.md
-
-
-def report_paths(target: str | os.PathLike) -> tuple[Path, Path]:
-    """Where the report of an output file (or a run directory) lives: (json, markdown)."""
-    target = Path(target)
-    base = target / DIR_REPORT_NAME if target.is_dir() else target
-    return Path(f"{base}.report.json"), Path(f"{base}.report.md")
-
-
-def rate_series(t_s: list[float], cumulative: list[float | None]) -> list[float | None]:
-    """Per-second rate between consecutive kept points; None where unknown or the counter reset."""
-    out: list[float | None] = [None]
-    steps = sorted(b - a for a, b in zip(t_s, t_s[1:]))
-    typical = steps[len(steps) // 2] if steps else 0.0
-    for i in range(1, len(t_s)):
-        j = i - 1
-        # A short last interval (the final sample) holds a burst of completions: tokens are counted when a
-        # request finishes, so measure it together with the interval before it rather than draw a spike.
-        if i >= 2 and t_s[i] - t_s[j] < 0.5 * typical:
-            j = i - 2
-        a, b, dt = cumulative[j], cumulative[i], t_s[i] - t_s[j]
-        out.append((b - a) / dt if a is not None and b is not None and dt > 0 and b >= a else None)
-    return out[: len(t_s)]
-
-
-def windowed_rate_series(t_s: list[float], cumulative: list[float | None],
-                         window_s: float) -> list[float | None]:
-    """Per-second rate over a trailing window of window_s seconds ending at each point (at least one interval):
-    tokens are counted when a request finishes, so a per-interval rate jumps between bursts and gaps; the mean
-    over a few seconds shows the throughput a reader means. Falls back to the per-interval rate where the
-    window's first point is unknown or the counter reset inside the window."""
-    raw = rate_series(t_s, cumulative)
-    out: list[float | None] = [None]
-    j = 0
-    for i in range(1, len(t_s)):
-        while j < i - 1 and t_s[i] - t_s[j] > window_s:
-            j += 1
-        a, b, dt = cumulative[j], cumulative[i], t_s[i] - t_s[j]
-        window = cumulative[j:i + 1]
-        steady = a is not None and b is not None and dt > 0 and all(
-            x is not None and y is not None and y >= x for x, y in zip(window, window[1:]))
-        out.append((b - a) / dt if steady else raw[i])
-    return out[: len(t_s)]
 
 
 def _ratio(num: float, den: float) -> float | None:
@@ -180,10 +134,9 @@ def write_report(target: str | os.PathLike, summary: dict[str, Any], sampler: Sa
         from forge.report.merge import add_unreported_starts
 
         report = add_unreported_starts(report, starts)
-    json_path.parent.mkdir(parents=True, exist_ok=True)
-    replace_text(json_path, json.dumps(report, indent=1, default=str) + "\n")
     # the Markdown names the JSON file: a name that is not UTF-8 is quoted with its bytes escaped, as in the JSON
-    replace_text(md_path, render_markdown(report, valid_text(display_path(json_path))))
+    write_json_and_markdown(json_path, report, md_path, render_markdown(report, valid_text(display_path(json_path))),
+                            indent=1)
     _refresh_plots(json_path)
     return json_path, md_path
 

@@ -78,12 +78,12 @@ def test_control_plane_runs_the_full_path_with_the_instant_engine(tmp_path):
 
 @pytest.mark.parametrize("args, message", [
     (("bench", "run", "docs/bench/workloads/gpu-mixed.yaml"), "do not fit contract tiny-llama-cpu"),
-    (("bench", "run", "forge/bench/quick.yaml", "--modes", "direct,turbo"), "unknown mode(s) turbo"),
-    (("bench", "run", "forge/bench/quick.yaml", "--direct", "deep"), "unknown variant 'deep'"),
+    (("bench", "run", "bench/forge_bench/quick.yaml", "--modes", "direct,turbo"), "unknown mode(s) turbo"),
+    (("bench", "run", "bench/forge_bench/quick.yaml", "--direct", "deep"), "unknown variant 'deep'"),
     (("bench", "run", "node_descriptions/local.yaml"), "local.yaml::$.node: unknown key"),
-    (("bench", "run", "forge/bench/quick.yaml", "--modes", "forge", "--direct-process", "child"),
+    (("bench", "run", "bench/forge_bench/quick.yaml", "--modes", "forge", "--direct-process", "child"),
      "--direct-process child: applies to the direct mode, and --modes has none"),
-    (("bench", "run", "forge/bench/quick.yaml", "--node", "docs/bench/h200x2/node-equal-1p5b.yaml",
+    (("bench", "run", "bench/forge_bench/quick.yaml", "--node", "docs/bench/h200x2/node-equal-1p5b.yaml",
       "--direct-process", "child"), "--direct-process: this node has several cards"),
 ])
 def test_bad_invocations_get_one_line(tmp_path, args, message):

@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from forge.bench import bounds as bd
-from forge.bench.workload import generate, load_workload
 from forge.config.load import load_node
+from forge_bench import bounds as bd
+from forge_bench.workload import generate, load_workload
 
 ROOT = Path(__file__).resolve().parents[2]
 

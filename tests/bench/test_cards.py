@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from forge.bench.cards import summarize
-from forge.bench.cpu_nodes import speeds_of, step_ms_for, write_cpu_node
+from forge_bench.cards import summarize
+from forge_bench.cpu_nodes import speeds_of, step_ms_for, write_cpu_node
 from tests.forge_cli import forge, invoke
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from forge.bench.modes import BenchPlan, run_modes
-from forge.bench.workload import load_workload
 from forge.config.load import load_node
+from forge_bench.modes import BenchPlan, run_modes
+from forge_bench.workload import load_workload
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.timeout(300)
 def test_direct_in_a_child_process_does_the_same_work_as_in_the_bench(tmp_path):
     pytest.importorskip("transformers")
-    loaded, spec = load_node(ROOT / "node_descriptions" / "local.yaml"), load_workload(ROOT / "forge/bench/quick.yaml")
+    loaded, spec = load_node(ROOT / "node_descriptions" / "local.yaml"), load_workload(ROOT / "bench/forge_bench/quick.yaml")
     runs = {}
     for where in ("child", "bench"):
         bp = BenchPlan(loaded=loaded, spec=spec, workdir=tmp_path / where, modes=("direct",),

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from forge.bench.forge_mode import run_forge_async, write_records
-from forge.bench.workload import BenchRequest
 from forge.config.load import load_node
+from forge_bench.forge_mode import run_forge_async, write_records
+from forge_bench.workload import BenchRequest
 
 CRASH_NODE = Path(__file__).parents[1] / "reliability" / "fixtures" / "nodes" / "crash.yaml"
 

@@ -1,4 +1,4 @@
-"""GPU utilisation over a bench window (forge/bench/gpu_sampler.py).
+"""GPU utilisation over a bench window (bench/forge_bench/gpu_sampler.py).
 
 The aggregation is pure logic, tested with a stand-in NVML module that replays scripted readings; the path a
 user runs is tested with the real nvidia-ml-py on this machine (no NVML library or no GPU: nothing sampled,
@@ -14,10 +14,10 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from forge.bench import gpu_sampler
-from forge.bench.cpu_nodes import write_cpu_node
-from forge.bench.gpu_sampler import GpuSampler, cell, gpus_of
-from forge.bench.report import gpu_util_line, mode_rows
+from forge_bench import gpu_sampler
+from forge_bench.cpu_nodes import write_cpu_node
+from forge_bench.gpu_sampler import GpuSampler, cell, gpus_of
+from forge_bench.report import gpu_util_line, mode_rows
 from tests.forge_cli import forge
 
 ROOT = Path(__file__).resolve().parents[2]

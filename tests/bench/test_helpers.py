@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import pytest
 
-from forge.bench.direct import parse_variants
-from forge.bench.modes import ratios
-from forge.bench.results import ModeResult, best
 from forge.errors import UsageError
+from forge_bench.direct import parse_variants
+from forge_bench.modes import ratios
+from forge_bench.results import ModeResult, best
 
 
 def test_direct_variants():

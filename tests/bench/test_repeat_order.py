@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from forge.bench.modes import BenchPlan, ratios, repeat_order, run_modes
-from forge.bench.workload import load_workload
 from forge.config.load import load_node
+from forge_bench.modes import BenchPlan, ratios, repeat_order, run_modes
+from forge_bench.workload import load_workload
 
 ROOT = Path(__file__).resolve().parents[2]
 INSTANT_NODE = ROOT / "tests" / "reliability" / "fixtures" / "nodes" / "instant.yaml"

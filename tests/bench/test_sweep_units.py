@@ -6,12 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from forge.bench import candidates as cm
-from forge.bench.candidates import Candidate, apply, dimensions, single_changes, winners
-from forge.bench.tierfile import load_tier, write_contract, write_tier
 from forge.config.load import load_node, load_paths
 from forge.config.registry import from_plugins
 from forge.errors import UsageError
+from forge_bench import candidates as cm
+from forge_bench.candidates import Candidate, apply, dimensions, single_changes, winners
+from forge_bench.tierfile import load_tier, write_contract, write_tier
 from tests.forge_cli import invoke
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -176,7 +176,7 @@ def test_a_written_contract_validates_anywhere_its_paths_rebased(tmp_path, gpu_l
 
 
 def test_the_winner_is_what_the_confirm_backs():
-    from forge.bench.winner import pick_winner
+    from forge_bench.winner import pick_winner
 
     def ran(key, tps):
         c = Candidate(key, {} if key == "base" else {"a.x": key}, "base" if key == "base" else "one", status="ran")
@@ -194,16 +194,16 @@ def test_the_winner_is_what_the_confirm_backs():
 
 
 def test_a_candidate_starts_only_with_time_for_it_and_the_confirm(cpu_plan, tmp_path, monkeypatch):
-    from forge.bench.sweep import Sweep, SweepOptions
+    from forge_bench.sweep import Sweep, SweepOptions
 
     loaded = load_node(ROOT / "node_descriptions" / "local.yaml")
-    sweep = Sweep(loaded, "tiny-llama-cpu", SweepOptions(workload=ROOT / "forge/bench/quick.yaml", deadline_s=200,
+    sweep = Sweep(loaded, "tiny-llama-cpu", SweepOptions(workload=ROOT / "bench/forge_bench/quick.yaml", deadline_s=200,
                                                          candidate_limit_s=30, confirm_repeat=2), tmp_path)
     base, other = sweep.candidates[0], next(c for c in sweep.candidates if c.status == "pending" and c.stage == "one")
     base.status, base.wall_s = "ran", 20.0
     base.result = {"completed": 4, "requests": 4, "tokens_per_s": 100.0, "window_s": 10.0}
     clock = [sweep.t0]
-    monkeypatch.setattr("forge.bench.sweep.time.monotonic", lambda: clock[0])
+    monkeypatch.setattr("forge_bench.sweep.time.monotonic", lambda: clock[0])
     assert sweep._limit(other) == 30.0                    # 200 s left, nothing to confirm yet: the candidate limit
     clock[0] = sweep.t0 + 175                             # 25 s left >= the typical wall (the shipped tier's 20 s)
     assert sweep._limit(other) == 25.0
@@ -219,7 +219,7 @@ def test_a_candidate_starts_only_with_time_for_it_and_the_confirm(cpu_plan, tmp_
 
 
 def test_the_confirm_reserve_scales_only_the_window_to_the_confirm_records():
-    from forge.bench.sweep import confirm_reserve, typical_wall
+    from forge_bench.sweep import confirm_reserve, typical_wall
 
     base = Candidate("base", {}, "base", status="ran", wall_s=40.0, result={"window_s": 14.5})
     best = Candidate("g", {"x": 1}, "one", status="ran", wall_s=24.8, result={"window_s": 5.9})
@@ -234,7 +234,7 @@ def test_the_confirm_reserve_scales_only_the_window_to_the_confirm_records():
 def test_a_written_winner_sits_beside_the_shipped_tiers(tmp_path, gpu_loaded):
     """What the sweep stage writes into docs/bench/h200/: a new contract name and a node named after its file, so
     `forge validate docs/bench/h200/` holds both tiers without a name clash."""
-    from forge.bench.tierfile import write_node
+    from forge_bench.tierfile import write_node
 
     folder = tmp_path / "h200"
     sections = from_plugins().sections

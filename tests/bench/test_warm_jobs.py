@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from forge.bench.forge_mode import run_forge_async, settled_engine_stats, write_records
-from forge.bench.modes import warm_job_requests
-from forge.bench.workload import generate, load_workload
 from forge.config.load import load_node
 from forge.stats import EngineStats
+from forge_bench.forge_mode import run_forge_async, settled_engine_stats, write_records
+from forge_bench.modes import warm_job_requests
+from forge_bench.workload import generate, load_workload
 
 ROOT = Path(__file__).resolve().parents[2]
 INSTANT_NODE = ROOT / "tests" / "reliability" / "fixtures" / "nodes" / "instant.yaml"
@@ -115,7 +115,7 @@ def test_direct_runs_its_warm_jobs_through_the_manager_its_window_uses(tmp_path)
     from tests.forge_cli import forge
 
     def bench(out, *extra):
-        proc = forge("bench", "run", "forge/bench/quick.yaml", "--modes", "direct", "--direct", "longest", "--records",
+        proc = forge("bench", "run", "bench/forge_bench/quick.yaml", "--modes", "direct", "--direct", "longest", "--records",
                      12, "--out", out, *extra, timeout=200)
         assert proc.returncode == 0, proc.stderr[-3000:]
         return json.loads((out / "bench.json").read_text())["results"]
@@ -138,7 +138,7 @@ def test_direct_runs_its_warm_jobs_through_the_manager_its_window_uses(tmp_path)
 def test_a_settled_read_right_after_a_job_counts_every_step_the_engine_took(tmp_path):
     """On a real linked node (two CPU-bound instant cards, hosts in this process): the stats read as the job's last
     answer arrives count every engine step, prefix hit and token the hosts count a long-poll later."""
-    from forge.bench.cpu_nodes import write_cpu_node
+    from forge_bench.cpu_nodes import write_cpu_node
     from forge.link.link import COLLECT_WAIT_S
     from forge.node.local import LocalNode
     from forge.requests import GenerateParams

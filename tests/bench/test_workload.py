@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from forge.bench.workload import FIRST_ID, generate, load_workload, summary
 from forge.errors import ConfigError
+from forge_bench.workload import FIRST_ID, generate, load_workload, summary
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKLOADS = sorted((ROOT / "docs" / "bench" / "workloads").glob("*.yaml"))

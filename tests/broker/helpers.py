@@ -62,7 +62,7 @@ def simulate(core: BrokerCore, engines: list[SimEngine], reqs: list[BrokerReques
     ticks. Arrivals: everything up front; or feed_per_tick a tick (while the broker has room); or a closed
     loop keeping `in_system` requests pending or in flight (as `forge run --concurrency` does).
 
-    at_completion: an engine as the CPU-bound instant one (a token budget per step; forge/engines/instant_steps.py)
+    at_completion: an engine as the CPU-bound instant one (a token budget per step; bench/forge_bench/engines/instant_steps.py)
     with deliveries reported as the admission runtime reports them (forge/host/progress.py). Its speed is
     shared by the requests it holds, so a part-full engine delivers its full speed and divided by occupancy
     reads faster than it is; and a report carries the whole work of the requests that finished over the busy

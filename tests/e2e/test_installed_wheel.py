@@ -64,7 +64,7 @@ def test_main_command_runs_from_any_folder_on_the_packaged_default(installed, tm
     (work / "in.jsonl").write_text("\n".join(rows) + "\n")
     env = _clean_env(tmp_path / "home")
 
-    where = _run([installed / "python", "-c", "import forge, forge.embedded as e, forge.cli.bench as b; "
+    where = _run([installed / "python", "-c", "import forge, forge.embedded as e, forge_bench.cli as b; "
                   "print(forge.__file__); print(e.default_node_path()); print(e.TINY_MODEL_DIR); "
                   "print(b.QUICK_WORKLOAD if b.QUICK_WORKLOAD.is_file() else 'missing')"], cwd=work, env=env)
     assert where.returncode == 0, where.stderr

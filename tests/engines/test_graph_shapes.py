@@ -113,7 +113,7 @@ def test_capture_prepares_each_listed_shape_under_its_own_key_and_gives_the_pool
     sys.path.insert(0, str(HERE))
     from test_transformers_backend import TINY, contract, plan_for
 
-    from forge.bench.direct import DirectEngine
+    from forge_bench.direct import DirectEngine
 
     direct = DirectEngine(plan_for(contract(TINY)))       # tiny tier: 512-token budget, a 16,384-token pool
     manager = direct.manager()
@@ -178,7 +178,7 @@ def test_an_engine_whose_tier_captures_no_graphs_neither_reads_nor_writes_its_ca
 def test_a_sweep_candidate_written_elsewhere_keeps_its_cache_folder(tmp_path):
     """tierfile rebases the cache folder like the artifact's, so a candidate or --write-best copy names the same
     folder (a candidate of another budget or padding then keeps its own file there)."""
-    from forge.bench.tierfile import contract_data
+    from forge_bench.tierfile import contract_data
     from forge.config.load import load_paths
 
     case = HERE.parent / "cases" / "invalid" / "graph-shape-cache"

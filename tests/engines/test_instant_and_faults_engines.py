@@ -9,10 +9,10 @@ from tests.host._admission_harness import TINY, contract, faulty, instant, plan
 from forge.config.load import load_paths
 from forge.config.plan import plan_card
 from forge.config.models import Card
-from forge.engines.instant import ByteTokenizer, InstantEngine, InstantSection, JsonTokenizer, synthetic_output
 from forge.engines.interface import EngineBusy, EngineFailed, EngineRequest, Guide
 from forge.errors import ForgeError
 from forge.backends import factories as backend_factories
+from forge_bench.engines.instant import ByteTokenizer, InstantEngine, InstantSection, JsonTokenizer, synthetic_output
 
 pytestmark = pytest.mark.timeout(20)
 

@@ -20,8 +20,6 @@ from typing import Optional
 from forge.broker import Broker, BrokerCore, BrokerRequest
 from forge.config.models import Card, Contract
 from forge.config.plan import plan_card
-from forge.engines.faults import FaultsSection, FaultyEngine
-from forge.engines.instant import InstantEngine, InstantSection
 from forge.host.admission import CardAdmission, geometry_from_plan
 from forge.host.engine_host import MAX_PENDING_FACTOR
 from forge.host.feed import Feed
@@ -30,6 +28,8 @@ from forge.host.wire import from_wire
 from forge.link.link import EngineLink
 from forge.link.thread import ThreadTransport
 from forge.requests import DEFAULT_OPTIONS
+from forge_bench.engines.faults import FaultsSection, FaultyEngine
+from forge_bench.engines.instant import InstantEngine, InstantSection
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "forge" / "embedded" / "tiny-llama"

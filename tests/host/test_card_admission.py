@@ -8,8 +8,8 @@ import pytest
 
 from tests.host._admission_harness import Harness, LinkedCards, contract, faulty, instant, plan, prompt
 from forge import constants
-from forge.engines.instant import synthetic_output
 from forge.requests import RequestOptions
+from forge_bench.engines.instant import synthetic_output
 
 pytestmark = pytest.mark.timeout(30)
 

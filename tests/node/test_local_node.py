@@ -87,7 +87,7 @@ def test_a_failed_engine_on_the_thread_transport_fails_the_card_and_the_node_goe
 
 def test_a_tokenizer_copy_that_does_not_encode_as_the_engine_is_not_used(monkeypatch, capsys):
     """The node then tokenizes through the card's host: the same ids as the engine's own tokenizer."""
-    from forge.engines.instant import ByteTokenizer
+    from forge_bench.engines.instant import ByteTokenizer
     from forge.host.engine_host import EngineHost
 
     async def wrong_copy(self):

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from forge.bench.forge_mode import settled_engine_stats
 from forge.config.load import load_node
 from forge.functions.api import GenerateParams
 from forge.node.local import LocalNode
+from forge_bench.forge_mode import settled_engine_stats
 
 FIXTURE = Path(__file__).parent / "fixtures" / "replicas-tiny.yaml"
 PREFIXES, PER_PREFIX, PREFIX_TOKENS, OWN_TOKENS = 24, 8, 128, 8     # 4 blocks of 32 shared, 8 tokens of its own

@@ -1,6 +1,6 @@
 """The tokens/s plot's series: a trailing-window mean instead of the per-interval step series (tokens are
 counted when a request finishes, so per-interval rates swing between bursts and gaps)."""
-from forge.report.report import rate_series, windowed_rate_series
+from forge.report.rates import rate_series, windowed_rate_series
 
 
 def test_bursts_average_out_over_the_window():

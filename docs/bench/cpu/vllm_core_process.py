@@ -17,7 +17,7 @@ from pathlib import Path
 
 
 def main() -> None:
-    from forge.bench.workload import generate, load_workload
+    from forge_bench.workload import generate, load_workload
     from forge.config.load import load_node
     from forge.engines.vllm import mapping
 

@@ -1,7 +1,7 @@
 """`forge bench sweep CONTRACT`: find the contract's best tier on a workload, confirm it, write it.
 
-The candidates and the strategy are in forge/bench/candidates.py. Every candidate is written as a contract and a
-one-card node (forge/bench/tierfile.py), loaded through the one validation pipeline, and measured in its own
+The candidates and the strategy are in bench/forge_bench/candidates.py. Every candidate is written as a contract and a
+one-card node (bench/forge_bench/tierfile.py), loaded through the one validation pipeline, and measured in its own
 child process (`forge bench run` on that node) under a time limit: a slow candidate (a torch.compile warm-up) or
 a hung one is cut, not waited for, and the card's memory goes with the process. Before each candidate the sweep
 checks the total deadline (keeping back the time the confirm step needs), so it always ends with a report: what
@@ -16,13 +16,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-from forge.bench.candidates import (Candidate, apply, best_of, dimensions, folder_name, key_of, single_changes,
-                                    winners)
-from forge.bench.child import ChildProcess, last_line
-from forge.bench.tierfile import load_tier, write_tier
-from forge.bench.winner import pick_winner, write_winner
 from forge.config.load import LoadedNode, load_paths
 from forge.errors import ConfigError, UsageError
+from forge_bench.candidates import (Candidate, apply, best_of, dimensions, folder_name, key_of, single_changes,
+                                    winners)
+from forge_bench.child import ChildProcess, last_line
+from forge_bench.tierfile import load_tier, write_tier
+from forge_bench.winner import pick_winner, write_winner
 
 MIN_CANDIDATE_S = 5.0
 

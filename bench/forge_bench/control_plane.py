@@ -13,14 +13,14 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from forge.bench.forge_mode import run_forge, write_records
-from forge.bench.report import header, write_report
-from forge.bench.workload import BenchRequest
 from forge.config.load import LoadedNode
 from forge.config.models import Contract, Node
 from forge.config.plan import plan_card
-from forge.engines.instant import LABEL
 from forge.errors import UsageError
+from forge_bench.forge_mode import run_forge, write_records
+from forge_bench.report import header, write_report
+from forge_bench.workload import BenchRequest
+from forge_bench.engines.instant import LABEL
 
 PROMPT_TOKENS = 8
 NEW_TOKENS = 1

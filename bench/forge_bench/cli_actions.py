@@ -1,4 +1,4 @@
-"""What each `forge bench` command does, apart from its options (forge/cli/bench.py): load the node, run the
+"""What each `forge bench` command does, apart from its options (bench/forge_bench/cli.py): load the node, run the
 measurement, write the report. The commands' flags are parsed there; these take plain values."""
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from forge.errors import ForgeError, UsageError
 QUICK_RECORDS = 32
 QUICK_CONTROL_PLANE_RECORDS = 3000
 REPO = Path(__file__).resolve().parents[2]       # a checkout: `forge bench scaling` reads its workload there
-QUICK_WORKLOAD = Path(__file__).resolve().parents[1] / "bench" / "quick.yaml"     # package data
+QUICK_WORKLOAD = Path(__file__).resolve().parent / "quick.yaml"     # package data
 
 
 def _say(line: str) -> None:
@@ -42,12 +42,12 @@ def do_run(workload: Path, node_path: Optional[Path], out: Path, modes: Optional
            records: Optional[int], warmup: int, repeat: int, concurrency: Optional[int], peaks: Optional[dict] = None,
            card_transport: str = "process", together_records: Optional[int] = None, warm_jobs: int = 0,
            direct_process: str = "bench") -> list[Path]:
-    from forge.bench import env as envmod
-    from forge.bench.bounds import tier_bounds
-    from forge.bench.direct import parse_variants
-    from forge.bench.modes import MODES, BenchPlan, ratios, run_modes, single_card
-    from forge.bench.report import card_info, check_out_folder, write_bench
-    from forge.bench.workload import load_workload, summary
+    from forge_bench import env as envmod
+    from forge_bench.bounds import tier_bounds
+    from forge_bench.direct import parse_variants
+    from forge_bench.modes import MODES, BenchPlan, ratios, run_modes, single_card
+    from forge_bench.report import card_info, check_out_folder, write_bench
+    from forge_bench.workload import load_workload, summary
 
     check_out_folder(out)
     _quiet_engines()
@@ -86,11 +86,11 @@ def do_run(workload: Path, node_path: Optional[Path], out: Path, modes: Optional
 def do_run_cards(workload: Path, spec, loaded, out: Path, modes: Optional[str], records: Optional[int], warmup: int,
                  repeat: int, concurrency: Optional[int], card_transport: str,
                  together_records: Optional[int]) -> list[Path]:
-    """A node of several cards: each alone, then together, per mode and repeat (forge/bench/cards.py)."""
-    from forge.bench import env as envmod
-    from forge.bench.cards import CARD_MODES, CardsPlan, cards_data, run_cards
-    from forge.bench.report import write_cards_bench
-    from forge.bench.workload import generate, summary
+    """A node of several cards: each alone, then together, per mode and repeat (bench/forge_bench/cards.py)."""
+    from forge_bench import env as envmod
+    from forge_bench.cards import CARD_MODES, CardsPlan, cards_data, run_cards
+    from forge_bench.report import write_cards_bench
+    from forge_bench.workload import generate, summary
 
     started = envmod.describe()["date"]
     vocab = min(p.contract.model.vocab_size for p in loaded.plans)
@@ -112,15 +112,15 @@ def do_sweep(contract: str, node_path: Optional[Path], out: Path, opts, write_be
              write_best_node: Optional[Path] = None, best_name: Optional[str] = None) -> list[Path]:
     import signal
 
-    from forge.bench import candidates as cmod
-    from forge.bench import env as envmod
-    from forge.bench.bounds import tier_bounds
-    from forge.bench.modes import check_fits
-    from forge.bench.sweep import Stopped, Sweep, contract_name, plan_of
-    from forge.bench.sweep_report import write_sweep
-    from forge.bench.tierfile import load_tier
-    from forge.bench.report import check_out_folder
-    from forge.bench.workload import generate, load_workload, summary
+    from forge_bench import candidates as cmod
+    from forge_bench import env as envmod
+    from forge_bench.bounds import tier_bounds
+    from forge_bench.modes import check_fits
+    from forge_bench.sweep import Stopped, Sweep, contract_name, plan_of
+    from forge_bench.sweep_report import write_sweep
+    from forge_bench.tierfile import load_tier
+    from forge_bench.report import check_out_folder
+    from forge_bench.workload import generate, load_workload, summary
 
     check_out_folder(out)
     spec = load_workload(opts.workload)
@@ -185,7 +185,7 @@ def do_sweep(contract: str, node_path: Optional[Path], out: Path, opts, write_be
     finally:
         signal.signal(signal.SIGTERM, previous)
     if write_best is not None:
-        from forge.bench.env import hardware_line, software_line
+        from forge_bench.env import hardware_line, software_line
 
         env = env_now()
         comments = [f"{name}: written by forge bench sweep, {env['date']}", f"hardware: {hardware_line(env)}",
@@ -197,10 +197,10 @@ def do_sweep(contract: str, node_path: Optional[Path], out: Path, opts, write_be
 
 def do_compare(workload: Path, node_paths: list[Path], labels: list[str], out: Path, modes: str, repeat: int,
                records: Optional[int], warmup: int, peaks: dict) -> list[Path]:
-    from forge.bench import env as envmod
-    from forge.bench.compare import add_bounds, run_compare, summarize, write_compare
-    from forge.bench.report import check_out_folder
-    from forge.bench.workload import load_workload, summary
+    from forge_bench import env as envmod
+    from forge_bench.compare import add_bounds, run_compare, summarize, write_compare
+    from forge_bench.report import check_out_folder
+    from forge_bench.workload import load_workload, summary
 
     check_out_folder(out)
     _quiet_engines()
@@ -227,9 +227,9 @@ def do_compare(workload: Path, node_paths: list[Path], labels: list[str], out: P
 
 def do_control_plane(out: Path, records: int, cpu: Optional[int], repeat: int,
                      card_transport: str = "process") -> list[Path]:
-    from forge.bench import env as envmod
-    from forge.bench.control_plane import run_control_plane, write_control_plane
-    from forge.bench.report import check_out_folder
+    from forge_bench import env as envmod
+    from forge_bench.control_plane import run_control_plane, write_control_plane
+    from forge_bench.report import check_out_folder
 
     check_out_folder(out)
     cp = run_control_plane(out / "work", records=records, core=cpu, repeat=repeat, card_transport=card_transport)
@@ -239,12 +239,12 @@ def do_control_plane(out: Path, records: int, cpu: Optional[int], repeat: int,
 
 def do_scaling(out: Path, cards: str, transports: str, speeds: str, step_cpu_ms: float, records: int, repeat: int,
                control_plane_records: int) -> list[Path]:
-    from forge.bench import env as envmod
-    from forge.bench.cpu_nodes import speeds_of
-    from forge.bench.scaling import ScalingPlan, card_counts, run_scaling
-    from forge.bench.scaling_report import write_scaling
-    from forge.bench.report import check_out_folder
-    from forge.bench.workload import load_workload
+    from forge_bench import env as envmod
+    from forge_bench.cpu_nodes import speeds_of
+    from forge_bench.scaling import ScalingPlan, card_counts, run_scaling
+    from forge_bench.scaling_report import write_scaling
+    from forge_bench.report import check_out_folder
+    from forge_bench.workload import load_workload
 
     check_out_folder(out)
     workload = REPO / "docs" / "bench" / "workloads" / "cpu-steps.yaml"
@@ -301,8 +301,8 @@ def peaks_of(peak_tflops: Optional[float], hbm_tbps: Optional[float]) -> dict:
 
 def quick_skips() -> tuple:
     """Every sweep dimension of the embedded tier but the token budget (a CI-sized sweep: one change, one confirm)."""
-    from forge.bench.candidates import TOKENS, dimensions
-    from forge.bench.sweep import plan_of
+    from forge_bench.candidates import TOKENS, dimensions
+    from forge_bench.sweep import plan_of
 
     plan = plan_of(_node(None), "tiny-llama-cpu")
     return tuple(d.field for d in dimensions(plan, mode="forge", overrides={}, skip=()) if d.field != TOKENS)

@@ -15,7 +15,7 @@ the cores, and on the shared 2-core machine under load (load average 8-14) stepp
 at 170-177 tok/s against 3,250 tok/s from another thread (and 4,046 with OMP_NUM_THREADS=1): a bound team spinning
 at its barriers while other processes hold its cores. Driven from the building thread the direct mode measured that
 contention, not vLLM. A card that names its cores (cards[].cores) runs its direct mode in a process of its own bound
-to them from its start, as its card worker is (forge/bench/direct_child.py): binding threads of the bench's process
+to them from its start, as its card worker is (bench/forge_bench/direct_child.py): binding threads of the bench's process
 afterwards left OpenMP's team sized for the whole machine on one core (489 s for a 30 s run).
 
 The engine is built once (its load is tens of seconds on a CPU); each run starts from an empty prefix cache
@@ -30,11 +30,11 @@ import threading
 import time
 from typing import Optional, Sequence
 
-from forge.bench.results import ModeResult
-from forge.bench.workload import BenchRequest
 from forge.config.plan import CardPlan
 from forge.errors import ForgeError
 from forge.gc_tuning import tune_for_throughput
+from forge_bench.results import ModeResult
+from forge_bench.workload import BenchRequest
 
 STALL_LIMIT_S = 120.0             # no request finished for this long with work outstanding: the run is failed
 

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import click
 
-from forge.cli.bench_actions import (QUICK_CONTROL_PLANE_RECORDS, QUICK_RECORDS, QUICK_WORKLOAD, parse_ints, peaks_of,
-                                     quick_skips, show_quick_caveat, show_report, do_compare, do_control_plane, do_run,
-                                     do_scaling, do_sweep)
 from forge.cli.run import card_transport_option
 from forge.errors import UsageError
+from forge_bench.cli_actions import (QUICK_CONTROL_PLANE_RECORDS, QUICK_RECORDS, QUICK_WORKLOAD, parse_ints, peaks_of,
+                                     quick_skips, show_quick_caveat, show_report, do_compare, do_control_plane, do_run,
+                                     do_scaling, do_sweep)
 
 
 def _peak_options(f):
@@ -128,8 +128,8 @@ def register(cli: click.Group) -> None:
                   write_best, write_best_node, best_name, peak_tflops, hbm_tbps):
         """Find CONTRACT's best tier on WORKLOAD: the backend's switches, budget, slots and replicas, one change at
         a time, then the winners combined; confirm the best against the shipped tier; write it (docs/benchmarks.md)."""
-        from forge.bench.candidates import REPLICAS, SLOTS, TOKENS, parse_sets, parse_try
-        from forge.bench.sweep import SweepOptions
+        from forge_bench.candidates import REPLICAS, SLOTS, TOKENS, parse_sets, parse_try
+        from forge_bench.sweep import SweepOptions
 
         overrides = parse_sets(sets, "--set")
         for flag, text, name in (("--tokens", tokens, TOKENS), ("--slots", slots, SLOTS),
@@ -215,8 +215,8 @@ def register(cli: click.Group) -> None:
 
             out = Path(tempfile.mkdtemp(prefix="forge-bench-quick-"))
         paths = do_run(QUICK_WORKLOAD, None, out, "direct,forge,fifo", "sorted,depth", records, 2, 1, None)
-        from forge.bench.candidates import TOKENS
-        from forge.bench.sweep import SweepOptions
+        from forge_bench.candidates import TOKENS
+        from forge_bench.sweep import SweepOptions
 
         # No confirm: at this size it re-runs both tiers to re-read a difference inside one run's spread (26 s of
         # the 76 s quick took; `forge bench sweep` confirms, and its test runs one). The shipped tier is the one the

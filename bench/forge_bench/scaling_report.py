@@ -1,10 +1,10 @@
-"""The report of `forge bench scaling` (forge/bench/scaling.py): JSON with everything, one Markdown page."""
+"""The report of `forge bench scaling` (bench/forge_bench/scaling.py): JSON with everything, one Markdown page."""
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Optional
 
-from forge.bench.report import _fmt, header, write_report
+from forge_bench.report import _fmt, header, write_report
 
 
 def _range(s: Optional[dict]) -> str:

@@ -29,11 +29,10 @@ from typing import Any, Hashable, Optional, Sequence
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from forge.backends import Backend
-from forge.engines.instant_steps import StepBatcher
 from forge.engines.interface import (Engine, EngineBusy, EngineFailed, EngineRequest, EngineResult, IterationStats,
                                      Progress)
 from forge.errors import ConfigError, EngineUnavailable, ForgeError, Problem, display_path
-from forge.hookspecs import hookimpl
+from forge_bench.engines.instant_steps import StepBatcher
 
 BACKEND = "instant"
 LABEL = "instant (no model): control-plane ceiling only, outputs are synthetic"
@@ -312,6 +311,6 @@ def _factory(contract, plan) -> InstantEngine:
     return InstantEngine(contract, plan, section_of(contract, BACKEND, InstantSection))
 
 
-@hookimpl
-def forge_register_backend(register):
-    register(Backend(name=BACKEND, factory=_factory, section=InstantSection, label=LABEL))
+def backend() -> Backend:
+    """The `instant` backend as one object; forge_bench.plugin registers it."""
+    return Backend(name=BACKEND, factory=_factory, section=InstantSection, label=LABEL)

@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-from forge.bench.candidates import Candidate, best_of
-from forge.bench.tierfile import load_tier, write_contract, write_node
 from forge.config.load import LoadedNode, load_paths
 from forge.errors import ForgeError
+from forge_bench.candidates import Candidate, best_of
+from forge_bench.tierfile import load_tier, write_contract, write_node
 
 
 def pick_winner(candidates: list[Candidate], confirm: dict) -> tuple[Optional[Candidate], str]:

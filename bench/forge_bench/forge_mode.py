@@ -19,12 +19,12 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from forge import constants
-from forge.bench.gpu_sampler import GpuSampler, gpus_of
-from forge.bench.results import ModeResult
-from forge.bench.workload import BenchRequest
 from forge.config.load import LoadedNode
 from forge.functions.api import GenerateParams, function, spec_of
 from forge.stats import EngineStats, RunStats
+from forge_bench.gpu_sampler import GpuSampler, gpus_of
+from forge_bench.results import ModeResult
+from forge_bench.workload import BenchRequest
 
 
 @function(name="bench_generate")

@@ -1,7 +1,7 @@
 """`forge bench scaling`: how throughput scales with cards when engines compete for the CPU, in one run.
 
-N cards of the CPU-bound instant engine (`instant: {step_cpu_ms: X}`, no model; forge/bench/cpu_nodes.py),
-N = 1, 2, 4, 8, each card alone and then all together (forge/bench/cards.py, grouped mode), once with the
+N cards of the CPU-bound instant engine (`instant: {step_cpu_ms: X}`, no model; bench/forge_bench/cpu_nodes.py),
+N = 1, 2, 4, 8, each card alone and then all together (bench/forge_bench/cards.py, grouped mode), once with the
 engines in the node's own process (card transport "thread": before) and once in one worker process per
 card ("process": after); then two cards at speeds 3:1 the same way; then `forge bench control-plane` per
 transport. Runs interleave: every repeat goes through every N and transport in turn.
@@ -18,12 +18,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
-from forge.bench.cards import CardsPlan, cards_data, run_cards
-from forge.bench.cpu_nodes import STEP_CPU_MS, step_ms_for, write_cpu_node
-from forge.bench.report import write_cards_bench
-from forge.bench.workload import WorkloadSpec, generate, summary
 from forge.config.load import LoadedNode, load_node
 from forge.errors import UsageError
+from forge_bench.cards import CardsPlan, cards_data, run_cards
+from forge_bench.cpu_nodes import STEP_CPU_MS, step_ms_for, write_cpu_node
+from forge_bench.report import write_cards_bench
+from forge_bench.workload import WorkloadSpec, generate, summary
 
 DEFAULT_CARDS = (1, 2, 4, 8)
 TRANSPORTS = ("thread", "process")
@@ -111,7 +111,7 @@ def run_scaling(sp: ScalingPlan) -> dict:
             c["results"] += got
             write_cards_bench(c["dir"], _cards_report(c, sp, work), plot=False)   # no PNG per cell: device minutes go to runs
             publish()
-    from forge.bench.control_plane import run_control_plane
+    from forge_bench.control_plane import run_control_plane
 
     for t in sp.transports:
         sp.progress(f"control plane ({t}): {sp.control_plane_records:,} records")

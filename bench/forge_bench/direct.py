@@ -22,13 +22,13 @@ import gc
 import time
 from typing import Optional, Sequence
 
-from forge.bench.gpu_sampler import GpuSampler, gpus_of
-from forge.bench.results import ModeResult
-from forge.bench.workload import BenchRequest
 from forge.config.plan import CardPlan
 from forge.engines.interface import Sampling
 from forge.errors import ForgeError, UsageError
 from forge.gc_tuning import tune_for_throughput
+from forge_bench.gpu_sampler import GpuSampler, gpus_of
+from forge_bench.results import ModeResult
+from forge_bench.workload import BenchRequest
 
 RESULT_WAIT_S = 0.5               # one bounded wait on the manager's output queue
 STALL_LIMIT_S = 120.0             # no result for this long with work outstanding: the run is failed
@@ -224,3 +224,12 @@ def _feed(m, order: list[BenchRequest], depth: Optional[int], eng: DirectEngine,
             nxt += 1
     res.window_s = time.perf_counter() - t0
     return res
+
+
+def direct_engine(plan):
+    """The direct mode's engine for this card's backend: its own API, the arguments forge's mapping gives."""
+    if plan.contract.backend == "vllm":
+        from forge_bench.direct_vllm import VllmDirectEngine
+
+        return VllmDirectEngine(plan)
+    return DirectEngine(plan)

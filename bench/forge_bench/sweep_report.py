@@ -7,9 +7,10 @@ from pathlib import Path
 from matplotlib.figure import Figure
 
 from forge.atomic import save_figure
-from forge.bench.bounds import bounds_line
-from forge.bench.candidates import fmt
-from forge.bench.report import DPI, _fmt, header, write_report
+from forge.report.files import DPI
+from forge_bench.bounds import bounds_line
+from forge_bench.candidates import fmt
+from forge_bench.report import _fmt, header, write_report
 
 STAGES = {"base": "shipped", "one": "one change", "try": "--try", "combine": "combined"}
 

@@ -3,7 +3,7 @@
 Each tier is a one-card node description. For every repeat, every tier runs every mode in turn (tier A forge,
 tier A direct, tier B forge, ...), each on a freshly loaded engine: the slow drift of a machine (clocks, other
 tenants) falls on all tiers alike, and a ratio is read between runs minutes apart, not calls apart. `direct` is
-transformers' own API with the tier's own switches (forge's pure mapping, forge/bench/direct.py), so forge ÷ direct
+transformers' own API with the tier's own switches (forge's pure mapping, bench/forge_bench/direct.py), so forge ÷ direct
 holds the switches equal. The sweep's confirm step is this command on the shipped tier and the sweep's best."""
 from __future__ import annotations
 
@@ -12,13 +12,14 @@ import time
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-from forge.bench.bounds import bounds_line, tier_bounds
-from forge.bench.forge_mode import run_forge, write_records
-from forge.bench.modes import check_fits, direct_engine, repeat_order, single_card, warmup_requests
-from forge.bench.report import _fmt, gpu_util_line, header, mode_rows, write_report
-from forge.bench.workload import WorkloadSpec, generate
 from forge.config.load import LoadedNode
 from forge.errors import UsageError
+from forge_bench.bounds import bounds_line, tier_bounds
+from forge_bench.forge_mode import run_forge, write_records
+from forge_bench.direct import direct_engine
+from forge_bench.modes import check_fits, repeat_order, single_card, warmup_requests
+from forge_bench.report import _fmt, gpu_util_line, header, mode_rows, write_report
+from forge_bench.workload import WorkloadSpec, generate
 
 MODES = ("forge", "direct")
 

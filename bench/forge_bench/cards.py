@@ -11,7 +11,7 @@ The figures the report quotes come from runs of the same repeat and mode, side b
     share vs speed share    each card's part of the together run's tokens, against its alone throughput's
                             part of Σ alone (speed = what the card delivers alone)
     affinity                broker hits and spills, broker-estimated prefix reuse, engine-counted prefix hits
-    GPU util                each card's NVML utilisation, mean and max over the window (forge/bench/gpu_sampler.py)"""
+    GPU util                each card's NVML utilisation, mean and max over the window (bench/forge_bench/gpu_sampler.py)"""
 from __future__ import annotations
 
 import statistics
@@ -19,12 +19,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-from forge.bench.forge_mode import run_forge, write_records
-from forge.bench.modes import check_fits, repeat_order, warmup_requests
-from forge.bench.results import ModeResult
-from forge.bench.workload import BenchRequest, WorkloadSpec, generate
 from forge.config.load import LoadedNode
 from forge.errors import ForgeError, UsageError
+from forge_bench.forge_mode import run_forge, write_records
+from forge_bench.modes import check_fits, repeat_order, warmup_requests
+from forge_bench.results import ModeResult
+from forge_bench.workload import BenchRequest, WorkloadSpec, generate
 
 CARD_MODES = ("forge", "fifo")
 TOGETHER = "together"
@@ -92,7 +92,7 @@ def run_cards(cp: CardsPlan) -> list[ModeResult]:
 
     runs = [(mode, i) for mode in cp.modes for i in [*range(len(plans)), None]]     # None: all cards together
     for rep in range(cp.repeat):
-        for mode, i in repeat_order(runs, rep):          # every other repeat reversed (forge/bench/modes.py)
+        for mode, i in repeat_order(runs, rep):          # every other repeat reversed (bench/forge_bench/modes.py)
             if i is None:
                 one(cp.loaded, TOGETHER, together_path, together_reqs, mode, rep)
             else:
@@ -157,8 +157,8 @@ def _spread(xs: list[float]) -> Optional[dict]:
 
 def cards_data(*, env: dict, loaded: LoadedNode, workload: dict, card_transport: str,
                together_records: Optional[int], results: Sequence[ModeResult]) -> dict:
-    """The report's data (forge/bench/report.py: write_cards_bench)."""
-    from forge.bench.report import card_info
+    """The report's data (bench/forge_bench/report.py: write_cards_bench)."""
+    from forge_bench.report import card_info
 
     cards = [card_info(p) for p in loaded.plans]
     rows = [r.to_dict() for r in results]

@@ -22,13 +22,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional, Sequence, TypeVar
 
-from forge.bench.direct import DirectEngine
-from forge.bench.direct_child import run_direct_in_child
-from forge.bench.forge_mode import run_forge, write_records
-from forge.bench.results import ModeResult, best
-from forge.bench.workload import BenchRequest, WorkloadSpec, generate
 from forge.config.load import LoadedNode
 from forge.errors import ForgeError, UsageError
+from forge_bench.direct import DirectEngine, direct_engine
+from forge_bench.direct_child import run_direct_in_child
+from forge_bench.forge_mode import run_forge, write_records
+from forge_bench.results import ModeResult, best
+from forge_bench.workload import BenchRequest, WorkloadSpec, generate
 
 MODES = ("direct", "forge", "fifo")
 T = TypeVar("T")
@@ -108,7 +108,7 @@ def run_modes(bp: BenchPlan) -> tuple[list[BenchRequest], list[ModeResult]]:
     if bp.direct_process == "child" and "direct" not in bp.modes:
         raise UsageError("--direct-process child: applies to the direct mode, and --modes has none")
     # A card bound to its own cores runs its direct mode in a process bound to them from its start, as its worker
-    # is: threads of this process bound afterwards keep OpenMP's team sized for every core (forge/bench/direct_child).
+    # is: threads of this process bound afterwards keep OpenMP's team sized for every core (bench/forge_bench/direct_child).
     in_child = bp.direct_process == "child" or bool(plan.card.cores)
     try:
         for rep in range(bp.repeat):
@@ -151,15 +151,6 @@ def run_modes(bp: BenchPlan) -> tuple[list[BenchRequest], list[ModeResult]]:
     if results and len(incomplete) == len(results):
         raise ForgeError("no mode completed the workload; see the notes in the report")
     return requests, results
-
-
-def direct_engine(plan):
-    """The direct mode's engine for this card's backend: its own API, the arguments forge's mapping gives."""
-    if plan.contract.backend == "vllm":
-        from forge.bench.direct_vllm import VllmDirectEngine
-
-        return VllmDirectEngine(plan)
-    return DirectEngine(plan)
 
 
 def repeat_order(runs: Sequence[T], rep: int) -> list[T]:

@@ -22,11 +22,10 @@ from typing import Any, Hashable, Optional, Sequence
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from forge.backends import Backend
-from forge.engines.instant import section_of
 from forge.engines.interface import Engine, EngineBusy, EngineFailed, EngineRequest, EngineResult, IterationStats
 from forge.engines.interface import Progress
 from forge.errors import ForgeError, display_path
-from forge.hookspecs import hookimpl
+from forge_bench.engines.instant import section_of
 
 BACKEND = "faults"
 
@@ -182,7 +181,7 @@ def _factory(contract, plan) -> FaultyEngine:
     return FaultyEngine(factories[faults.wraps](contract, plan), faults)
 
 
-@hookimpl
-def forge_register_backend(register):
-    register(Backend(name=BACKEND, factory=_factory, section=FaultsSection,
-                     label="any backend with faults injected (tests)"))
+def backend() -> Backend:
+    """The `faults` backend as one object; forge_bench.plugin registers it."""
+    return Backend(name=BACKEND, factory=_factory, section=FaultsSection,
+                   label="any backend with faults injected (tests)")

@@ -73,7 +73,7 @@ def write_cpu_node(folder: Path, name: str, step_ms: Sequence[float]) -> Path:
                        "engine": contracts[ms]} for i, ms in enumerate(step_ms)],
             "metrics": {"port": 0}}
     path = folder / f"{name}.yaml"
-    _write(path, f"# {len(step_ms)} CPU-bound instant card(s), written by forge/bench/cpu_nodes.py.", node)
+    _write(path, f"# {len(step_ms)} CPU-bound instant card(s), written by bench/forge_bench/cpu_nodes.py.", node)
     return path
 
 

@@ -2,7 +2,7 @@
 
 By default the direct mode builds its model once in the bench's own process and runs every variant and repeat
 there, while every forge run starts a fresh card worker process. With `child`, each direct run starts its own
-process (`python -m forge.bench.direct_child IN OUT`): the same plan, requests and warm-up, the model built there,
+process (`python -m forge_bench.direct_child IN OUT`): the same plan, requests and warm-up, the model built there,
 the run's ModeResult sent back. So both modes run in a process of their own that was started for the run, and the
 bench's process holds no model or CUDA memory while forge runs: what is left between the modes is what forge adds
 (docs/benchmarks.md, "The tool"). A card that names its cores (cards[].cores) always runs its direct mode here, the
@@ -17,11 +17,11 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from forge.bench.child import ChildProcess, last_line
-from forge.bench.results import ModeResult
-from forge.bench.workload import BenchRequest
 from forge.config.plan import CardPlan
 from forge.errors import ForgeError
+from forge_bench.child import ChildProcess, last_line
+from forge_bench.results import ModeResult
+from forge_bench.workload import BenchRequest
 
 CHILD_LIMIT_S = 1800.0          # one direct run in its process, model build included
 
@@ -36,7 +36,7 @@ def run_direct_in_child(plan: CardPlan, requests: Sequence[BenchRequest], varian
     out.unlink(missing_ok=True)
     inp.write_bytes(pickle.dumps((plan, list(requests), variant, list(warmup), [list(j) for j in warm_jobs]),
                                protocol=5))
-    rc, wall, cut = ChildProcess([sys.executable, "-m", "forge.bench.direct_child", str(inp), str(out)],
+    rc, wall, cut = ChildProcess([sys.executable, "-m", "forge_bench.direct_child", str(inp), str(out)],
                                  log).wait(limit_s)
     if cut or rc != 0 or not out.is_file():
         why = f"cut at its {limit_s:g} s limit" if cut else f"exit code {rc}"
@@ -52,8 +52,8 @@ def main(inp: str, out: str) -> None:
         # The card's cores, before torch or the engine is imported (as the card worker binds itself): OpenMP sizes
         # its team from the cores the process may use when it starts.
         os.sched_setaffinity(0, set(plan.card.cores))
-    from forge.bench.modes import direct_engine
     from forge.host.lifeline import die_with_parent
+    from forge_bench.direct import direct_engine
 
     die_with_parent()
     t0 = time.perf_counter()

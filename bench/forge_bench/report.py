@@ -1,9 +1,9 @@
-"""Bench reports: one JSON (everything), one Markdown page (what a reader quotes), PNG plots.
+"""Bench reports: one JSON (everything), one Markdown page (what a reader quotes), PNG plots, written through
+forge's report files (forge/report/files.py: the JSON + Markdown pair, the PNGs' resolution).
 
 matplotlib through Figure objects only (no pyplot state), as forge/report/plots.py does."""
 from __future__ import annotations
 
-import json
 import re
 import statistics
 from pathlib import Path
@@ -11,12 +11,11 @@ from typing import Optional
 
 from matplotlib.figure import Figure
 
-from forge.atomic import replace_text, save_figure
-from forge.bench.env import hardware_line, software_line
-from forge.bench.gpu_sampler import INTERVAL_S, cell as gpu_cell
+from forge.atomic import save_figure
 from forge.errors import ForgeError, display_path
-
-DPI = 110
+from forge.report.files import DPI, write_json_and_markdown
+from forge_bench.env import hardware_line, software_line
+from forge_bench.gpu_sampler import INTERVAL_S, cell as gpu_cell
 COLORS = {"direct": "#7f7f7f", "forge": "#1f3b73", "fifo": "#d62728", "sweep": "#1f77b4", "control-plane": "#2ca02c"}
 
 
@@ -46,18 +45,10 @@ def check_out_folder(out: Path) -> None:
                              "over a file it did not write: choose another --out")
 
 
-def write_json(path: Path, data: dict) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    replace_text(path, json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
-    return path
-
-
 def write_report(out: Path, stem: str, data: dict, markdown: str) -> list[Path]:
-    """A report's two files in `out`: STEM.json (the data) and STEM.md (`markdown`, made from it)."""
-    md = out / f"{stem}.md"
-    paths = [write_json(out / f"{stem}.json", data), md]
-    replace_text(md, markdown)
-    return paths
+    """A report's two files in `out`: STEM.json (the data) and STEM.md (`markdown`, made from it), written as
+    forge's run report writes its own."""
+    return write_json_and_markdown(out / f"{stem}.json", data, out / f"{stem}.md", markdown, indent=2)
 
 
 def _fmt(v: Optional[float], spec: str = ",.0f") -> str:
@@ -136,8 +127,8 @@ def bench_markdown(data: dict) -> str:
               f"{_fmt(rt['fifo_over_direct'], '.3f')} | {rt['best']['direct'] or '—'} |", "",
               *_per_repeat_lines(rt.get("per_repeat")),
               "## Every run", ""]
-    if data.get("bounds"):        # the hardware's bounds beside the best run's window (forge/bench/bounds.py)
-        from forge.bench.bounds import bounds_line
+    if data.get("bounds"):        # the hardware's bounds beside the best run's window (bench/forge_bench/bounds.py)
+        from forge_bench.bounds import bounds_line
 
         done = [r for r in data["results"] if r["completed"] == r["requests"] and r["window_s"]]
         fastest = min(done, key=lambda r: r["window_s"], default=None)

@@ -27,7 +27,7 @@ class ModeResult:
     repeat: Optional[int] = None                 # which interleaved repeat (1-based)
     per_card: dict[str, dict] = field(default_factory=dict)   # card -> its tokens and prefix hits in this run
     engine_steps: Optional[int] = None           # engine steps (forward passes) over the window, every card summed
-    gpu_util: Optional[dict[str, dict]] = None   # card -> GPU utilisation over the window (forge/bench/gpu_sampler.py)
+    gpu_util: Optional[dict[str, dict]] = None   # card -> GPU utilisation over the window (bench/forge_bench/gpu_sampler.py)
     gpu_util_missing: Optional[str] = None       # why gpu_util is None ("no NVML: ...", "no GPU card in this node")
     notes: list[str] = field(default_factory=list)
 
