@@ -68,3 +68,19 @@ def test_one_entry_point_in_forge_s_group_is_the_plugin():
     project = tomllib.loads((ROOT / "bench" / "pyproject.toml").read_text(encoding="utf-8"))["project"]
     assert project["entry-points"]["forge"] == {"bench": TEST_PLUGINS}
     assert project["dependencies"] == ["forge-llm"]
+
+
+@pytest.mark.slow
+def test_forge_without_forge_bench_says_how_to_install_it():
+    """forge-bench left out (FORGE_LOAD_PLUGINS names no plugin): `forge bench` is one line saying what to install,
+    exit code 2, and the test engines are unknown backends; with it, the same command runs as before."""
+    from tests.forge_cli import forge
+
+    without = forge("bench", "run", "bench/forge_bench/quick.yaml", env={"FORGE_LOAD_PLUGINS": ""})
+    assert (without.returncode, without.stdout) == (2, "")
+    assert without.stderr == ("forge: `forge bench` comes with the forge-bench package, not installed here (or left "
+                              "out by FORGE_LOAD_PLUGINS): in a forge checkout, pip install -e '.[bench]' -e ./bench\n")
+    engines = forge("validate", "tests/reliability/fixtures/nodes/instant.yaml", env={"FORGE_LOAD_PLUGINS": ""})
+    assert engines.returncode != 0 and "unknown backend 'instant'" in engines.stderr + engines.stdout
+    with_it = forge("bench", "--help")
+    assert with_it.returncode == 0 and "Usage: forge bench [OPTIONS] COMMAND" in with_it.stdout
