@@ -18,7 +18,7 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 ROOT = Path(__file__).resolve().parents[2]
-QUICK = ROOT / "forge" / "bench" / "quick.yaml"
+QUICK = ROOT / "bench" / "forge_bench" / "quick.yaml"
 # Every dimension of the embedded tier left out but the token budget (and the GPU-only switches, which are
 # skipped here anyway): a short sweep.
 SHORT = ["--skip", "transformers.attn_implementation", "--skip", "transformers.compile_level",

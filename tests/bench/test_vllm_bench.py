@@ -15,7 +15,7 @@ pytestmark = pytest.mark.engine
 pytest.importorskip("vllm")
 
 ROOT = Path(__file__).resolve().parents[2]
-QUICK = ROOT / "forge" / "bench" / "quick.yaml"
+QUICK = ROOT / "bench" / "forge_bench" / "quick.yaml"
 
 
 def forge(*args, timeout):
