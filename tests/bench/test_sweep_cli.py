@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from tests.forge_cli import forge, forge_argv, forge_env
+from tests.installed import skip_module_unless_installed
 
 pytestmark = pytest.mark.engine
-pytest.importorskip("torch")
-pytest.importorskip("transformers")
+skip_module_unless_installed("torch", "transformers")
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICK = ROOT / "bench" / "forge_bench" / "quick.yaml"

@@ -11,8 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.installed import skip_module_unless_installed
+
 pytestmark = pytest.mark.engine
-pytest.importorskip("vllm")
+skip_module_unless_installed("vllm")
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICK = ROOT / "bench" / "forge_bench" / "quick.yaml"

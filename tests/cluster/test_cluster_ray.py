@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pytest
 
-ray = pytest.importorskip("ray")
-pytest.importorskip("torch")
-pytest.importorskip("transformers")
+from tests.installed import skip_module_unless_installed
+
+skip_module_unless_installed("ray", "torch", "transformers")   # ray imported where used: collection stays light
 
 from forge.cluster.agent import PROGRESS_EVERY_S  # noqa: E402
 from forge.cluster.names import NAMESPACE  # noqa: E402
@@ -54,11 +54,15 @@ def read_output(path: Path) -> list[dict]:
 
 
 def engine_info(name: str) -> Hello:
+    import ray
+
     return ray.get(ray.get_actor(f"engine:{name}/cpu0", namespace=NAMESPACE).hello.remote(), timeout=30)
 
 
 @pytest.fixture(scope="module")
 def lc(tmp_path_factory):
+    import ray
+
     c = LocalCluster(tmp_path_factory.mktemp("cluster"))
     try:
         for n in "abc":
@@ -95,6 +99,8 @@ def test_provisioning_says_what_it_loads_until_each_engine_is_up(lc):
 
 
 def test_engines_are_placed_by_tier_and_hold_their_card(lc):
+    import ray
+
     nodes = {n["NodeID"]: n for n in ray.nodes() if n["Alive"]}
     for name in "abc":
         info = engine_info(name)
@@ -167,6 +173,8 @@ def test_a_reprovisioned_node_serves_the_next_job(lc, tmp_path):
 
 
 def test_a_crashing_engine_is_rebuilt_on_its_card_and_the_job_loses_nothing(lc, tmp_path):
+    import ray
+
     lc.add(FIXTURES / "nodes" / "d.yaml", wait=True)        # its engine (no model) fails after 40 results
     first = engine_info("d").incarnation
     data = write_records(tmp_path / "in.jsonl", n_short=600)
@@ -229,6 +237,8 @@ def test_engines_do_not_outlive_their_agent(lc):
 def test_an_engine_actor_runs_the_threads_its_card_has(lc):
     """Ray starts an actor with OMP_NUM_THREADS=<its num_cpus>; e's card names cores 0 and 1 on a Ray node of one
     CPU: its engine runs 2 threads on those cores, and its agent says Ray counts only one."""
+    import ray
+
     node = lc.add(FIXTURES / "nodes" / "e.yaml", wait=True, num_cpus=1)
     got = ray.get(ray.get_actor("engine:e/cpu0", namespace=NAMESPACE).threads.remote(), timeout=30)
     assert (got["wanted"], got["threads"], got["problems"]) == (2, 2, []), got

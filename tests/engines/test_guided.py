@@ -10,13 +10,11 @@ import jsonschema
 import pytest
 
 from forge.engines.interface import REFUSED, EngineRequest, Guide, Sampling
+from tests.installed import skip_module_unless_installed
 
 pytestmark = pytest.mark.engine
-torch = pytest.importorskip("torch")
-pytest.importorskip("transformers")
-pytest.importorskip("llguidance")
+skip_module_unless_installed("torch", "transformers", "llguidance")
 
-from forge.engines.transformers.guided import ChoiceTrie, guide_kind, strict_objects  # noqa: E402
 from tests.engines.test_transformers_backend import TINY, contract, run_all, start  # noqa: E402
 
 PROMPTS = ["Alice was beginning to", "The Mock Turtle said", "Down the Rabbit-Hole", "`Off with her head!' the Queen",
@@ -150,6 +148,8 @@ def test_unguided_requests_are_untouched(engine):
 
 
 def test_choice_trie_counts_the_fewest_tokens_to_a_choice():
+    from forge.engines.transformers.guided import ChoiceTrie   # imports torch, transformers: not at collection
+
     trie = ChoiceTrie([(1, 2, 3), (1, 2), (4,), (5, 6, 7, 8)])
     assert trie.need[0] == 1                                   # (4,)
     node12 = trie.children[trie.children[0][1]][2]
@@ -158,6 +158,8 @@ def test_choice_trie_counts_the_fewest_tokens_to_a_choice():
 
 
 def test_strict_objects_only_narrows():
+    from forge.engines.transformers.guided import guide_kind, strict_objects
+
     schema = {"type": "object", "properties": {"properties": {"type": "object", "properties": {"a": {}}},
                                                "e": {"enum": [{"properties": 1}]}},
               "$defs": {"x": {"properties": {"b": {}}}}}

@@ -14,10 +14,10 @@ from forge.config.models import Card, Contract
 from forge.config.plan import plan_card
 from forge.engines.interface import REFUSED, EngineBusy, EngineFailed, EngineRequest, Guide, Sampling
 from forge.errors import ForgeError
+from tests.installed import skip_module_unless_installed
 
 pytestmark = pytest.mark.engine
-torch = pytest.importorskip("torch")
-pytest.importorskip("transformers")
+skip_module_unless_installed("torch", "transformers")
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = REPO / "forge" / "embedded" / "tiny-llama"

@@ -14,10 +14,10 @@ import pytest
 
 from forge.engines.interface import Sampling
 from tests.engines.test_transformers_backend import TINY, contract, req, run_all, start
+from tests.installed import skip_module_unless_installed
 
 pytestmark = pytest.mark.engine
-pytest.importorskip("torch")
-pytest.importorskip("transformers")
+skip_module_unless_installed("torch", "transformers")
 
 RELATIVE_TOLERANCE = 1e-5
 TEXT = "Alice was beginning to get very tired"

@@ -5,8 +5,9 @@ import asyncio
 
 import pytest
 
-pytest.importorskip("torch")
-pytest.importorskip("transformers")
+from tests.installed import skip_module_unless_installed
+
+skip_module_unless_installed("torch", "transformers")
 
 from tests.host._admission_harness import Harness, LinkedCards, contract, plan  # noqa: E402
 from forge.engines.interface import Sampling  # noqa: E402

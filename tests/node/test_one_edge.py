@@ -22,9 +22,10 @@ from forge.errors import RequestRejected
 from forge.functions.api import GenerateParams
 from forge.requests import params as request_params
 from forge.requests import prompt_bounds
+from tests.installed import skip_module_unless_installed
 
 pytestmark = pytest.mark.slow
-pytest.importorskip("transformers")
+skip_module_unless_installed("transformers")
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = REPO / "forge" / "embedded" / "tiny-llama"

@@ -11,6 +11,7 @@ import pytest
 
 from forge.errors import RequestRejected
 from forge.functions.api import GenerateParams
+from tests.installed import skip_module_unless_installed
 from tests.reliability._rel import assert_complete, assert_no_traceback, forge, record_figures
 
 BAD = [
@@ -69,8 +70,7 @@ def test_the_values_at_the_edges_are_taken():
 
 
 # --- the engine ------------------------------------------------------------------------------------------------
-torch = pytest.importorskip("torch")
-pytest.importorskip("transformers")
+skip_module_unless_installed("torch", "transformers")
 
 
 @pytest.fixture(scope="module")

