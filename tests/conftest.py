@@ -1,14 +1,15 @@
-"""Suite-wide settings: no third-party plugins, a FORGE_HOME of its own for every test, and the `slow` marker.
+"""Suite-wide settings: no third-party plugins, a FORGE_HOME and a HOME of its own, nothing written into the
+checkout, and the `slow` marker.
 
 `python -m pytest` runs the fast tests (no forge process, worker, Ray cluster or bench run end to end);
 `python -m pytest -m ''` (or `--slow`) runs all of them; `-m slow` only the whole-product runs. Named paths
 (`python -m pytest tests/e2e`) run every test in them, slow or not, unless -m says otherwise.
 """
 import atexit
-import compileall
 import importlib.util
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -16,18 +17,68 @@ from pathlib import Path
 
 import pytest
 
+from tests import checkout_state
 from tests.forge_cli import TEST_PLUGINS
 
 # Tests never load third-party entry points; built-ins register as usual, and forge-bench's plugin (`forge bench`,
 # the test engines instant and faults) by name: the README's test command installs it.
 os.environ.setdefault("FORGE_LOAD_PLUGINS", TEST_PLUGINS)
 sys._called_from_test = True  # type: ignore[attr-defined]
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _private_cache(name: str) -> Path:
+    """A folder of this user's in the temp folder that outlives the session (a cache), or, where that name is taken
+    by a link or by a folder another user could write (who could plant bytecode there), one for this session only."""
+    path = Path(tempfile.gettempdir()) / f"{name}-{os.getuid()}"
+    try:
+        path.mkdir(mode=0o700, exist_ok=True)
+        st = path.lstat()
+        if stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o022:
+            return path
+    except OSError:
+        pass
+    path = Path(tempfile.mkdtemp(prefix=f"{name}-"))
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path
+
+
+# Nothing written into the checkout (tests/test_checkout_clean.py): every interpreter the suite runs (this one,
+# xdist's workers, each forge, card worker and Ray process they start) keeps its bytecode in one cache in the temp
+# folder (PYTHONPYCACHEPREFIX) instead of __pycache__ beside the sources, and writes it there even where the user
+# set PYTHONDONTWRITEBYTECODE (as the development and CI machines do, to keep bytecode out of the tree): without
+# bytecode each forge process compiled forge again (an instant-engine `forge run`: 0.55 s of CPU instead of 0.40;
+# the suite once byte-compiled forge into the checkout for that). The cache outlives the session because a cold one
+# costs a process that imports torch and transformers 5 s of CPU. Hypothesis keeps its example database beside it.
+os.environ.setdefault("PYTHONPYCACHEPREFIX", str(_private_cache("forge-tests-pycache")))
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+sys.pycache_prefix, sys.dont_write_bytecode = os.environ["PYTHONPYCACHEPREFIX"], False
+os.environ.setdefault("HYPOTHESIS_STORAGE_DIRECTORY", str(_private_cache("forge-tests-hypothesis")))
 
 # A FORGE_HOME for this test process before anything runs, so that a module- or session-scoped fixture that
 # provisions a node (before any per-test fixture) never registers it in the user's ~/.forge. Each test then
 # gets its own (the autouse fixture below); a subprocess inherits whichever is set.
 os.environ["FORGE_HOME"] = tempfile.mkdtemp(prefix="forge-home-session-")
 atexit.register(shutil.rmtree, os.environ["FORGE_HOME"], ignore_errors=True)
+
+# What the checkout holds beside its tracked files before the run (the controller's view; pytest_sessionfinish).
+_CHECKOUT_BEFORE = checkout_state.new_paths(ROOT) if "PYTEST_XDIST_WORKER" not in os.environ else None
+USER_HOME = Path.home()
+_USER_ENV = {**os.environ}
+
+# The user's ~/.forge out of reach: HOME is a folder of this session's own, for this process and every process it
+# starts, so whatever resolves `~` lands there; at the end of the run its .forge must not exist
+# (pytest_sessionfinish). Only what the suite runs is watched: a snapshot of the user's own ~/.forge, before and after,
+# failed the run whenever the user's own forge (a node they serve) wrote there meanwhile. Caches and configuration
+# stay the user's (XDG_CACHE_HOME, XDG_CONFIG_HOME, git's ~/.gitconfig): libraries keep their downloads and font
+# caches, git its settings.
+os.environ.setdefault("XDG_CACHE_HOME", str(USER_HOME / ".cache"))
+os.environ.setdefault("XDG_CONFIG_HOME", str(USER_HOME / ".config"))
+if (USER_HOME / ".gitconfig").is_file():
+    os.environ.setdefault("GIT_CONFIG_GLOBAL", str(USER_HOME / ".gitconfig"))
+SUITE_HOME = Path(tempfile.mkdtemp(prefix="forge-tests-home-"))
+os.environ["HOME"] = str(SUITE_HOME)
+atexit.register(shutil.rmtree, SUITE_HOME, ignore_errors=True)
 
 # Modules that run the whole product: forge or a card worker in a subprocess, a Ray cluster, a bench end to end.
 # A module lists itself here or sets `pytestmark = pytest.mark.slow`; single tests carry @pytest.mark.slow.
@@ -72,18 +123,6 @@ SHARED_FIXTURE_MODULES = frozenset({
     "tests/vllm_backend/test_seeded_run.py",
 })
 
-ROOT = Path(__file__).resolve().parent.parent
-USER_FORGE_HOME = Path.home() / ".forge"
-
-
-def _tree(path: Path) -> dict:
-    """What ~/.forge holds: every file with its size and mtime (empty when it does not exist)."""
-    if not path.exists():
-        return {}
-    return {str(p): (p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(path.rglob("*")) if p.is_file()}
-
-
-_USER_FORGE_HOME_BEFORE = _tree(USER_FORGE_HOME)
 
 
 def pytest_addoption(parser):
@@ -94,12 +133,6 @@ def pytest_addoption(parser):
 
 
 def pytest_configure(config):
-    if "PYTEST_XDIST_WORKER" not in os.environ:
-        # Byte-compile forge once, as pip does on a non-editable install: with PYTHONDONTWRITEBYTECODE set (as on
-        # the development and CI machines) every forge process the suite starts, node and card worker alike,
-        # compiled forge's modules from source again (0.3 s of a 1.0 s instant-engine `forge run`).
-        for package in (ROOT / "forge", ROOT / "bench" / "forge_bench"):
-            compileall.compile_dir(package, quiet=1)
     if importlib.util.find_spec("forge_bench") is None:
         raise pytest.UsageError("the tests need forge-bench (`forge bench`, the engines instant and faults): "
                                 "pip install -e '.[bench]' -e ./bench")
@@ -145,12 +178,18 @@ def pytest_xdist_make_scheduler(config, log):
 
 
 def pytest_sessionfinish(session, exitstatus):
-    """A run that changed the user's ~/.forge fails, whatever its tests said (tests/test_hermetic.py has the why)."""
-    after = _tree(USER_FORGE_HOME)
-    if after != _USER_FORGE_HOME_BEFORE:
-        changed = sorted(set(after.items()) ^ set(_USER_FORGE_HOME_BEFORE.items()))
-        sys.stderr.write(f"\nthe test run changed {USER_FORGE_HOME}: {[name for name, _ in changed][:10]}\n")
+    """A run that wrote ~/.forge (the session's HOME, above: tests/test_hermetic.py has the why) or left files in the
+    checkout fails, whatever its tests said."""
+    forge_dir = SUITE_HOME / ".forge"
+    if forge_dir.exists():
+        written = sorted(str(p.relative_to(SUITE_HOME)) for p in forge_dir.rglob("*")) or [".forge"]
+        sys.stderr.write(f"\nthe test run wrote ~/.forge (FORGE_HOME ignored somewhere): {written[:10]}\n")
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        left = checkout_state.left_behind(_CHECKOUT_BEFORE, checkout_state.new_paths(ROOT, env=_USER_ENV))
+        if left:
+            sys.stderr.write(f"\nthe test run left files in the checkout {ROOT}: {left[:10]} (write to tmp_path)\n")
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.fixture(autouse=True)

@@ -3,6 +3,7 @@ is named once with its file:line; a process stopped (SIGSTOP) and woken is not t
 signal reaches the loop's handler through the watchdog when the loop is free."""
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -35,8 +36,10 @@ asyncio.run(main())
 def _start(tmp_path, *args) -> subprocess.Popen:
     script = tmp_path / "watched.py"
     script.write_text(SCRIPT)
+    env = {"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin",
+           "PYTHONPYCACHEPREFIX": os.environ["PYTHONPYCACHEPREFIX"]}    # bytecode where the suite keeps it
     proc = subprocess.Popen([sys.executable, str(script), *args], cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
+                            stderr=subprocess.PIPE, text=True, env=env)
     assert proc.stdout.readline().strip() == "ready"
     return proc
 
