@@ -198,3 +198,148 @@ def test_forge_never_imports_forge_bench(tmp_path):
     (tmp_path / "forge" / "bad.py").write_text("import importlib\n\n\ndef f():\n    from forge_bench import cli\n"
                                              "    importlib.import_module('forge_bench.plugin')\n")
     assert imports_of_bench(tmp_path / "forge") == ["forge/bad.py:5", "forge/bad.py:6"]
+
+
+# --- circles between modules ---------------------------------------------------------------------------------------
+# Units above may import each other only downward; inside a unit too, no two modules may need each other (a circle
+# works only as long as one side's import stays lazy or comes last, and breaks on the next edit). Every import
+# counts, a lazy one too; only an `if TYPE_CHECKING:` block (never run) is left out.
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _run_nodes(tree: ast.AST):
+    """Every node of `tree` except those under `if TYPE_CHECKING:` (its else branch runs, so it counts)."""
+    todo = [tree]
+    while todo:
+        node = todo.pop()
+        yield node
+        if isinstance(node, ast.If) and _is_type_checking(node.test):
+            todo.extend(node.orelse)
+        else:
+            todo.extend(ast.iter_child_nodes(node))
+
+
+def _module_exists(dotted: str) -> bool:
+    path = FORGE.parent.joinpath(*dotted.split("."))
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
+def module_imports_of(path: Path) -> list[tuple[str, int]]:
+    """(forge module imported, line) for every import in one file that runs: `from P import name` imports the
+    module P.name where there is one, else P itself."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    here = module_name(path)
+    package = here if path.name == "__init__.py" else here.rpartition(".")[0]
+    found: list[tuple[str, int]] = []
+    for node in _run_nodes(tree):
+        if isinstance(node, ast.Import):
+            found += [(a.name, node.lineno) for a in node.names if a.name.split(".")[0] == "forge"]
+        elif isinstance(node, ast.ImportFrom):
+            base = package.split(".")[:len(package.split(".")) - node.level + 1] if node.level else []
+            dotted = ".".join(base + ([node.module] if node.module else []))
+            if dotted.split(".")[0] != "forge":
+                continue
+            for alias in node.names:
+                sub = f"{dotted}.{alias.name}"
+                found.append((sub if _module_exists(sub) else dotted, node.lineno))
+    return found
+
+
+def module_edges() -> dict[tuple[str, str], list[str]]:
+    """(importer module, imported module) -> where, for every import between two forge modules."""
+    out: dict[tuple[str, str], list[str]] = {}
+    for path in sorted(FORGE.rglob("*.py")):
+        src = module_name(path)
+        for dst, line in module_imports_of(path):
+            where = f"{path.relative_to(FORGE.parent)}:{line}"
+            if dst != src and where not in out.get((src, dst), ()):
+                out.setdefault((src, dst), []).append(where)
+    return out
+
+
+def circles_in(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of two or more nodes (Tarjan's algorithm, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    circles: list[list[str]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph.get(root, ()))))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            v, children = work[-1]
+            w = next(children, None)
+            if w is not None:
+                if w not in index:
+                    index[w] = low[w] = len(index)
+                    stack.append(w)
+                    on_stack.add(w)
+                    work.append((w, iter(sorted(graph.get(w, ())))))
+                elif w in on_stack:
+                    low[v] = min(low[v], index[w])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                component = []
+                while True:
+                    w = stack.pop()
+                    on_stack.discard(w)
+                    component.append(w)
+                    if w == v:
+                        break
+                if len(component) > 1:
+                    circles.append(sorted(component))
+    return circles
+
+
+def test_no_import_circle_between_modules():
+    found = module_edges()
+    graph: dict[str, set[str]] = {}
+    for (src, dst) in found:
+        graph.setdefault(src, set()).add(dst)
+    report = []
+    for circle in circles_in(graph):
+        inside = [f"  {src} -> {dst}: {', '.join(where)}" for (src, dst), where in sorted(found.items())
+                  if src in circle and dst in circle]
+        report.append(" <-> ".join(circle) + "\n" + "\n".join(inside))
+    assert not report, "import circles between forge's modules:\n" + "\n".join(report)
+
+
+def test_the_check_sees_a_circle_between_modules(tmp_path, monkeypatch):
+    """The test above can fail: a lazy import closing a circle inside one package is reported; an import under
+    `if TYPE_CHECKING:` is not one."""
+    fake = tmp_path / "forge"
+    (fake / "node").mkdir(parents=True)
+    (fake / "__init__.py").write_text("")
+    (fake / "node" / "__init__.py").write_text("")
+    (fake / "node" / "a.py").write_text("from forge.node import b\n")
+    (fake / "node" / "b.py").write_text("def f():\n    from . import a\n")
+    (fake / "node" / "c.py").write_text("from typing import TYPE_CHECKING\nimport forge.node.a\n"
+                                        "if TYPE_CHECKING:\n    from forge.node.d import D\n")
+    (fake / "node" / "d.py").write_text("from forge.node.c import C\n")
+    monkeypatch.setattr(__import__(__name__, fromlist=["FORGE"]), "FORGE", fake)
+    assert module_edges() == {("forge.node.a", "forge.node.b"): ["forge/node/a.py:1"],
+                              ("forge.node.b", "forge.node.a"): ["forge/node/b.py:2"],
+                              ("forge.node.c", "forge.node.a"): ["forge/node/c.py:2"],
+                              ("forge.node.d", "forge.node.c"): ["forge/node/d.py:1"]}
+    graph: dict[str, set[str]] = {}
+    for (src, dst) in module_edges():
+        graph.setdefault(src, set()).add(dst)
+    assert circles_in(graph) == [["forge.node.a", "forge.node.b"]]          # c <-> d only under TYPE_CHECKING
+    try:
+        test_no_import_circle_between_modules()
+    except AssertionError as e:
+        assert "forge.node.a <-> forge.node.b" in str(e) and "forge/node/b.py:2" in str(e), e
+    else:
+        raise AssertionError("a circle between modules was not reported")
