@@ -12,6 +12,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 FORGE = Path(__file__).resolve().parent.parent / "forge"
 
 # Lowest first. A unit may import its own layer's *other* units only where no circle results (checked below).
@@ -223,39 +225,40 @@ def _run_nodes(tree: ast.AST):
             todo.extend(ast.iter_child_nodes(node))
 
 
-def _module_exists(dotted: str) -> bool:
-    path = FORGE.parent.joinpath(*dotted.split("."))
-    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+def module_imports_of(path: Path, package_root: Path) -> list[tuple[str, int]]:
+    """(module imported, line) for every import in one file of the package at `package_root` (forge/) that runs and
+    names one of its modules: `from P import name` imports the module P.name where there is one, else P itself."""
+    top = package_root.name
 
+    def exists(dotted: str) -> bool:
+        where = package_root.parent.joinpath(*dotted.split("."))
+        return where.with_suffix(".py").is_file() or (where / "__init__.py").is_file()
 
-def module_imports_of(path: Path) -> list[tuple[str, int]]:
-    """(forge module imported, line) for every import in one file that runs: `from P import name` imports the
-    module P.name where there is one, else P itself."""
     tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-    here = module_name(path)
+    here = ".".join(path.relative_to(package_root.parent).with_suffix("").parts).removesuffix(".__init__")
     package = here if path.name == "__init__.py" else here.rpartition(".")[0]
     found: list[tuple[str, int]] = []
     for node in _run_nodes(tree):
         if isinstance(node, ast.Import):
-            found += [(a.name, node.lineno) for a in node.names if a.name.split(".")[0] == "forge"]
+            found += [(a.name, node.lineno) for a in node.names if a.name.split(".")[0] == top]
         elif isinstance(node, ast.ImportFrom):
             base = package.split(".")[:len(package.split(".")) - node.level + 1] if node.level else []
             dotted = ".".join(base + ([node.module] if node.module else []))
-            if dotted.split(".")[0] != "forge":
+            if dotted.split(".")[0] != top:
                 continue
             for alias in node.names:
                 sub = f"{dotted}.{alias.name}"
-                found.append((sub if _module_exists(sub) else dotted, node.lineno))
+                found.append((sub if exists(sub) else dotted, node.lineno))
     return found
 
 
-def module_edges() -> dict[tuple[str, str], list[str]]:
-    """(importer module, imported module) -> where, for every import between two forge modules."""
+def module_edges(package_root: Path) -> dict[tuple[str, str], list[str]]:
+    """(importer module, imported module) -> where, for every import between two modules of one package."""
     out: dict[tuple[str, str], list[str]] = {}
-    for path in sorted(FORGE.rglob("*.py")):
-        src = module_name(path)
-        for dst, line in module_imports_of(path):
-            where = f"{path.relative_to(FORGE.parent)}:{line}"
+    for path in sorted(package_root.rglob("*.py")):
+        src = ".".join(path.relative_to(package_root.parent).with_suffix("").parts).removesuffix(".__init__")
+        for dst, line in module_imports_of(path, package_root):
+            where = f"{path.relative_to(package_root.parent)}:{line}"
             if dst != src and where not in out.get((src, dst), ()):
                 out.setdefault((src, dst), []).append(where)
     return out
@@ -303,8 +306,13 @@ def circles_in(graph: dict[str, set[str]]) -> list[list[str]]:
     return circles
 
 
-def test_no_import_circle_between_modules():
-    found = module_edges()
+# forge, and forge-bench (bench/forge_bench, a distribution of its own built on forge) beside it
+PACKAGE_ROOTS = [FORGE] + [p for p in [FORGE.parent / "bench" / "forge_bench"] if p.is_dir()]
+
+
+@pytest.mark.parametrize("package_root", PACKAGE_ROOTS, ids=[p.name for p in PACKAGE_ROOTS])
+def test_no_import_circle_between_modules(package_root):
+    found = module_edges(package_root)
     graph: dict[str, set[str]] = {}
     for (src, dst) in found:
         graph.setdefault(src, set()).add(dst)
@@ -313,10 +321,10 @@ def test_no_import_circle_between_modules():
         inside = [f"  {src} -> {dst}: {', '.join(where)}" for (src, dst), where in sorted(found.items())
                   if src in circle and dst in circle]
         report.append(" <-> ".join(circle) + "\n" + "\n".join(inside))
-    assert not report, "import circles between forge's modules:\n" + "\n".join(report)
+    assert not report, f"import circles between {package_root.name}'s modules:\n" + "\n".join(report)
 
 
-def test_the_check_sees_a_circle_between_modules(tmp_path, monkeypatch):
+def test_the_check_sees_a_circle_between_modules(tmp_path):
     """The test above can fail: a lazy import closing a circle inside one package is reported; an import under
     `if TYPE_CHECKING:` is not one."""
     fake = tmp_path / "forge"
@@ -328,17 +336,16 @@ def test_the_check_sees_a_circle_between_modules(tmp_path, monkeypatch):
     (fake / "node" / "c.py").write_text("from typing import TYPE_CHECKING\nimport forge.node.a\n"
                                         "if TYPE_CHECKING:\n    from forge.node.d import D\n")
     (fake / "node" / "d.py").write_text("from forge.node.c import C\n")
-    monkeypatch.setattr(__import__(__name__, fromlist=["FORGE"]), "FORGE", fake)
-    assert module_edges() == {("forge.node.a", "forge.node.b"): ["forge/node/a.py:1"],
+    assert module_edges(fake) == {("forge.node.a", "forge.node.b"): ["forge/node/a.py:1"],
                               ("forge.node.b", "forge.node.a"): ["forge/node/b.py:2"],
                               ("forge.node.c", "forge.node.a"): ["forge/node/c.py:2"],
                               ("forge.node.d", "forge.node.c"): ["forge/node/d.py:1"]}
     graph: dict[str, set[str]] = {}
-    for (src, dst) in module_edges():
+    for (src, dst) in module_edges(fake):
         graph.setdefault(src, set()).add(dst)
     assert circles_in(graph) == [["forge.node.a", "forge.node.b"]]          # c <-> d only under TYPE_CHECKING
     try:
-        test_no_import_circle_between_modules()
+        test_no_import_circle_between_modules(fake)
     except AssertionError as e:
         assert "forge.node.a <-> forge.node.b" in str(e) and "forge/node/b.py:2" in str(e), e
     else:

@@ -1,5 +1,6 @@
-"""A package's docstring (forge/**/__init__.py) names only files that exist: the map a newcomer reads first must
-not send them to a file that moved away (forge/runtime's once described admission.py, driver.py, ... of host/).
+"""A package's docstring (forge/**/__init__.py, bench/forge_bench/**/__init__.py) names only files that exist:
+the map a newcomer reads first must not send them to a file that moved away (forge/runtime's once described
+admission.py, driver.py, ... of host/).
 
 Checked: a path from the repository's root (`forge/cluster/actor.py`, `docs/broker.md`, `forge/node`), and a bare
 file or folder name (`mapping.py`, `local.yaml`, `tiny-llama/`), which is the package's own (in it or below it).
@@ -17,7 +18,9 @@ ROOT = Path(__file__).resolve().parent.parent
 FILE_TYPES = ("py", "yaml", "yml", "md", "toml")
 FROM_ROOT = re.compile(r"(?<![\w./-])(?:forge|docs)/[\w./-]*\w/?")
 BARE = re.compile(rf"(?<![\w./-])[\w-]+(?:\.(?:{'|'.join(FILE_TYPES)})|/)(?![\w/-])")
-PACKAGES = sorted(p.parent for p in (ROOT / "forge").rglob("__init__.py"))
+# forge's packages and forge-bench's (bench/forge_bench, a distribution of its own beside forge)
+PACKAGES = sorted(p.parent for top in (ROOT / "forge", ROOT / "bench" / "forge_bench")
+                  for p in top.rglob("__init__.py"))
 
 
 def named_files(docstring: str) -> tuple[list[str], list[str]]:
