@@ -16,7 +16,7 @@ from forge.errors import ForgeError, display_path
 from forge.ledger.damage import LedgerDamaged
 from forge.ledger.sqlite import Ledger
 from forge.records import parquet_out
-from forge.records.reader import PARQUET_SUFFIXES
+from forge.records.reader import is_parquet
 from forge.records.writer import Reconciliation
 
 _CHUNK = 4096
@@ -28,7 +28,7 @@ def set_aside_damaged(damaged: LedgerDamaged, ledger_path: Path, output: Path, r
     from) and say what happened; else raise the one line that says what to do."""
     led = display_path(ledger_path)
     if not restart and not _complete(rec, output, total):
-        held = rec.rows if rec.rows or not _is_parquet(output) else 0
+        held = rec.rows if rec.rows or not is_parquet(output) else 0
         raise ForgeError(f"{damaged}. The output {display_path(output)} holds {held:,} of {total:,} rows, so the "
                          f"ledger cannot be rebuilt from it: restore {led} from a backup, or pass --restart to start "
                          f"over (the damaged ledger is kept as {led}.damaged-…)")
@@ -47,7 +47,7 @@ def rebuild_or_refuse(ledger: Ledger, written_path: Path, rec: Reconciliation, o
     extend or overwrite."""
     led = display_path(ledger.path)
     if not _complete(rec, output, total):
-        if _is_parquet(output) and output.exists():
+        if is_parquet(output) and output.exists():
             raise ForgeError(f"{display_path(output)}: exists but its ledger {led} is new; forge never writes over an "
                              "output no ledger records: pass --restart to replace it, or --ledger PATH to name its "
                              "ledger")
@@ -71,7 +71,7 @@ def _complete(rec: Reconciliation, output: Path, total: int) -> bool:
     if rec.rows:
         return (rec.rows == total and not rec.duplicates and not rec.tail_bytes and rec.foreign_at is None
                 and not rec.beyond and rec.present.max() < total)
-    if _is_parquet(output) and output.exists() and not rec.size:
+    if is_parquet(output) and output.exists() and not rec.size:
         return _parquet_indices_complete(output, total)
     return False
 
@@ -96,7 +96,3 @@ def _mark_parquet_written(ledger: Ledger, path: Path) -> int:
             ledger.apply(written=list(zip(indices[start:start + _CHUNK], errors[start:start + _CHUNK])))
         n += len(indices)
     return n
-
-
-def _is_parquet(output: Path) -> bool:
-    return output.suffix.lower() in PARQUET_SUFFIXES

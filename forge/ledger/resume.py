@@ -27,7 +27,7 @@ from forge.records import parquet_out
 from forge.records.bitmap import IndexBitmap
 from forge.records.guard import (parquet_is_forge_output, refuse_foreign, refuse_overlaps,
                                  require_regular_or_absent)
-from forge.records.reader import PARQUET_SUFFIXES, RecordSource
+from forge.records.reader import RecordSource, is_parquet
 from forge.records.writer import OutputWriter, Reconciliation, encode_error, encode_result
 
 _CHUNK = 2048
@@ -40,7 +40,7 @@ def default_ledger_path(output: str | os.PathLike) -> Path:
 
 def staging_path(output: Path) -> Path:
     """Where rows go as they are made: the output itself (JSONL) or a JSONL beside a Parquet output."""
-    return output.with_name(output.name + ".staging.jsonl") if _is_parquet(output) else output
+    return output.with_name(output.name + ".staging.jsonl") if is_parquet(output) else output
 
 
 def make_run_key(*, function_file: str | os.PathLike, function_name: str, source: RecordSource,
@@ -125,7 +125,7 @@ class Run:
         return self.report
 
     def _finish_parquet(self) -> None:
-        if not _is_parquet(self.output) or not self.report.complete:
+        if not is_parquet(self.output) or not self.report.complete:
             return
         staging = staging_path(self.output)
         parquet_out.jsonl_to_parquet(staging, self.output)
@@ -157,7 +157,7 @@ def open_run(output: str | os.PathLike, *, run_key: dict[str, object], total: in
     lost ledger is rebuilt from the output when the output is complete (recovery.py); else refused, saying how."""
     output = Path(output)
     ledger_path = Path(ledger_path) if ledger_path is not None else default_ledger_path(output)
-    parquet = _is_parquet(output)
+    parquet = is_parquet(output)
     refuse_overlaps({"--input": _opt_path(input_path), "--output": output,
                      "the Parquet staging file": staging_path(output) if parquet else None,
                      "the ledger": ledger_path})
@@ -199,13 +199,13 @@ def _open(writer: OutputWriter, rec: Reconciliation, *, output: Path, ledger_pat
         _check_ledger_output(ledger, output)
         rebuilt = ""
         if restart:
-            if _is_parquet(output):
+            if is_parquet(output):
                 output.unlink(missing_ok=True)      # forge's own (its columns were checked above)
             writer.truncate(0)
             rec = Reconciliation()
             if rebuild_why:
                 rebuilt = f"the ledger {display_path(ledger_path)} was {rebuild_why}; --restart starts over"
-        elif ledger.fresh and (rec.size or (_is_parquet(output) and output.exists())):
+        elif ledger.fresh and (rec.size or (is_parquet(output) and output.exists())):
             # rows no ledger records: this run's only if they are all of it (a lost or damaged ledger)
             rebuilt = recovery.rebuild_or_refuse(ledger, writer.path, rec, output, total,
                                                  why=rebuild_why or "missing")
@@ -327,7 +327,3 @@ def _finished_run(ledger: Ledger, output: Path, total: int) -> Run:
     settled = ledger.indices("written")
     report = ResumeReport(resumed=True, already_written=len(settled), complete=True)
     return Run(ledger, None, output, total, settled, report)
-
-
-def _is_parquet(output: Path) -> bool:
-    return output.suffix.lower() in PARQUET_SUFFIXES

@@ -21,6 +21,11 @@ _SCAN_CHUNK_BYTES = 1 << 20
 _PARQUET_BATCH_ROWS = 1024
 
 
+def is_parquet(path: Path) -> bool:
+    """A file read or written as Parquet (by its suffix); any other is JSONL."""
+    return path.suffix.lower() in PARQUET_SUFFIXES
+
+
 @dataclass(frozen=True)
 class InputError:
     """A record that could not be read; written to the output as an error row for its index."""
@@ -192,7 +197,7 @@ def open_records(path: str | os.PathLike, *, max_line_bytes: int = constants.MAX
         raise ForgeError(f"{shown}: input is not a regular file")
     if not os.access(p, os.R_OK):
         raise ForgeError(f"{shown}: input file is not readable")
-    fmt = "parquet" if p.suffix.lower() in PARQUET_SUFFIXES else "jsonl"
+    fmt = "parquet" if is_parquet(p) else "jsonl"
     source = RecordSource(p, fmt, max_line_bytes=max_line_bytes)
     if fmt == "parquet":
         with open(p, "rb") as f:
