@@ -12,6 +12,15 @@ class ForgeError(Exception):
     exit_code = 1
 
 
+def engine_failed_to_start(card: str, contract: str, why: str | BaseException) -> ForgeError:
+    """The one error a card's engine that did not come up is reported with, wherever it is seen (the engine's
+    factory, the worker process, its link, the local node, a cluster agent); `why` a line, or the exception
+    itself (named by its type)."""
+    if isinstance(why, BaseException):
+        why = f"{type(why).__name__}: {why}"
+    return ForgeError(f"card {card} ({contract}): engine failed to start: {why}")
+
+
 class UsageError(ForgeError):
     """Bad flags or arguments (exit code 2)."""
 

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Optional
 from forge import constants
 from forge.cluster.names import (NAMESPACE, engine_actor_name, engine_resources, node_record_name, node_resources)
 from forge.cluster.raynode import RayNodeProcess, node_alive, wait_for_node
-from forge.errors import ForgeError
+from forge.errors import ForgeError, engine_failed_to_start
 
 if TYPE_CHECKING:                       # the agent imports the engine's side only where it starts engines
     from forge.host.protocol import Hello
@@ -162,8 +162,7 @@ class Agent:
                 try:
                     self.infos[cid] = ray.get(ref)
                 except ray.exceptions.RayError as e:
-                    raise ForgeError(f"card {cid} ({plans[cid].contract.contract}): engine failed to start: "
-                                     f"{ray_error_line(e)}") from None
+                    raise engine_failed_to_start(cid, plans[cid].contract.contract, ray_error_line(e)) from None
                 self.say(f"card {cid} ({plans[cid].contract.contract}) up in {time.monotonic() - t0:.1f} s"
                          + self.threads_word(cid))
             if waiting and time.monotonic() >= next_word:

@@ -23,7 +23,7 @@ from typing import Any, Callable, Optional
 
 from forge import constants
 from forge.config.plan import CardPlan
-from forge.errors import ForgeError
+from forge.errors import ForgeError, engine_failed_to_start
 from forge.engines.interface import RequestKey
 from forge.host.admission import CardAdmission, geometry_from_plan
 from forge.host.feed import Feed
@@ -49,8 +49,7 @@ def build_engine(plan: CardPlan) -> Any:
     except ForgeError:
         raise
     except Exception as e:  # noqa: BLE001 - a factory's failure is the card's, in one line
-        raise ForgeError(f"card {plan.engine_id} ({plan.contract.contract}): engine failed to start: "
-                         f"{type(e).__name__}: {e}") from e
+        raise engine_failed_to_start(plan.engine_id, plan.contract.contract, e) from e
 
 
 class EngineHost:

@@ -19,7 +19,7 @@ from typing import Any, Optional
 
 from forge import constants
 from forge.config.plan import CardPlan
-from forge.errors import ForgeError
+from forge.errors import ForgeError, engine_failed_to_start
 from forge.gc_tuning import tune_for_throughput
 from forge.host.lifeline import EXIT_ORPHANED, die_with_parent, watch_parent
 
@@ -78,8 +78,7 @@ def main(fd: int) -> None:
     except ForgeError as e:
         error = str(e)
     except BaseException as e:  # noqa: BLE001 - whatever stops the engine from loading is the card's, in one line
-        error = (f"card {spec.plan.card_id} ({spec.plan.contract.contract}): engine failed to start: "
-                 f"{type(e).__name__}: {e}")
+        error = str(engine_failed_to_start(spec.plan.card_id, spec.plan.contract.contract, e))
     rc = asyncio.run(_serve(host, error, sock))
     sys.stdout.flush()
     sys.stderr.flush()

@@ -20,7 +20,7 @@ from typing import Any, Optional
 
 from forge import constants
 from forge.config.plan import CardPlan
-from forge.errors import ForgeError
+from forge.errors import ForgeError, engine_failed_to_start
 from forge.host.worker import WorkerSpec
 from forge.host.channel import CallChannel, frame, open_socket
 from forge.host.protocol import Hello, HostMethod
@@ -87,8 +87,7 @@ class ProcessTransport(Transport):
             await self._end()
             what = (f"its worker process exited with code {self.proc.returncode}" if self.proc.returncode is not None
                     else f"its worker did not answer within {constants.ENGINE_START_TIMEOUT_S:g} s ({type(e).__name__})")
-            raise ForgeError(f"card {self.name} ({self.spec.plan.contract.contract}): engine failed to start: "
-                             f"{what}") from None
+            raise engine_failed_to_start(self.name, self.spec.plan.contract.contract, what) from None
 
     async def call(self, method: HostMethod, *args: Any, timeout_s: float) -> Any:
         if self.channel is None:

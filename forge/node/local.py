@@ -17,7 +17,7 @@ from typing import Any, Literal, Optional, Sequence
 from forge import constants
 from forge.config.load import LoadedNode
 from forge.config.plan import engine_plans
-from forge.errors import ForgeError
+from forge.errors import ForgeError, engine_failed_to_start
 from forge.link.transport import Transport
 from forge.node.linked import LinkedNode
 from forge.requests.prompt_bounds import OFF_LOOP_CHARS, prompt_chars_limit
@@ -85,8 +85,7 @@ class LocalNode(LinkedNode):
             p, e = failed[0]
             if isinstance(e, ForgeError):
                 raise e
-            raise ForgeError(f"card {p.engine_id} ({p.contract.contract}): engine failed to start: "
-                             f"{type(e).__name__}: {e}") from e
+            raise engine_failed_to_start(p.engine_id, p.contract.contract, e) from e
         self.attach_links(list(zip(self.transports, hellos)))
         await self._adopt_tokenizers()
         log.info("node %s: %d engine(s) up in %.1f s (%s)", self.name, len(self.links), time.monotonic() - t0,
