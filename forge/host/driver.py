@@ -23,10 +23,10 @@ from typing import Callable, Optional, Sequence
 
 from forge import constants
 from forge.engines.interface import Engine, EngineBusy, EngineFailed, EngineRequest, Progress
+from forge.host.protocol import STATS_INTERVAL_S
 
 log = logging.getLogger("forge.host.driver")
 
-STATS_INTERVAL_S = 0.1          # engine.stats() sampling period
 COMMAND_LATENCY_S = 0.005       # a poll lasts at most this long, so a submit waits at most this for the engine
 PROGRESS_EVERY_S = 0.05         # token progress without results reaches the loop this often (liveness only)
 # An engine holding requests in a queue of its own beyond its slots (Engine.queues_beyond_slots) needs no refill

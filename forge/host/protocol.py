@@ -23,6 +23,11 @@ from forge.requests import RequestOptions
 from forge.stats import EngineStats
 
 
+# How often a host's engine driver samples engine.stats(): a host's counters are at most this old when read, which
+# the node's link allows for (forge/host/driver.py samples, forge/link/link.py waits).
+STATS_INTERVAL_S = 0.1
+
+
 class HostMethod(str, enum.Enum):
     """Every call a link may make of its engine host: each is a coroutine method of EngineHost and a typed
     method of Transport of the same name (tests/host/test_protocol.py holds the three together)."""

@@ -1,28 +1,21 @@
-"""Building and reading what crosses between a node and an engine host (the records: forge/host/protocol.py):
-a broker request as a WireRequest for one engine's tokenizer, a WireRequest as the host's HostRequest (its
-RequestKey made here, once), a finished request as a WireResult; and the tokenizer identity engines sharing a
-tokenization are grouped by."""
+"""The host's side of what crosses between a node and an engine host (the records: forge/host/protocol.py): a
+WireRequest read as the host's HostRequest (its RequestKey made here, once), a finished request built as a
+WireResult; and the tokenizer identity engines sharing a tokenization are grouped by. The node's side (a broker
+request as a WireRequest) is forge/link/wire.py."""
 from __future__ import annotations
 
 import hashlib
 from pathlib import Path
 from typing import Any, Optional
 
-from forge.broker import BrokerRequest
 from forge.engines.interface import RequestKey
 from forge.host.protocol import WireRequest, WireResult
 from forge.host.request import HostRequest
-from forge.requests import DEFAULT_OPTIONS, RequestOptions
+from forge.requests import DEFAULT_OPTIONS
 
 # Files that decide how text becomes ids; their bytes name the tokenizer across machines.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
                    "vocab.json", "merges.txt", "vocab.txt", "added_tokens.json")
-
-
-def to_wire(req: BrokerRequest, tokenizer_key: str, now: float) -> WireRequest:
-    opts = req.payload if isinstance(req.payload, RequestOptions) else None
-    return WireRequest(req.request_id, req.attempt, req.prompt_for(tokenizer_key), req.max_new_tokens, req.priority,
-                       None if opts is None or opts == DEFAULT_OPTIONS else opts, max(0.0, now - req.enqueued_at))
 
 
 def from_wire(item: WireRequest | tuple, session: str, tokenizer_key: str, now: float) -> HostRequest:

@@ -20,12 +20,11 @@ from typing import Callable, Optional
 
 from forge import constants
 from forge.broker import BrokerClosed, BrokerRequest
-from forge.host.driver import STATS_INTERVAL_S
-from forge.host.protocol import Collected, Hello, WireRequest, WireResult
-from forge.host.wire import to_wire
+from forge.host.protocol import STATS_INTERVAL_S, Collected, Hello, WireRequest, WireResult
 from forge.link.counters import JobCounters
 from forge.link.credit import Credit
 from forge.link.transport import LinkGone, Transport
+from forge.link.wire import to_wire
 from forge.stats import EngineStats
 
 log = logging.getLogger("forge.link")

@@ -14,7 +14,8 @@ from forge.broker import Broker, BrokerCore, BrokerRequest
 from forge.cluster import actor, connect
 from forge.cluster.actor import EngineActor, RayTransport
 from forge.cluster.names import engine_actor_name, engine_resources, node_resources, slug
-from forge.host.wire import from_wire, to_wire
+from forge.host.wire import from_wire
+from forge.link.wire import to_wire
 from forge.config.load import load_node
 from forge.engines.interface import Sampling
 from forge.errors import UsageError
