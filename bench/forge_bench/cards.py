@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-from forge.config.load import LoadedNode
+from forge.config.load import LoadedDescription
 from forge.errors import ForgeError, UsageError
 from forge_bench.forge_mode import run_forge, write_records
 from forge_bench.modes import check_fits, repeat_order, warmup_requests
@@ -32,7 +32,7 @@ TOGETHER = "together"
 
 @dataclass
 class CardsPlan:
-    loaded: LoadedNode
+    loaded: LoadedDescription
     spec: WorkloadSpec
     workdir: Path
     modes: Sequence[str] = CARD_MODES
@@ -46,11 +46,11 @@ class CardsPlan:
     on_result: Callable[[list[ModeResult]], None] = field(default=lambda res: None)
 
 
-def one_card(loaded: LoadedNode, index: int) -> LoadedNode:
+def one_card(loaded: LoadedDescription, index: int) -> LoadedDescription:
     """The node reduced to one of its cards (same name, same contracts, that card's plan)."""
     plan = loaded.plans[index]
     card = next(c for c in loaded.node.cards if c.index == plan.card.index)
-    return LoadedNode(node=loaded.node.model_copy(update={"cards": [card]}), contracts=loaded.contracts,
+    return LoadedDescription(node=loaded.node.model_copy(update={"cards": [card]}), contracts=loaded.contracts,
                       plans=[plan], warnings=[])
 
 
@@ -81,7 +81,7 @@ def run_cards(cp: CardsPlan) -> list[ModeResult]:
     kw = {"concurrency": cp.concurrency} if cp.concurrency else {}
     results: list[ModeResult] = []
 
-    def one(loaded: LoadedNode, scope: str, path: Path, reqs: list[BenchRequest], mode: str, rep: int) -> None:
+    def one(loaded: LoadedDescription, scope: str, path: Path, reqs: list[BenchRequest], mode: str, rep: int) -> None:
         r = run_forge(loaded, path, len(reqs), cp.workdir, grouping=(mode == "forge"), warmup=warm, label=mode,
                       card_transport=cp.card_transport, **kw)
         r.scope, r.repeat = scope, rep + 1
@@ -155,7 +155,7 @@ def _spread(xs: list[float]) -> Optional[dict]:
             "n": len(xs)}
 
 
-def cards_data(*, env: dict, loaded: LoadedNode, workload: dict, card_transport: str,
+def cards_data(*, env: dict, loaded: LoadedDescription, workload: dict, card_transport: str,
                together_records: Optional[int], results: Sequence[ModeResult]) -> dict:
     """The report's data (bench/forge_bench/report.py: write_cards_bench)."""
     from forge_bench.report import card_info

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-from forge.config.load import LoadedNode
+from forge.config.load import LoadedDescription
 from forge.errors import UsageError
 from forge_bench.bounds import bounds_line, tier_bounds
 from forge_bench.forge_mode import run_forge, write_records
@@ -24,7 +24,7 @@ from forge_bench.workload import WorkloadSpec, generate
 MODES = ("forge", "direct")
 
 
-def run_compare(tiers: Sequence[tuple[str, LoadedNode]], spec: WorkloadSpec, workdir: Path, *,
+def run_compare(tiers: Sequence[tuple[str, LoadedDescription]], spec: WorkloadSpec, workdir: Path, *,
                 modes: Sequence[str] = ("forge",), records: Optional[int] = None, warmup: int = 8, repeat: int = 2,
                 progress: Callable[[str], None] = lambda line: None,
                 on_result: Callable[[list, list[dict]], None] = lambda reqs, res: None) -> tuple[list, list[dict]]:
@@ -100,7 +100,7 @@ def summarize(labels: Sequence[str], results: list[dict]) -> dict:
     return out
 
 
-def add_bounds(summary: dict, tiers: Sequence[tuple[str, LoadedNode]], requests, peaks: Optional[dict]) -> dict:
+def add_bounds(summary: dict, tiers: Sequence[tuple[str, LoadedDescription]], requests, peaks: Optional[dict]) -> dict:
     for label, loaded in tiers:
         summary["tiers"].setdefault(label, {})["bounds"] = tier_bounds(single_card(loaded), requests, peaks)
     return summary

@@ -13,8 +13,8 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from forge.config.load import LoadedNode
-from forge.config.models import Contract, Node
+from forge.config.load import LoadedDescription
+from forge.config.models import Contract, NodeDescription
 from forge.config.plan import plan_card
 from forge.errors import UsageError
 from forge_bench.forge_mode import run_forge, write_records
@@ -27,7 +27,7 @@ NEW_TOKENS = 1
 TARGET_TASKS_PER_S = 20_000
 
 
-def instant_node(slots: int = 1024) -> LoadedNode:
+def instant_node(slots: int = 1024) -> LoadedDescription:
     """One cpu card with an instant engine (no model); the embedded tokenizer decodes its synthetic output."""
     from forge.embedded import TINY_MODEL_DIR
 
@@ -39,10 +39,10 @@ def instant_node(slots: int = 1024) -> LoadedNode:
         limits=dict(max_batch_size=slots, max_num_tokens=slots * 64, max_input_len=64, max_output_len=16),
         kv_cache=dict(tokens_per_block=16, max_tokens=slots * 80, host_cache_size=0, block_reuse=True),
         target=dict(kind="cpu")))
-    node = Node.model_validate(dict(node="control-plane", contracts=[], host=dict(memory_gib=1, cpu_cores=1),
+    node = NodeDescription.model_validate(dict(node="control-plane", contracts=[], host=dict(memory_gib=1, cpu_cores=1),
                                     cards=[dict(index=0, kind="cpu", model="cpu", memory_gib=1,
                                                 engine=c.contract)], metrics=dict(port=0)))
-    return LoadedNode(node=node, contracts={c.contract: c}, plans=[plan_card(node.cards[0], c)], warnings=[])
+    return LoadedDescription(node=node, contracts={c.contract: c}, plans=[plan_card(node.cards[0], c)], warnings=[])
 
 
 def pin_to_core(core: Optional[int]) -> tuple[Optional[int], Optional[frozenset[int]]]:

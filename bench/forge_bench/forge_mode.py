@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from forge import constants
-from forge.config.load import LoadedNode
+from forge.config.load import LoadedDescription
 from forge.functions.api import GenerateParams, function, spec_of
 from forge.stats import EngineStats, RunStats
 from forge_bench.gpu_sampler import GpuSampler, gpus_of
@@ -113,7 +113,7 @@ async def _job(node, opts: _Opts, stats: RunStats, concurrency: int) -> None:
                           concurrency=concurrency, install_signals=False)
 
 
-async def run_forge_async(loaded: LoadedNode, records_path: Path, n_requests: int, workdir: Path, *,
+async def run_forge_async(loaded: LoadedDescription, records_path: Path, n_requests: int, workdir: Path, *,
                           grouping: bool, warmup: Sequence[BenchRequest] = (), label: Optional[str] = None,
                           concurrency: int = constants.DEFAULT_RECORD_CONCURRENCY,
                           card_transport: str = "process", worker_cpus: Optional[frozenset[int]] = None,
@@ -171,5 +171,5 @@ async def run_forge_async(loaded: LoadedNode, records_path: Path, n_requests: in
     return res
 
 
-def run_forge(loaded: LoadedNode, records_path: Path, n_requests: int, workdir: Path, **kw) -> ModeResult:
+def run_forge(loaded: LoadedDescription, records_path: Path, n_requests: int, workdir: Path, **kw) -> ModeResult:
     return asyncio.run(run_forge_async(loaded, records_path, n_requests, workdir, **kw))

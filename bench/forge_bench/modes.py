@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional, Sequence, TypeVar
 
-from forge.config.load import LoadedNode
+from forge.config.load import LoadedDescription
 from forge.errors import ForgeError, UsageError
 from forge_bench.direct import DirectEngine, direct_engine
 from forge_bench.direct_child import run_direct_in_child
@@ -39,7 +39,7 @@ log = logging.getLogger("forge.bench")
 
 @dataclass
 class BenchPlan:
-    loaded: LoadedNode
+    loaded: LoadedDescription
     spec: WorkloadSpec
     workdir: Path
     modes: Sequence[str] = MODES
@@ -55,7 +55,7 @@ class BenchPlan:
     on_result: Callable[[list[BenchRequest], list[ModeResult]], None] = field(default=lambda reqs, res: None)
 
 
-def single_card(loaded: LoadedNode):
+def single_card(loaded: LoadedDescription):
     if len(loaded.plans) != 1:
         raise UsageError(f"node {loaded.node.node} has {len(loaded.plans)} cards; the bench measures one engine "
                          "(give a node description with one card)")

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
-from forge.config.load import LoadedNode, load_node
+from forge.config.load import LoadedDescription, load_node
 from forge.errors import UsageError
 from forge_bench.cards import CardsPlan, cards_data, run_cards
 from forge_bench.cpu_nodes import STEP_CPU_MS, step_ms_for, write_cpu_node
@@ -60,7 +60,7 @@ def card_counts(text: str) -> list[int]:
     return out
 
 
-def check_transports(loaded: LoadedNode, transports: Sequence[str]) -> None:
+def check_transports(loaded: LoadedDescription, transports: Sequence[str]) -> None:
     """Refuse a transport this build lacks before anything runs (the node refuses it at construction)."""
     from forge.node.local import LocalNode
 
@@ -68,7 +68,7 @@ def check_transports(loaded: LoadedNode, transports: Sequence[str]) -> None:
         LocalNode(loaded, card_transport=t)
 
 
-def _cell(kind: str, key, transport: str, loaded: LoadedNode, node_path: Path, sp: ScalingPlan,
+def _cell(kind: str, key, transport: str, loaded: LoadedDescription, node_path: Path, sp: ScalingPlan,
           together_records: int) -> dict:
     return {"kind": kind, "key": key, "transport": transport, "node": str(node_path), "loaded": loaded,
             "together_records": together_records, "results": [],

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-from forge.config.load import LoadedNode, load_paths
+from forge.config.load import LoadedDescription, load_paths
 from forge.errors import ConfigError, UsageError
 from forge_bench.candidates import (Candidate, apply, best_of, dimensions, folder_name, key_of, single_changes,
                                     winners)
@@ -84,7 +84,7 @@ def contract_name(arg: str) -> str:
     return next(iter(got.contracts))
 
 
-def plan_of(loaded: LoadedNode, name: str):
+def plan_of(loaded: LoadedDescription, name: str):
     plan = next((p for p in loaded.plans if p.contract.contract == name), None)
     if plan is None:
         runs = ", ".join(sorted({p.contract.contract for p in loaded.plans}))
@@ -93,7 +93,7 @@ def plan_of(loaded: LoadedNode, name: str):
 
 
 class Sweep:
-    def __init__(self, loaded: LoadedNode, name: str, opts: SweepOptions, out: Path,
+    def __init__(self, loaded: LoadedDescription, name: str, opts: SweepOptions, out: Path,
                  progress: Callable[[str], None] = lambda line: None, on_change: Callable[[], None] = lambda: None):
         from forge.config.registry import from_plugins
 

@@ -15,7 +15,7 @@ from typing import Optional, Sequence
 import yaml
 from pydantic import BaseModel
 
-from forge.config.load import LoadedNode, load_node
+from forge.config.load import LoadedDescription, load_node
 from forge.config.models import Card, Contract
 
 ARTIFACT_PATHS = ("engine_dir", "checkpoint", "tokenizer")
@@ -40,7 +40,7 @@ def contract_data(contract: Contract, dest_dir: Path) -> dict:
     return data
 
 
-def node_data(loaded: LoadedNode, card: Card, contract_file: str, name: Optional[str] = None) -> dict:
+def node_data(loaded: LoadedDescription, card: Card, contract_file: str, name: Optional[str] = None) -> dict:
     """The node with only this card, whose contracts list is the one contract file."""
     data = loaded.node.model_dump(mode="json", exclude_none=True)
     if name:
@@ -63,7 +63,7 @@ def write_contract(contract: Contract, path: Path, comments: Sequence[str] = ())
     return path
 
 
-def write_tier(loaded: LoadedNode, contract: Contract, card: Card, folder: Path,
+def write_tier(loaded: LoadedDescription, contract: Contract, card: Card, folder: Path,
                comments: Sequence[str] = ()) -> tuple[Path, Path]:
     """contract.yaml + node.yaml in `folder` (the node names the contract by its relative path)."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -74,7 +74,7 @@ def write_tier(loaded: LoadedNode, contract: Contract, card: Card, folder: Path,
     return cpath, npath
 
 
-def write_node(loaded: LoadedNode, card: Card, contract_path: Path, path: Path, comments: Sequence[str] = ()) -> Path:
+def write_node(loaded: LoadedDescription, card: Card, contract_path: Path, path: Path, comments: Sequence[str] = ()) -> Path:
     """A one-card node named after its file (so it can sit beside the node it came from), running the contract."""
     path.parent.mkdir(parents=True, exist_ok=True)
     rel = os.path.relpath(contract_path.resolve(), path.parent.resolve())
@@ -83,7 +83,7 @@ def write_node(loaded: LoadedNode, card: Card, contract_path: Path, path: Path, 
     return path
 
 
-def load_tier(node_path: Path) -> tuple[Optional[LoadedNode], Optional[str]]:
+def load_tier(node_path: Path) -> tuple[Optional[LoadedDescription], Optional[str]]:
     """(the loaded node, None), or (None, every error on one line) when a rule refuses it."""
     from forge.errors import ConfigError
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-from forge.config.load import LoadedNode, load_paths
+from forge.config.load import LoadedDescription, load_paths
 from forge.errors import ForgeError
 from forge_bench.candidates import Candidate, best_of
 from forge_bench.tierfile import load_tier, write_contract, write_node
@@ -27,7 +27,7 @@ def pick_winner(candidates: list[Candidate], confirm: dict) -> tuple[Optional[Ca
     return best, f"NOT confirmed ({confirm.get('status')}: {confirm.get('reason', '')}); sweep figure only"
 
 
-def write_winner(loaded: LoadedNode, cand: Optional[Candidate], why: str, path: Path, node_path: Optional[Path],
+def write_winner(loaded: LoadedDescription, cand: Optional[Candidate], why: str, path: Path, node_path: Optional[Path],
                  new_name: Optional[str], comments: list[str]) -> list[Path]:
     if cand is None:
         raise ForgeError(f"--write-best: nothing to write ({why})")

@@ -7,7 +7,7 @@ from typing import Callable, Iterable, Optional, Sequence
 
 from forge.config import checkpoint_dir, kvmath
 from forge.config.messages import did_you_mean
-from forge.config.models import Contract, Node
+from forge.config.models import Contract, NodeDescription
 from forge.config.plan import CardPlan
 from forge.config.units import fmt_bytes
 from forge.errors import ForgeError, Problem
@@ -82,13 +82,13 @@ def check_contract(c: Contract, file: str, *, contract_rules: Sequence[Callable]
 
 
 # ----------------------------------------------------------------------------- one node
-def card_indices_unique(n: Node, file: str) -> list[Problem]:
+def card_indices_unique(n: NodeDescription, file: str) -> list[Problem]:
     counts = Counter(card.index for card in n.cards)
     return [Problem(file, f"$.cards[{i}].index", f"card index {card.index} is declared {counts[card.index]} times")
             for i, card in enumerate(n.cards) if counts[card.index] > 1]
 
 
-def card_cores_distinct(n: Node, file: str) -> list[Problem]:
+def card_cores_distinct(n: NodeDescription, file: str) -> list[Problem]:
     """A card's cores are named once, no more of them than the host has, and two CPU cards never share one (a core
     shared by two CPU cards makes their speeds each other's)."""
     out: list[Problem] = []
@@ -114,13 +114,13 @@ def card_cores_distinct(n: Node, file: str) -> list[Problem]:
     return out
 
 
-def ports_distinct(n: Node, file: str) -> list[Problem]:
+def ports_distinct(n: NodeDescription, file: str) -> list[Problem]:
     if n.metrics.port != 0 and n.metrics.port == n.control.port:
         return [Problem(file, "$.metrics.port", f"port {n.metrics.port} is also the control port")]
     return []
 
 
-def cards_reference_contracts(n: Node, file: str, contracts: dict[str, Contract],
+def cards_reference_contracts(n: NodeDescription, file: str, contracts: dict[str, Contract],
                               broken: Iterable[str] = ()) -> list[Problem]:
     """Cards naming a contract that does not exist. Contracts that failed to load are reported on their own."""
     broken = set(broken)
@@ -129,7 +129,7 @@ def cards_reference_contracts(n: Node, file: str, contracts: dict[str, Contract]
             for i, card in enumerate(n.cards) if card.engine not in contracts and card.engine not in broken]
 
 
-def cards_match_targets(n: Node, file: str, contracts: dict[str, Contract]) -> list[Problem]:
+def cards_match_targets(n: NodeDescription, file: str, contracts: dict[str, Contract]) -> list[Problem]:
     out = []
     for i, card in enumerate(n.cards):
         c = contracts.get(card.engine)
@@ -149,7 +149,7 @@ def _runs_on(c: Contract, card) -> bool:
     return c.target.kind == card.kind and (card.kind != "gpu" or c.target.compute_capability == card.compute_capability)
 
 
-def cards_hold_engines(n: Node, file: str, plans: list[CardPlan]) -> list[Problem]:
+def cards_hold_engines(n: NodeDescription, file: str, plans: list[CardPlan]) -> list[Problem]:
     """Memory fit and full-length slots; cards whose contract cannot run on them at all are left out."""
     out = []
     index = {id(card): i for i, card in enumerate(n.cards)}
@@ -181,7 +181,7 @@ def cards_hold_engines(n: Node, file: str, plans: list[CardPlan]) -> list[Proble
     return out
 
 
-def host_cache_fits_host(n: Node, file: str, contracts: dict[str, Contract]) -> list[Problem]:
+def host_cache_fits_host(n: NodeDescription, file: str, contracts: dict[str, Contract]) -> list[Problem]:
     total = sum(c.replicas * contracts[c.engine].kv_cache.host_cache_bytes for c in n.cards if c.engine in contracts)
     limit = kvmath.gib(n.host.memory_gib)
     if total > limit:
@@ -190,7 +190,7 @@ def host_cache_fits_host(n: Node, file: str, contracts: dict[str, Contract]) -> 
     return []
 
 
-def host_has_cores_for_replicas(n: Node, file: str) -> list[Problem]:
+def host_has_cores_for_replicas(n: NodeDescription, file: str) -> list[Problem]:
     """Each replica is one engine process whose Python loop keeps a core busy: a node that declares replicas must
     have a core for every engine process of every card (checked only once replicas are declared)."""
     if all(card.replicas == 1 for card in n.cards):
@@ -203,7 +203,7 @@ def host_has_cores_for_replicas(n: Node, file: str) -> list[Problem]:
                     f"{n.host.cpu_cores} cores: each replica is one engine process bound by its own Python loop")]
 
 
-def check_node(n: Node, file: str, contracts: dict[str, Contract], plans: list[CardPlan],
+def check_node(n: NodeDescription, file: str, contracts: dict[str, Contract], plans: list[CardPlan],
                broken: Iterable[str] = ()) -> list[Problem]:
     out = card_indices_unique(n, file) + card_cores_distinct(n, file) + ports_distinct(n, file)
     out += cards_reference_contracts(n, file, contracts, broken)

@@ -9,7 +9,7 @@ from typing import Optional, Sequence, Union
 
 from forge.config import checks
 from forge.config.files import shown, walk_configs
-from forge.config.models import Contract, Node
+from forge.config.models import Contract, NodeDescription
 from forge.config.parse import ParsedFile, parse_file
 from forge.config.plan import CardPlan, plan_card
 from forge.config.registry import Registry
@@ -22,7 +22,7 @@ PathLike = Union[str, Path]
 class LoadedSet:
     """Everything found in a set of paths. Plugin rules (forge_validation_rules) receive this."""
 
-    nodes: dict[str, Node] = field(default_factory=dict)
+    nodes: dict[str, NodeDescription] = field(default_factory=dict)
     contracts: dict[str, Contract] = field(default_factory=dict)
     problems: list[Problem] = field(default_factory=list)
     plans: dict[str, list[CardPlan]] = field(default_factory=dict)              # node name -> per card
@@ -43,10 +43,10 @@ class LoadedSet:
 
 
 @dataclass(frozen=True)
-class LoadedNode:
+class LoadedDescription:
     """A valid node with its contracts and per-card plans, ready to provision."""
 
-    node: Node
+    node: NodeDescription
     contracts: dict[str, Contract]
     plans: list[CardPlan]
     warnings: list[Problem]
@@ -120,7 +120,7 @@ def _cross_file_duplicates(files: list[ParsedFile]) -> list[Problem]:
 
 
 def _link_node(s: _Session, pf: ParsedFile, out: LoadedSet) -> None:
-    node: Node = pf.model
+    node: NodeDescription = pf.model
     contracts: dict[str, Contract] = {}
     broken: set[str] = set()
     files, complete = s.node_contract_files(pf)
@@ -196,7 +196,7 @@ def _one_line(text: str) -> str:
                    for c in text)
 
 
-def load_node(path: PathLike, *, strict: bool = False, registry: Optional[Registry] = None) -> LoadedNode:
+def load_node(path: PathLike, *, strict: bool = False, registry: Optional[Registry] = None) -> LoadedDescription:
     """A node description plus its contracts and plans; raises ConfigError on any error."""
     loaded = load_paths([path], strict=strict, registry=registry)
     target = Path(path).absolute()
@@ -205,5 +205,5 @@ def load_node(path: PathLike, *, strict: bool = False, registry: Optional[Regist
         raise ConfigError([Problem(shown(path), "$", "expected a node description (top key 'node')")])
     if not loaded.ok:
         raise ConfigError(loaded.errors + loaded.warnings)
-    return LoadedNode(node=node, contracts=loaded.node_contracts[node.node], plans=loaded.plans[node.node],
+    return LoadedDescription(node=node, contracts=loaded.node_contracts[node.node], plans=loaded.plans[node.node],
                       warnings=loaded.warnings)

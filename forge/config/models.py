@@ -190,7 +190,7 @@ class Control(Strict):
                            description="environment variable holding the bearer token")
 
 
-class Node(Strict):
+class NodeDescription(Strict):
     """A node description: node_descriptions/<name>.yaml."""
 
     node: Name

@@ -12,7 +12,7 @@ import pydantic
 from forge.config import schema as schemas
 from forge.config.files import FileRefused, decode_text, read_bytes, shown
 from forge.config.messages import describe, did_you_mean, json_path, pydantic_findings, schema_findings
-from forge.config.models import Contract, Node
+from forge.config.models import Contract, NodeDescription
 from forge.config.placeholders import find_placeholders, placeholder_message
 from forge.config.registry import Registry
 from forge.config.yamlsafe import YamlRefused, load_yaml
@@ -28,7 +28,7 @@ class ParsedFile:
     display: str                     # as the user reads it
     kind: Optional[str] = None       # "node" | "contract" once the top key is known
     name: Optional[str] = None       # the top key's value when it is a string, even if the file is invalid
-    model: Union[Node, Contract, None] = None
+    model: Union[NodeDescription, Contract, None] = None
     problems: list[Problem] = field(default_factory=list)
     # A node's `contracts:` as written, when it is a path or a list of paths: its contracts are read and checked
     # even when the node itself has errors (their problems are independent of the node's).
@@ -108,7 +108,7 @@ def _build(kind: str, data: dict, reg: Registry, schema_found: bool):
     """The pydantic model, or None; adds rule errors (power of two, exactly-one-of) at their paths."""
     findings: list[tuple[str, str]] = []
     payload = dict(data)
-    model_cls = Node if kind == "node" else Contract
+    model_cls = NodeDescription if kind == "node" else Contract
     if kind == "contract":
         sections = {}
         for key, sec_model in reg.sections.items():

@@ -11,7 +11,7 @@ from typing import Optional
 import jsonschema
 from pydantic import BaseModel
 
-from forge.config.models import Contract, Node
+from forge.config.models import Contract, NodeDescription
 from forge.config.registry import Registry
 
 DIALECT = "https://json-schema.org/draft/2020-12/schema"
@@ -47,7 +47,7 @@ def _contract_schema(section_items: tuple) -> dict:
 
 @lru_cache(maxsize=1)
 def _node_schema() -> dict:
-    return _base(Node, "forge node description",
+    return _base(NodeDescription, "forge node description",
                  "A node: its host, its cards, and the engine contract each card runs.")
 
 

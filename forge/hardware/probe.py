@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
 
-from forge.config.models import Node
+from forge.config.models import NodeDescription
 from forge.errors import ForgeError, display_path
 from forge.hookspecs import hookimpl
 
@@ -158,7 +158,7 @@ def probe_all() -> list[ProbedCard]:
     return cards
 
 
-def check_node_against_hardware(node: Node, probed: Sequence[ProbedCard]) -> list[str]:
+def check_node_against_hardware(node: NodeDescription, probed: Sequence[ProbedCard]) -> list[str]:
     """One line per way the node description differs from the probed machine (rules: module docstring)."""
     where = display_path(node.source) if node.source else f"<node {node.node}>"
     gpus = {c.index: c for c in probed if c.kind == "gpu"}

@@ -26,7 +26,7 @@ from forge.config.plan import CardPlan
 from forge.errors import ForgeError, engine_failed_to_start
 from forge.engines.interface import RequestKey
 from forge.host.admission import CardAdmission, geometry_from_plan
-from forge.host.feed import Feed
+from forge.host.link_sessions import LinkSessions
 from forge.host.protocol import Collected, Hello, WireResult
 from forge.host.request import HostRequest
 from forge.host.wire import from_wire, tokenizer_identity, wire_result
@@ -74,7 +74,7 @@ class EngineHost:
         self.started_at = time.time()
         self._node_tokenizer = node_tokenizer
         self.session_lease_s = session_lease_s
-        self.feed: Optional[Feed] = None
+        self.link_sessions: Optional[LinkSessions] = None
         self._rt: Optional[CardAdmission] = None
         self._tasks: list[asyncio.Task] = []
         self._stopping = False
@@ -87,8 +87,8 @@ class EngineHost:
         if self._rt is not None:
             return
         g = self.geometry
-        self.feed = Feed(g, node=self.node, max_pending=MAX_PENDING_FACTOR * g.max_batch_size)
-        self._rt = CardAdmission(engine=self.engine, plan=self.plan, source=self.feed, node=self.node,
+        self.link_sessions = LinkSessions(g, node=self.node, max_pending=MAX_PENDING_FACTOR * g.max_batch_size)
+        self._rt = CardAdmission(engine=self.engine, plan=self.plan, source=self.link_sessions, node=self.node,
                                     deliver=self._deliver, partial=self._partial, tokenizer_key=self.tokenizer_key,
                                     stall_window_s=self.stall_window_s)
         loop = asyncio.get_running_loop()
@@ -108,7 +108,7 @@ class EngineHost:
     async def _expire(self, lease_s: float) -> None:
         while True:
             await asyncio.sleep(lease_s / 4)
-            for sid in self.feed.expire(lease_s):
+            for sid in self.link_sessions.expire(lease_s):
                 log.warning("engine %s: link session %s went silent; its work here is dropped", self.engine_id, sid)
 
     def _deliver(self, req: HostRequest, result) -> None:
@@ -118,11 +118,11 @@ class EngineHost:
                 text = self.tokenizer.decode(result.output_ids)
             return wire_result(req.key, finish, result.output_ids, text, result.hidden, error, len(req.prompt))
 
-        self.feed.deliver(req, make)
+        self.link_sessions.deliver(req, make)
 
     def _partial(self, req: HostRequest, ids: list[int]) -> None:
-        """A streamed request's output so far: its text goes to the link in pieces (Feed.partial)."""
-        self.feed.partial(req, ids, self.tokenizer.decode)
+        """A streamed request's output so far: its text goes to the link in pieces (LinkSessions.partial)."""
+        self.link_sessions.partial(req, ids, self.tokenizer.decode)
 
     # ------------------------------------------------------------------ the protocol (HostMethod: what links call)
     async def hello(self) -> Hello:
@@ -152,11 +152,11 @@ class EngineHost:
         field order straight into the host's HostRequest (no WireRequest is built in between)."""
         self._ensure_running()
         now = time.monotonic()
-        return self.feed.put(sid, [from_wire(it, sid, self.tokenizer_key, now) for it in items])
+        return self.link_sessions.put(sid, [from_wire(it, sid, self.tokenizer_key, now) for it in items])
 
     async def collect(self, sid: str, wait_s: float, max_items: int = 4096) -> Collected:
         self._ensure_running()
-        out = await self.feed.collect(sid, wait_s, max_items)
+        out = await self.link_sessions.collect(sid, wait_s, max_items)
         if out is None:
             return Collected.ended_session(self.incarnation)
         rt, stats = self._rt, None
@@ -164,7 +164,7 @@ class EngineHost:
         if out.results or out.returned or now - self._stats_sent.get(sid, 0.0) >= STATS_EVERY_S:
             self._stats_sent[sid] = now
             stats = rt.stats()
-        return replace(out, healthy=self.feed.healthy, accepting=self.feed.accepting, incarnation=self.incarnation,
+        return replace(out, healthy=self.link_sessions.healthy, accepting=self.link_sessions.accepting, incarnation=self.incarnation,
                        state=rt.state, failure=rt.failure, stats=stats)
 
     async def cancel(self, sid: str, keys: list[tuple[str, int]]) -> int:
@@ -174,13 +174,13 @@ class EngineHost:
         found = 0
         for rid, attempt in keys:
             key = RequestKey(sid, rid, attempt)
-            if self._rt.cancel(key) or self.feed.abandon(key):
+            if self._rt.cancel(key) or self.link_sessions.abandon(key):
                 found += 1
         return found
 
     async def end_session(self, sid: str) -> None:
-        if self.feed is not None:
-            self.feed.end(sid)
+        if self.link_sessions is not None:
+            self.link_sessions.end(sid)
         self._stats_sent.pop(sid, None)
 
     async def stats(self) -> EngineStats:
@@ -191,11 +191,11 @@ class EngineHost:
         """Take nothing new (queued work goes back to its links), let in-flight work finish and be
         collected, bounded by timeout_s. True when nothing was cut short."""
         self._ensure_running()
-        self.feed.accepting = False
-        self.feed.give_back_pending()
+        self.link_sessions.accepting = False
+        self.link_sessions.give_back_pending()
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            busy = self._rt.stats().in_flight or any(s.results or s.returned for s in self.feed.sessions.values())
+            busy = self._rt.stats().in_flight or any(s.results or s.returned for s in self.link_sessions.sessions.values())
             if not busy:
                 return True
             await asyncio.sleep(0.05)
@@ -207,8 +207,8 @@ class EngineHost:
         if self._rt is None:
             await asyncio.to_thread(self.engine.shutdown, constants.ENGINE_SHUTDOWN_TIMEOUT_S)
         else:
-            self.feed.accepting = False
-            self.feed.give_back_pending()
+            self.link_sessions.accepting = False
+            self.link_sessions.give_back_pending()
             await self._rt.stop()
             for t in self._tasks:
                 t.cancel()

@@ -1,5 +1,5 @@
 """AdmissionSource: everything an admission runtime (forge/host/admission.py) calls on where its requests come from,
-and nothing more. In an engine host that is the host's Feed (forge/host/feed.py): one engine's queue, filled by the
+and nothing more. In an engine host that is the host's LinkSessions (forge/host/link_sessions.py): one engine's queue, filled by the
 links, with results and given-back requests going back to the link each came on. The source is always this one
 engine's, so no call names an engine."""
 from __future__ import annotations

@@ -42,7 +42,7 @@ _sessions = itertools.count(1)
 
 
 class EngineLink:
-    def __init__(self, transport: Transport, info: Hello, *, broker, job: str,
+    def __init__(self, transport: Transport, info: Hello, *, broker, rid_prefix: str,
                  settle: Callable[[BrokerRequest, str, WireResult], None], fail: Callable[[BrokerRequest, str], None],
                  wanted: Optional[Callable[[BrokerRequest], bool]] = None,
                  progress: Optional[Callable[[BrokerRequest, int, str], None]] = None):
@@ -52,7 +52,8 @@ class EngineLink:
         self.geometry = info.geometry
         self.eid = self.geometry.engine_id
         self.key = self.geometry.tokenizer_key
-        self.broker, self.job, self._settle, self._fail, self._wanted = broker, job, settle, fail, wanted
+        self.broker, self._settle, self._fail, self._wanted = broker, settle, fail, wanted
+        self.rid_prefix = rid_prefix       # the node's request-id prefix; this link's session ids begin with it too
         self._progress = progress          # progress(request, attempt, text): a streamed request's next piece of output
         self.credit = Credit(self.geometry)
         self.out = self.credit.out                  # rid -> (request, attempt, blocks): dispatched, not answered
@@ -80,7 +81,7 @@ class EngineLink:
         self._tasks: set[asyncio.Task] = set()
 
     def _new_session(self) -> str:
-        return f"{self.job}-{next(_sessions)}"
+        return f"{self.rid_prefix}-{next(_sessions)}"
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:

@@ -71,8 +71,8 @@ class LinkedNode(EnginesOut, Node):
         self.broker = Broker(BrokerCore([info.geometry for _, info in engines], grouping=self.grouping,
                                         node=self.name))
         for transport, info in engines:
-            lk = EngineLink(transport, info, broker=self.broker, job=self._rid_prefix, settle=self._settle,
-                            fail=self._fail, wanted=self._wanted, progress=self._progress)
+            lk = EngineLink(transport, info, broker=self.broker, rid_prefix=self._rid_prefix,
+                            settle=self._settle, fail=self._fail, wanted=self._wanted, progress=self._progress)
             self.links[lk.eid] = lk
         self._keys = tuple(sorted({lk.key for lk in self.links.values()}))
         for lk in self.links.values():

@@ -13,7 +13,7 @@ import sys
 import time
 from typing import Optional
 
-from forge.config.load import LoadedNode
+from forge.config.load import LoadedDescription
 from forge.errors import ForgeError
 from forge.node.endpoint import build_app, require_token
 from forge.node.local import CardTransport, LocalNode
@@ -25,7 +25,7 @@ DRAIN_TIMEOUT_S = 60.0
 STATS_INTERVAL_S = 0.5
 
 
-def check_hardware(loaded: LoadedNode) -> None:
+def check_hardware(loaded: LoadedDescription) -> None:
     """Refuse a node whose real cards differ from its description."""
     from forge.hardware.probe import check_node_against_hardware, probe_all
 
@@ -34,7 +34,7 @@ def check_hardware(loaded: LoadedNode) -> None:
         raise ForgeError("\n".join(problems))
 
 
-def provision_and_serve(loaded: LoadedNode, *, host: Optional[str] = None, port: Optional[int] = None,
+def provision_and_serve(loaded: LoadedDescription, *, host: Optional[str] = None, port: Optional[int] = None,
                         metrics_port: Optional[int] = None, token_env: Optional[str] = None,
                         ready_file: Optional[str] = None, card_transport: CardTransport = "process") -> int:
     node = loaded.node
@@ -50,7 +50,7 @@ def provision_and_serve(loaded: LoadedNode, *, host: Optional[str] = None, port:
     return asyncio.run(_serve(loaded, host, port, metrics_port, token, ready_file, card_transport, digest))
 
 
-async def _serve(loaded: LoadedNode, host: str, port: int, metrics_port: int, token: Optional[str],
+async def _serve(loaded: LoadedDescription, host: str, port: int, metrics_port: int, token: Optional[str],
                  ready_file: Optional[str], card_transport: CardTransport, digest: str) -> int:
     from forge.metrics import ForgeMetrics
 

@@ -137,7 +137,7 @@ async def _link_job(make_handle, n: int) -> dict:
     handle = make_handle(host)
     broker = Broker(BrokerCore([info.geometry], node="test"))
     done: dict[str, asyncio.Future] = {}
-    link = EngineLink(RayTransport("engine:i1/cpu0", handle), info, broker=broker, job="j",
+    link = EngineLink(RayTransport("engine:i1/cpu0", handle), info, broker=broker, rid_prefix="j",
                       settle=lambda req, eid, res: done[req.request_id].set_result(res),
                       fail=lambda req, msg: done[req.request_id].set_exception(RuntimeError(msg)))
     link.start()

@@ -165,7 +165,7 @@ def test_link_requeues_a_lost_engines_work_and_settles_each_request_once(monkeyp
             settled[req.request_id] = settled.get(req.request_id, 0) + 1
             done[req.request_id].set_result(res)
 
-        link = EngineLink(RayTransport("engine:i1/cpu0", handle), info, broker=broker, job="j", settle=settle,
+        link = EngineLink(RayTransport("engine:i1/cpu0", handle), info, broker=broker, rid_prefix="j", settle=settle,
                           fail=lambda req, msg: done[req.request_id].set_exception(RuntimeError(msg)))
         link.start()
         key = host.tokenizer_key

@@ -62,11 +62,11 @@ def test_plan_reports_the_real_number_of_full_length_slots():
 def test_plan_node_needs_every_contract():
     import pytest
 
-    from forge.config.models import Node
+    from forge.config.models import NodeDescription
     from forge.errors import ForgeError
     from tests.config.conftest import node
 
-    n = Node.model_validate(node())
+    n = NodeDescription.model_validate(node())
     assert [p.card_id for p in plan_node(n, {"t1k": Contract.model_validate(trt_contract())})] == ["gpu0"]
     with pytest.raises(ForgeError, match="no contract named t1k"):
         plan_node(n, {})

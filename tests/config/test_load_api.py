@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel, ConfigDict
 
-from forge.config.load import LoadedNode, load_node, load_paths
+from forge.config.load import LoadedDescription, load_node, load_paths
 from forge.config.registry import Registry, build
 from forge.errors import ConfigError, ForgeError
 from tests.config.conftest import REPO, node, trt_contract
@@ -16,7 +16,7 @@ def test_load_node_returns_node_contracts_plans_and_warnings(write, tmp_path):
     write("t1k.yaml", trt_contract())
     path = write("node.yaml", node(**{"cards": [dict(node()["cards"][0], memory_gib=16)]}))
     loaded = load_node(path)
-    assert isinstance(loaded, LoadedNode)
+    assert isinstance(loaded, LoadedDescription)
     assert loaded.node.node == "n" and loaded.node.source == path
     assert list(loaded.contracts) == ["t1k"] and loaded.contracts["t1k"].source == tmp_path / "t1k.yaml"
     assert [p.full_length_slots for p in loaded.plans] == [106]

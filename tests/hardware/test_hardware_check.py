@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from forge.config.models import Card, Host, Metrics, Node
+from forge.config.models import Card, Host, Metrics, NodeDescription
 from forge.hardware.probe import ProbedCard, check_node_against_hardware
 
 H200 = ProbedCard(index=0, kind="gpu", model="NVIDIA H200", memory_gib=143771 / 1024, compute_capability="9.0")
@@ -19,7 +19,7 @@ def cpu_card(index=0, memory_gib=2.0):
 
 
 def node(*cards, host_gib=64.0, cores=8):
-    return Node(node="n1", contracts="../c", host=Host(memory_gib=host_gib, cpu_cores=cores), cards=list(cards),
+    return NodeDescription(node="n1", contracts="../c", host=Host(memory_gib=host_gib, cpu_cores=cores), cards=list(cards),
                 metrics=Metrics(port=0))
 
 

@@ -2,9 +2,9 @@
 test_admission_tiny_engine.py; the instant and faults engines' tests too): contracts built in code, and admission
 wired as in production.
 
-Harness: one engine host's admission runtime taking from the host's Feed, which the test fills as a link does: wire
-tuples arriving on one session (from_wire, Feed.put), never more at the host than it may queue, results and
-given-back requests collected from that session (Feed.collect). A given-back request is sent again as its next
+Harness: one engine host's admission runtime taking from the host's LinkSessions, which the test fills as a link does: wire
+tuples arriving on one session (from_wire, LinkSessions.put), never more at the host than it may queue, results and
+given-back requests collected from that session (LinkSessions.collect). A given-back request is sent again as its next
 attempt while the engine is healthy and accepting, as the node's broker and link do; until then it waits here.
 
 LinkedCards: several engine hosts behind one node broker, each reached by its EngineLink over the thread transport,
@@ -22,7 +22,7 @@ from forge.config.models import Card, Contract
 from forge.config.plan import plan_card
 from forge.host.admission import CardAdmission, geometry_from_plan
 from forge.host.engine_host import MAX_PENDING_FACTOR
-from forge.host.feed import Feed
+from forge.host.link_sessions import LinkSessions
 from forge.host.request import HostRequest
 from forge.host.wire import from_wire
 from forge.link.link import EngineLink
@@ -91,13 +91,13 @@ class _ResultsByRequest:
 
 
 class Harness(_ResultsByRequest):
-    """One card's admission runtime and its Feed, fed as a link feeds it (the module docstring); records results by
+    """One card's admission runtime and its LinkSessions, fed as a link feeds it (the module docstring); records results by
     the node's request id and samples the admission bounds."""
 
     def __init__(self, p):
         self.plan = p
         g = geometry_from_plan(p, KEY)
-        self.feed = Feed(g, node="test", max_pending=MAX_PENDING_FACTOR * g.max_batch_size)
+        self.feed = LinkSessions(g, node="test", max_pending=MAX_PENDING_FACTOR * g.max_batch_size)
         self.credit = self.feed.queue.max_pending     # sent and not answered at most: the host never refuses one
         self.feed.session(SESSION)
         self.results: dict[str, list] = {}           # rid -> [(card, EngineResult)]
@@ -185,7 +185,7 @@ class Harness(_ResultsByRequest):
 
 
 class LinkedCards(_ResultsByRequest):
-    """Engine hosts (each its Feed and admission runtime, its engine built from the card's contract) behind one node
+    """Engine hosts (each its LinkSessions and admission runtime, its engine built from the card's contract) behind one node
     broker, reached by EngineLinks over the thread transport. Results are kept by request id with the card's id."""
 
     def __init__(self, plans, *, stall_window_s: float):
@@ -200,7 +200,7 @@ class LinkedCards(_ResultsByRequest):
         self.keys = sorted({g.tokenizer_key for g in geometries})   # backends' tokenizers differ in class
         self.broker = Broker(BrokerCore(geometries, node="test"))
         for t, info in zip(self.transports, infos):
-            link = EngineLink(t, info, broker=self.broker, job="job", settle=self._settle,
+            link = EngineLink(t, info, broker=self.broker, rid_prefix="job", settle=self._settle,
                               fail=lambda req, why: self.failed.__setitem__(req.request_id, why))
             link.start()
             self.links.append(link)

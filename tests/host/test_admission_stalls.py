@@ -1,6 +1,6 @@
 """Stalls, wedged engines and crashes: work is taken back, given back to its link and finished (elsewhere, when the
-node has another card), never lost. One card: its Feed fed as a link feeds it; several: the node's broker and links
-(_admission_harness.py)."""
+node has another card), never lost. One card: its LinkSessions fed as a link feeds it; several: the node's broker and
+links (_admission_harness.py)."""
 from __future__ import annotations
 
 import asyncio

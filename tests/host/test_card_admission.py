@@ -1,5 +1,5 @@
 """The admission runtime against the instant engine and the faults wrapper (real engines, no model), taking from an
-engine host's Feed fed as a link feeds it (_admission_harness.py)."""
+engine host's LinkSessions fed as a link feeds it (_admission_harness.py)."""
 from __future__ import annotations
 
 import asyncio

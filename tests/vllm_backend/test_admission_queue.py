@@ -12,7 +12,7 @@ from forge.config.load import load_node
 from forge.embedded import PACKAGED_NODES
 from forge.engines.interface import RequestKey
 from forge.host.admission import CardAdmission, geometry_from_plan
-from forge.host.feed import Feed
+from forge.host.link_sessions import LinkSessions
 from forge.host.request import HostRequest
 
 pytestmark = pytest.mark.timeout(300)
@@ -30,7 +30,7 @@ def test_admission_holds_a_queue_in_vllm_and_vllm_never_preempts():
     async def go():
         g = geometry_from_plan(plan, "default", engine)
         assert g.queue_slots == slots and g.held == 2 * slots
-        feed = Feed(g, node="t", max_pending=4 * slots)
+        feed = LinkSessions(g, node="t", max_pending=4 * slots)
         feed.session("s")
         got: dict[str, list] = {}
         rt = CardAdmission(engine=engine, plan=plan, source=feed, node="t",

@@ -1,5 +1,5 @@
 """The engine host's side of its links: one engine's queue (forge/host/queue.py), filled by the links, which is
-what its admission runtime takes from (the Feed is its AdmissionSource, forge/host/source.py).
+what its admission runtime takes from (LinkSessions is its AdmissionSource, forge/host/source.py).
 
 A node (or a cluster job's driver) holds the broker that sees every card (grouping, affinity, balancing) and sends
 each engine host batches within that engine's credit. Here they wait in the host's queue until admission takes them
@@ -43,7 +43,7 @@ class Session:
         self.ready.set()
 
 
-class Feed:
+class LinkSessions:
     """Implements AdmissionSource (forge/host/source.py) for the host's one engine."""
 
     def __init__(self, geometry: EngineGeometry, *, node: str, max_pending: int):
