@@ -5,11 +5,8 @@ DRAIN_TIMEOUT_S), engines shut down, the registry entry is removed, and the proc
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
-import signal
-import sys
 import time
 from typing import Optional
 
@@ -17,6 +14,7 @@ from forge.config.load import LoadedDescription
 from forge.errors import ForgeError
 from forge.node.endpoint import build_app, require_token
 from forge.node.local import CardTransport, LocalNode
+from forge.node.serve_loop import serve_until_stopped
 from forge.machine import node_proof, registry, warm_node
 from forge.web.server import NotServing, QuietServer
 
@@ -83,26 +81,14 @@ async def _serve(loaded: LoadedDescription, host: str, port: int, metrics_port: 
         with open(ready_file, "w") as f:
             f.write(control_url + "\n")
 
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    try:
-        while not stop.is_set() and not serve_task.done():
-            for s in runtime.engine_stats():
-                metrics.observe_engine(s)
-            metrics.observe_broker(runtime.broker_stats())
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(stop.wait(), STATS_INTERVAL_S)
-    finally:
-        print(f"forge: node {runtime.name} draining…", file=sys.stderr, flush=True)
-        clean = await runtime.drain(DRAIN_TIMEOUT_S)
-        web.server.should_exit = True
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(serve_task, 10)
-        await runtime.stop()
+    def observe() -> None:
+        for s in runtime.engine_stats():
+            metrics.observe_engine(s)
+        metrics.observe_broker(runtime.broker_stats())
+
+    def forget() -> None:
         registry.unregister(runtime.name)
         metrics.close()
-        print(f"forge: node {runtime.name} stopped ({'clean' if clean else 'in-flight work cut short'})",
-              file=sys.stderr, flush=True)
-    return 0 if clean else 1
+
+    return await serve_until_stopped(runtime, web, serve_task, label=f"node {runtime.name}", drain_s=DRAIN_TIMEOUT_S,
+                                     every_s=STATS_INTERVAL_S, tick=observe, after_stop=forget)

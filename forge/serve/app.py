@@ -4,10 +4,8 @@ on uvicorn. Loopback by default; anywhere else a bearer token is required for ev
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
-import signal
 import sys
 import time
 from dataclasses import dataclass
@@ -19,6 +17,7 @@ from forge.web.server import NotServing, QuietServer
 from forge.functions.api import FunctionSpec
 from forge.node.endpoint import MAX_BODY_BYTES, TokenAuth, control_router
 from forge.node.interface import Node
+from forge.node.serve_loop import serve_until_stopped
 from forge.web.connections import DEFAULT_PER_CLIENT, ConnectionLimits
 from forge.web.errors import error_body, install_error_handlers
 from forge.serve.functions_api import function_router
@@ -132,25 +131,8 @@ async def serve_node(node: Node, specs: Sequence[FunctionSpec], opts: ServeOptio
     if opts.ready_file:
         with open(opts.ready_file, "w") as f:
             f.write(url + "\n")
-    stop = stop or asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(sig, stop.set)
-    try:
-        while not stop.is_set() and not task.done():
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(stop.wait(), 0.5)
-    finally:
-        print(f"forge: serve on node {node.name} draining…", file=sys.stderr, flush=True)
-        clean = await node.drain(DRAIN_TIMEOUT_S)
-        web.server.should_exit = True
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(task, 10)
-        await node.stop()
-        print(f"forge: serve on node {node.name} stopped ({'clean' if clean else 'in-flight work cut short'})",
-              file=sys.stderr, flush=True)
-    return 0 if clean else 1
+    return await serve_until_stopped(node, web, task, label=f"serve on node {node.name}", drain_s=DRAIN_TIMEOUT_S,
+                                     stop=stop)
 
 
 def serve_embedded(loaded, specs: Sequence[FunctionSpec], opts: ServeOptions) -> int:
