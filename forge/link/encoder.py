@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from typing import Optional
-
 from forge import constants
 from forge.errors import ForgeError
+from forge.link.coalesce import Coalescer
 
 MAX_BATCH = 512
 LINGER_S = 0.001
@@ -27,29 +26,11 @@ class Encoder:
     def __init__(self, key: str, links: list):
         self.key, self.links = key, list(links)
         self._rr = itertools.count()
-        self._pending: list[tuple[str, asyncio.Future]] = []
-        self._timer: Optional[asyncio.TimerHandle] = None
         self._calls = asyncio.Semaphore(MAX_CALLS_IN_FLIGHT)
-        self._tasks: set[asyncio.Task] = set()
+        self._batches: Coalescer[str] = Coalescer(self._call, max_batch=MAX_BATCH, linger_s=LINGER_S)
 
     async def encode(self, text: str) -> tuple[int, ...]:
-        fut = asyncio.get_running_loop().create_future()
-        self._pending.append((text, fut))
-        if len(self._pending) >= MAX_BATCH:
-            self._flush()
-        elif self._timer is None:
-            self._timer = asyncio.get_running_loop().call_later(LINGER_S, self._flush)
-        return await fut
-
-    def _flush(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        while self._pending:
-            batch, self._pending = self._pending[:MAX_BATCH], self._pending[MAX_BATCH:]
-            task = asyncio.ensure_future(self._call(batch))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+        return await self._batches.add(text)
 
     def _candidates(self) -> list:
         up = [lk for lk in self.links if lk.state == "up"]
@@ -83,8 +64,4 @@ class Encoder:
                     fut.set_exception(EncodeFailed(f"tokenizer {self.key}: {why}"))
 
     async def close(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-        for t in list(self._tasks):
-            t.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._batches.cancel()

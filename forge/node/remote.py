@@ -25,6 +25,7 @@ import httpx
 from forge import constants
 from forge.broker.types import QueueFull
 from forge.errors import ForgeError, NodeDown, RequestRejected
+from forge.link.coalesce import Coalescer
 from forge.node import answer_check
 from forge.node.interface import Answer, Node, Prompt
 from forge.requests import GenerateParams, Generation
@@ -84,13 +85,9 @@ class RemoteNode(Node):
         self._client = httpx.AsyncClient(base_url=self.url, headers=headers,
                                          limits=httpx.Limits(max_connections=max_connections),
                                          timeout=httpx.Timeout(timeout_s, connect=10.0))
-        self._max_batch = max_batch
-        self._linger_s = linger_s
         self._stall_window_s = stall_window_s
         self._posts = asyncio.Semaphore(max_posts_in_flight)
-        self._pending: list[tuple[bytes, asyncio.Future]] = []
-        self._timer: Optional[asyncio.TimerHandle] = None
-        self._tasks: set[asyncio.Task] = set()
+        self._batches: Coalescer[bytes] = Coalescer(self._post, max_batch=max_batch, linger_s=linger_s)
         self._open: set[asyncio.Future] = set()          # every call not yet answered, queued or posted
         self._watchdog: Optional[asyncio.Task] = None
         self._silent: Optional[NodeDown] = None
@@ -119,11 +116,9 @@ class RemoteNode(Node):
         if self._watchdog is not None:
             self._watchdog.cancel()
             await asyncio.gather(self._watchdog, return_exceptions=True)
-        if self._timer:
-            self._timer.cancel()
-        self._flush()
-        if self._tasks:     # answers on their way get a moment; a frozen node does not hold the exit for 600 s
-            _, late = await asyncio.wait(set(self._tasks), timeout=CLOSE_GRACE_S)
+        self._batches.flush()
+        if self._batches.tasks:     # answers on their way get a moment; a frozen node does not hold the exit for 600 s
+            _, late = await asyncio.wait(set(self._batches.tasks), timeout=CLOSE_GRACE_S)
             for task in late:
                 task.cancel()
             await asyncio.gather(*late, return_exceptions=True)
@@ -181,29 +176,14 @@ class RemoteNode(Node):
     async def _call(self, body: bytes) -> dict:
         if self._silent is not None:
             raise self._silent
-        fut = asyncio.get_running_loop().create_future()
+        fut = self._batches.add(body)
         self._open.add(fut)
         fut.add_done_callback(self._open.discard)
-        self._pending.append((body, fut))
-        if len(self._pending) >= self._max_batch:
-            self._flush()
-        elif self._timer is None:
-            self._timer = asyncio.get_running_loop().call_later(self._linger_s, self._flush)
         return self._outcome(await fut)
 
     def _outcome(self, out: Any) -> dict:
         answer_check.raise_if_error(out, self.name)
         return out
-
-    def _flush(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        while self._pending:
-            batch, self._pending = self._pending[: self._max_batch], self._pending[self._max_batch:]
-            task = asyncio.ensure_future(self._post(batch))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
 
     async def _post(self, batch: list[tuple[bytes, asyncio.Future]]) -> None:
         err: BaseException = ForgeError(f"node {self.name}: the request failed")
@@ -306,7 +286,7 @@ class RemoteNode(Node):
 
     def _give_up(self, why: NodeDown) -> None:
         self._silent = why
-        for task in list(self._tasks):
+        for task in list(self._batches.tasks):
             task.cancel()
         for fut in list(self._open):
             if not fut.done():
