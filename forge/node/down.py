@@ -10,7 +10,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from typing import Callable
 
+from forge.broker import Broker, BrokerRequest
 from forge.errors import NodeDown
 from forge.link.link import EngineLink
 
@@ -18,11 +20,20 @@ log = logging.getLogger("forge.node")
 
 
 class EnginesOut:
-    """Mixed into LinkedNode: its links, broker, futures, label and grace are read from there."""
+    """A node's watch over its engines. It reads the node's links and broker and acts only through what it is
+    given: fail(request, message, error class) fails one request, node_down(details) puts the whole node down,
+    running() says whether the node still runs (not stopped, not down)."""
 
-    restarting_counts = True        # a link being brought back counts toward down_grace_s (no bound of its own)
+    def __init__(self, links: dict[str, EngineLink], broker: Broker, *, label: str, down_grace_s: float,
+                 sweep_interval_s: float, restarting_counts: bool,
+                 fail: Callable[[BrokerRequest, str, type], None], node_down: Callable[[str], None],
+                 running: Callable[[], bool]):
+        self.links, self.broker, self.label = links, broker, label
+        self.down_grace_s, self.sweep_interval_s = down_grace_s, sweep_interval_s
+        self.restarting_counts = restarting_counts    # a link being brought back counts toward down_grace_s
+        self._fail, self._node_down, self._running = fail, node_down, running
 
-    def _out_for(self, lk: EngineLink, now: float) -> float:
+    def out_for(self, lk: EngineLink, now: float) -> float:
         """How long this engine has been unusable (0 when it is usable, or being brought back within bounds)."""
         if lk.state == "gone":
             return float("inf")
@@ -30,30 +41,23 @@ class EnginesOut:
             return now - lk.down_since if self.restarting_counts else 0.0
         return now - lk.unhealthy_since if lk.unhealthy_since is not None else 0.0
 
-    def _why_out(self, lk: EngineLink) -> str:
+    def why_out(self, lk: EngineLink) -> str:
         if lk.failure:
             return lk.failure
         if lk.state == "down":
             return f"{lk.lost_reason}; gone for {self.down_grace_s:g} s"
         return lk.engine_state if lk.engine_state != "running" else "unhealthy"
 
-    async def _sweep(self) -> None:
-        while not self.closed and not self.down:
+    async def sweep(self) -> None:
+        while self._running():
             await asyncio.sleep(self.sweep_interval_s)
             now = time.monotonic()
-            out = {eid for eid, lk in self.links.items() if self._out_for(lk, now) >= self.down_grace_s}
+            out = {eid for eid, lk in self.links.items() if self.out_for(lk, now) >= self.down_grace_s}
             if out and len(out) == len(self.links):
-                self._node_down("; ".join(f"{eid}: {self._why_out(self.links[eid])}" for eid in sorted(out)))
+                self._node_down("; ".join(f"{eid}: {self.why_out(self.links[eid])}" for eid in sorted(out)))
                 return
             if out and self.broker.pending():
                 self._fail_unplaceable(out)
-
-    def _node_down(self, details: str) -> None:
-        self.down = f"{self.label}: no engine can work ({details})"
-        log.error(self.down)
-        for fut in list(self._futures.values()):
-            if not fut.done():
-                fut.set_exception(NodeDown(self.down))
 
     def _fail_unplaceable(self, out: set[str]) -> None:
         core = self.broker.core

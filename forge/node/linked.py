@@ -38,8 +38,9 @@ from forge.stats import BrokerStats, EngineStats
 
 log = logging.getLogger("forge.node")
 
-class LinkedNode(EnginesOut, Node):
+class LinkedNode(Node):
     label_prefix = "node "          # how messages name this node ("node local: ...")
+    restarting_counts = True        # a link being brought back counts toward down_grace_s (no bound of its own)
 
     def __init__(self, name: str, *, grouping: bool = True, down_grace_s: float, sweep_interval_s: float):
         self.name, self.grouping = name, grouping
@@ -77,7 +78,10 @@ class LinkedNode(EnginesOut, Node):
         self._keys = tuple(sorted({lk.key for lk in self.links.values()}))
         for lk in self.links.values():
             lk.start()
-        self._sweeper = asyncio.create_task(self._sweep(), name="node-sweep")
+        watch = EnginesOut(self.links, self.broker, label=self.label, down_grace_s=self.down_grace_s,
+                           sweep_interval_s=self.sweep_interval_s, restarting_counts=self.restarting_counts,
+                           fail=self._fail, node_down=self._node_down, running=self._running)
+        self._sweeper = asyncio.create_task(watch.sweep(), name="node-sweep")
         self.started_at = time.time()
         tune_for_throughput()                 # the node is up: what lives now lives as long as it does
 
@@ -116,6 +120,17 @@ class LinkedNode(EnginesOut, Node):
 
     async def _release(self) -> None:
         """End what this node started for its engines (nothing, for engines that outlive the node)."""
+
+    def _running(self) -> bool:
+        return not self.closed and not self.down
+
+    def _node_down(self, details: str) -> None:
+        """Every engine is out (down.py): everything waiting fails with NodeDown, and so does what comes."""
+        self.down = f"{self.label}: no engine can work ({details})"
+        log.error(self.down)
+        for fut in list(self._futures.values()):
+            if not fut.done():
+                fut.set_exception(NodeDown(self.down))
 
     # ------------------------------------------------------------------ requests
     def tokenizer_keys(self) -> tuple[str, ...]:
