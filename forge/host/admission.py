@@ -18,7 +18,7 @@ from forge import constants
 from forge.broker import EngineGeometry, blocks_for
 from forge.config.plan import CardPlan
 from forge.engines.interface import Engine, EngineRequest, EngineResult, IterationStats, RequestKey
-from forge.host.driver import EngineDriver
+from forge.host.driver import Busy, DriverEvent, EngineDriver, Failed, Partials, Progressed, Sampled, Submitted
 from forge.host.flights import Flight, FlightTable
 from forge.host.outcomes import Outcomes
 from forge.host.progress import DeliveryRate, Occupancy, StallWatch
@@ -230,25 +230,26 @@ class CardAdmission:
             self._send(live)
 
     # ------------------------------------------------------------------ engine events (on the loop)
-    def _on_events(self, events: list[tuple]) -> None:
-        for kind, value in events:
-            if kind == "progress":
-                self._on_progress(value.results)
-            elif kind == "partials":
-                self._on_partials(value)
-            elif kind == "submitted":
-                for k in value:
+    def _on_events(self, events: list[DriverEvent]) -> None:
+        for ev in events:
+            kind = type(ev)
+            if kind is Progressed:
+                self._on_progress(ev.progress.results)
+            elif kind is Partials:
+                self._on_partials(ev.partials)
+            elif kind is Submitted:
+                for k in ev.keys:
                     f = self._table.live.get(k)
                     if f is not None:
                         f.state = "running"
                     else:                     # given back while its submit was on the way: stop it
                         self._driver.cancel(k)
-            elif kind == "busy":
-                self._on_busy(value)
-            elif kind == "stats":
-                self._on_engine_stats(value)
-            elif kind == "failed":
-                self._on_failure(value)
+            elif kind is Busy:
+                self._on_busy(ev.keys)
+            elif kind is Sampled:
+                self._on_engine_stats(ev.stats)
+            elif kind is Failed:
+                self._on_failure(ev.message)
         self._kick()
 
     def _on_progress(self, results: list[EngineResult]) -> None:

@@ -2,13 +2,15 @@
 
 The event loop never calls the engine (a slow or hung engine call would freeze every card). It puts
 commands on a bounded inbox; this thread submits, cancels and polls with a timeout, and hands events
-back through a bounded outbox, waking the loop with call_soon_threadsafe. Events (kind, value):
+back through a bounded outbox, waking the loop with call_soon_threadsafe. Commands are Submit and Cancel; events
+are the NamedTuples below (the loop tells them apart by type):
 
-    ("submitted", keys)          the engine accepted the requests with these keys
-    ("busy", keys)               the engine refused them (EngineBusy); the loop decides about retries
-    ("progress", Progress)       results and new tokens since the last progress event
-    ("stats", IterationStats)    a periodic snapshot of the engine
-    ("failed", message)          the engine raised EngineFailed or anything unexpected; the thread ends
+    Submitted(keys)              the engine accepted the requests with these keys
+    Busy(keys)                   the engine refused them (EngineBusy); the loop decides about retries
+    Progressed(progress)         results and new tokens since the last Progressed (a Progress)
+    Partials(partials)           streamed requests' output so far (Progress.partials), as it grows
+    Sampled(stats)               a periodic snapshot of the engine (IterationStats)
+    Failed(message)              the engine raised EngineFailed or anything unexpected; the thread ends
 
 `busy_in_engine_since` is when the thread entered its current engine call (None between calls), so the loop
 can tell an engine call that broke its timeout from an engine that is merely slow (see trouble())."""
@@ -19,10 +21,10 @@ import logging
 import queue
 import threading
 import time
-from typing import Callable, Optional, Sequence
+from typing import Callable, Hashable, NamedTuple, Optional, Sequence, Union
 
 from forge import constants
-from forge.engines.interface import Engine, EngineBusy, EngineFailed, EngineRequest, Progress
+from forge.engines.interface import Engine, EngineBusy, EngineFailed, EngineRequest, IterationStats, Progress
 from forge.host.protocol import STATS_INTERVAL_S
 
 log = logging.getLogger("forge.host.driver")
@@ -35,6 +37,41 @@ PROGRESS_EVERY_S = 0.05         # token progress without results reaches the loo
 # "vLLM on the CPU"); once the engine holds no more than its slots, results go at once.
 HOLD_RESULTS_S = 0.03
 OUTBOX_PUT_SLICE_S = 0.05       # a full outbox is retried in slices, checking for stop between
+
+
+class Submit(NamedTuple):
+    requests: list[EngineRequest]
+
+
+class Cancel(NamedTuple):
+    key: Hashable
+
+
+class Submitted(NamedTuple):
+    keys: list[Hashable]
+
+
+class Busy(NamedTuple):
+    keys: list[Hashable]
+
+
+class Progressed(NamedTuple):
+    progress: Progress
+
+
+class Partials(NamedTuple):
+    partials: list[tuple[Hashable, list[int]]]
+
+
+class Sampled(NamedTuple):
+    stats: IterationStats
+
+
+class Failed(NamedTuple):
+    message: str
+
+
+DriverEvent = Union[Submitted, Busy, Progressed, Partials, Sampled, Failed]
 
 
 class EngineDriver:
@@ -53,22 +90,22 @@ class EngineDriver:
         self._wake_lock = threading.Lock()
         self._wake_pending = False
         self._loop: Optional[asyncio.AbstractEventLoop] = None
-        self._on_events: Optional[Callable[[list[tuple]], None]] = None
+        self._on_events: Optional[Callable[[list[DriverEvent]], None]] = None
         self._active = 0                    # requests the engine holds, as far as this thread knows
         self.busy_in_engine_since: Optional[float] = None   # set while inside an engine call
         self._thread = threading.Thread(target=self._main, name=f"forge-engine-{name}", daemon=True)
 
     # ------------------------------------------------------------------ loop side
-    def start(self, loop: asyncio.AbstractEventLoop, on_events: Callable[[list[tuple]], None]) -> None:
+    def start(self, loop: asyncio.AbstractEventLoop, on_events: Callable[[list[DriverEvent]], None]) -> None:
         self._loop, self._on_events = loop, on_events
         self._thread.start()
 
     def submit(self, requests: Sequence[EngineRequest]) -> bool:
         """Queue a submit; False when the inbox is full (the caller treats it as a refusal)."""
-        return self._offer(("submit", list(requests)))
+        return self._offer(Submit(list(requests)))
 
-    def cancel(self, key: str) -> bool:
-        return self._offer(("cancel", key))
+    def cancel(self, key: Hashable) -> bool:
+        return self._offer(Cancel(key))
 
     def stop(self) -> None:
         """Ask the thread to leave its loop and shut the engine down (it does so within one poll)."""
@@ -85,7 +122,7 @@ class EngineDriver:
         """Why the engine must be given up on, seen from the loop: the thread died, or one engine call has run
         longer than `limit_s` (the interface promises every call returns within its timeout)."""
         if not self._thread.is_alive():
-            self.flush()                # its last word ("failed", why) reaches the loop first
+            self.flush()                # its last word (Failed) reaches the loop first
             return "engine driver thread died"
         inside = self.busy_in_engine_since
         if inside is not None and now - inside > limit_s:
@@ -93,7 +130,7 @@ class EngineDriver:
                     "(every call must return within its timeout)")
         return None
 
-    def _offer(self, cmd: tuple) -> bool:
+    def _offer(self, cmd: Submit | Cancel) -> bool:
         try:
             self._inbox.put_nowait(cmd)
             return True
@@ -117,10 +154,10 @@ class EngineDriver:
             self._on_events(events)
 
     # ------------------------------------------------------------------ thread side
-    def _emit(self, kind: str, value) -> bool:
+    def _emit(self, event: DriverEvent) -> bool:
         while True:
             try:
-                self._outbox.put((kind, value), timeout=OUTBOX_PUT_SLICE_S)
+                self._outbox.put(event, timeout=OUTBOX_PUT_SLICE_S)
                 break
             except queue.Full:      # the loop is behind: wait for it (bounded slices), unless told to stop
                 if self._stop.is_set():
@@ -143,22 +180,22 @@ class EngineDriver:
         finally:
             self.busy_in_engine_since = None
 
-    def _handle(self, cmd: tuple) -> None:
-        kind, value = cmd
-        if kind == "submit":
+    def _handle(self, cmd: Submit | Cancel) -> None:
+        if type(cmd) is Submit:
+            reqs = cmd.requests
             try:
-                self._call(self.engine.submit, value)
+                self._call(self.engine.submit, reqs)
             except EngineBusy:
-                self._emit("busy", [r.request_id for r in value])
+                self._emit(Busy([r.request_id for r in reqs]))
                 return
-            self._active += len(value)
-            self._emit("submitted", [r.request_id for r in value])
-        elif kind == "cancel":
-            self._call(self.engine.cancel, value)
+            self._active += len(reqs)
+            self._emit(Submitted([r.request_id for r in reqs]))
+        else:
+            self._call(self.engine.cancel, cmd.key)
 
     def _hand_over(self, held: list) -> None:
         if held:
-            self._emit("progress", Progress(results=held))
+            self._emit(Progressed(Progress(results=held)))
 
     def _main(self) -> None:
         last_stats = last_progress = 0.0
@@ -184,7 +221,7 @@ class EngineDriver:
                     # HOLD_RESULTS_S while the engine still has a queue of its own to draw on.
                     progress = self._call(self.engine.poll, slice_s)
                     if progress.partials:       # streamed requests only: their text goes out as it grows
-                        self._emit("partials", progress.partials)
+                        self._emit(Partials(progress.partials))
                     tokens += progress.new_tokens
                     self._active -= len(progress.results)
                     held += progress.results
@@ -195,19 +232,19 @@ class EngineDriver:
                         progress.results, held = held, []
                         progress.new_tokens, tokens = tokens, 0
                         last_progress = now
-                        self._emit("progress", progress)
+                        self._emit(Progressed(progress))
                 now = time.monotonic()
                 if now - last_stats >= STATS_INTERVAL_S:
                     last_stats = now
-                    self._emit("stats", self._call(self.engine.stats))
+                    self._emit(Sampled(self._call(self.engine.stats)))
             self._hand_over(held)               # told to stop: what the engine finished still reaches the loop
         except EngineFailed as e:
             self._hand_over(held)           # results the engine gave before it failed are results
-            self._emit("failed", f"engine failed: {e}")
+            self._emit(Failed(f"engine failed: {e}"))
         except BaseException as e:  # noqa: BLE001 - any escape from an engine call is a dead engine
             log.exception("engine driver %s crashed", self._thread.name)
             self._hand_over(held)
-            self._emit("failed", f"engine driver crashed: {type(e).__name__}: {e}")
+            self._emit(Failed(f"engine driver crashed: {type(e).__name__}: {e}"))
         finally:
             try:
                 self.engine.shutdown(self.shutdown_timeout_s)

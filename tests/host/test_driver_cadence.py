@@ -8,7 +8,7 @@ import threading
 import time
 
 from forge.engines.interface import EngineRequest, IterationStats, Progress
-from forge.host.driver import COMMAND_LATENCY_S, PROGRESS_EVERY_S, EngineDriver
+from forge.host.driver import COMMAND_LATENCY_S, PROGRESS_EVERY_S, EngineDriver, Progressed
 
 
 class RecordingEngine:
@@ -43,7 +43,7 @@ def test_polls_are_short_so_a_refill_reaches_a_busy_engine_at_once_and_progress_
     async def main():
         eng = RecordingEngine()
         driver = EngineDriver(eng, name="t", poll_timeout_s=0.05, inbox_size=8, outbox_size=64)
-        events: list[tuple] = []
+        events: list = []
         driver.start(asyncio.get_running_loop(), events.extend)
         driver.submit([EngineRequest("first", [1, 2, 3], 4)])        # the engine is busy from now on
         await asyncio.sleep(0.1)
@@ -56,7 +56,7 @@ def test_polls_are_short_so_a_refill_reaches_a_busy_engine_at_once_and_progress_
     eng, events = asyncio.run(main())
     # every poll is one slice at most: the refill waited for no result (the old driver polled for 50 ms)
     assert "refill" in eng.submitted_at and eng.poll_timeouts and max(eng.poll_timeouts) <= COMMAND_LATENCY_S
-    progress = [v for k, v in events if k == "progress"]
+    progress = [e.progress for e in events if type(e) is Progressed]
     assert progress and sum(p.new_tokens for p in progress) <= len(eng.poll_timeouts)
     assert len(progress) <= 0.5 / PROGRESS_EVERY_S + 2 < len(eng.poll_timeouts)
 
@@ -89,7 +89,7 @@ def result_batches(hold_results_above, n: int) -> list[int]:
         batches: list[int] = []
 
         def on_events(events):
-            batches.extend(len(v.results) for k, v in events if k == "progress" and v.results)
+            batches.extend(len(e.progress.results) for e in events if type(e) is Progressed and e.progress.results)
 
         driver.start(asyncio.get_running_loop(), on_events)
         driver.submit([EngineRequest(f"r{i}", [1, 2, 3], 4) for i in range(n)])
