@@ -74,7 +74,8 @@ def write_tier(loaded: LoadedDescription, contract: Contract, card: Card, folder
     return cpath, npath
 
 
-def write_node(loaded: LoadedDescription, card: Card, contract_path: Path, path: Path, comments: Sequence[str] = ()) -> Path:
+def write_node(loaded: LoadedDescription, card: Card, contract_path: Path, path: Path,
+               comments: Sequence[str] = ()) -> Path:
     """A one-card node named after its file (so it can sit beside the node it came from), running the contract."""
     path.parent.mkdir(parents=True, exist_ok=True)
     rel = os.path.relpath(contract_path.resolve(), path.parent.resolve())

@@ -4,8 +4,8 @@ Never more in flight than the contract's slots and KV pool (each request reserve
 ceil((input + requested output) / tokens_per_block) blocks until the engine gives it back); a refusing
 engine is retried with bounded backoff; a stall (work in flight, no token for a window) pauses
 admission (a progress-only step) and then takes back the youngest requests, one at a time, so the
-oldest can finish. Every request taken from the source (forge/host/source.py: the host's LinkSessions) is delivered exactly
-once or given back."""
+oldest can finish. Every request taken from the source (forge/host/source.py: the host's LinkSessions) is delivered
+exactly once or given back."""
 from __future__ import annotations
 
 import asyncio

@@ -161,11 +161,11 @@ class EngineHost:
             return Collected.ended_session(self.incarnation)
         rt, stats = self._rt, None
         now = time.monotonic()       # stats ride with every answer (so a job's last numbers are exact), else rarely
-        if out.results or out.returned or now - self._stats_sent.get(sid, 0.0) >= STATS_EVERY_S:
+        if out.results or out.returned or out.given_up or now - self._stats_sent.get(sid, 0.0) >= STATS_EVERY_S:
             self._stats_sent[sid] = now
             stats = rt.stats()
-        return replace(out, healthy=self.link_sessions.healthy, accepting=self.link_sessions.accepting, incarnation=self.incarnation,
-                       state=rt.state, failure=rt.failure, stats=stats)
+        return replace(out, healthy=self.link_sessions.healthy, accepting=self.link_sessions.accepting,
+                       incarnation=self.incarnation, state=rt.state, failure=rt.failure, stats=stats)
 
     async def cancel(self, sid: str, keys: list[tuple[str, int]]) -> int:
         """The node's callers left: stop these dispatches (rid, attempt), queued or running. Each is answered
@@ -195,7 +195,8 @@ class EngineHost:
         self.link_sessions.give_back_pending()
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            busy = self._rt.stats().in_flight or any(s.results or s.returned for s in self.link_sessions.sessions.values())
+            busy = self._rt.stats().in_flight or any(s.results or s.returned or s.given_up
+                                                    for s in self.link_sessions.sessions.values())
             if not busy:
                 return True
             await asyncio.sleep(0.05)

@@ -18,7 +18,7 @@ from typing import Callable, Optional
 
 from forge.broker import EngineGeometry, NoEngineFits, QueueFull
 from forge.engines.interface import RequestKey
-from forge.host.protocol import Collected, Delivered, WireResult
+from forge.host.protocol import Collected, Delivered, WireResult, given_up
 from forge.host.queue import HostQueue
 from forge.host.request import HostRequest
 from forge.host.wire import wire_result
@@ -32,6 +32,7 @@ class Session:
         self.seen = now
         self.results: list[WireResult] = []
         self.returned: list[tuple[str, int]] = []
+        self.given_up: list[tuple[str, int, str]] = []     # turned away at the attempt limit: the link fails them
         self.tokens = 0
         self.elapsed_s = 0.0
         self.occupied_s = 0.0              # elapsed_s x occupancy, summed
@@ -73,16 +74,16 @@ class LinkSessions:
         add = self.queue.add
         for r in reqs:
             if not (self.accepting and self.healthy):
-                s.returned.append((r.key.rid, r.key.attempt))
+                _turn_away(s, r)
                 continue
             try:
                 add(r)
                 queued += 1
             except QueueFull:
-                s.returned.append((r.key.rid, r.key.attempt))
+                _turn_away(s, r)
             except NoEngineFits as e:          # the node measured against this geometry; say so if not
                 s.results.append(wire_result(r.key, "error", [], "", None, str(e), 0))
-        if s.returned or s.results:
+        if s.returned or s.results or s.given_up:
             s.wake()
         return queued
 
@@ -100,9 +101,14 @@ class LinkSessions:
         return gone
 
     def give_back_pending(self) -> None:
-        """Everything queued here returns to its link (the engine is unhealthy or draining)."""
+        """Everything queued here returns to its link (the engine is unhealthy or draining); admission never had it,
+        so the attempt limit is applied here."""
         for r in self.queue.drain():
-            self._return(r)
+            s = self.sessions.get(r.key.session)
+            if s is not None:
+                _turn_away(s, r)
+                s.streamed.pop(r.key, None)
+                s.wake()
 
     def abandon(self, key: RequestKey) -> bool:
         """The node's caller left: a request still queued here is dropped by admission when taken."""
@@ -124,6 +130,7 @@ class LinkSessions:
         return live
 
     def requeue(self, reqs: list[HostRequest]) -> None:
+        """Admission's give-backs, the attempt limit already applied (forge/host/outcomes.py)."""
         for r in reqs:
             self.queue.done(r)
             self._return(r)
@@ -182,7 +189,7 @@ class LinkSessions:
         s = self.session(sid)
         if s is None:
             return None
-        if not (s.results or s.returned or s.partials):
+        if not (s.results or s.returned or s.partials or s.given_up):
             s.ready.clear()
             try:
                 await asyncio.wait_for(s.ready.wait(), wait_s)
@@ -191,9 +198,19 @@ class LinkSessions:
         results, s.results = s.results[:max_items], s.results[max_items:]
         returned, s.returned = s.returned, []
         partials, s.partials = s.partials, []
+        gone, s.given_up = s.given_up, []
         delivered = Delivered(s.tokens, s.elapsed_s, s.occupied_s / s.elapsed_s if s.elapsed_s > 0 else 1.0)
         s.tokens, s.elapsed_s, s.occupied_s = 0, 0.0, 0.0
         s.seen = time.monotonic()
-        if partials:
-            return Collected(results, returned, delivered, bool(s.results), partials=partials)
+        if partials or gone:
+            return Collected(results, returned, delivered, bool(s.results), partials=partials, given_up=gone)
         return Collected(results, returned, delivered, bool(s.results))
+
+
+def _turn_away(s: Session, r: HostRequest) -> None:
+    """A request that never reached admission goes back to its link, or is given up at the attempt limit."""
+    why = given_up("given back by the engine", r.key.attempt)
+    if why is None:
+        s.returned.append((r.key.rid, r.key.attempt))
+    else:
+        s.given_up.append((r.key.rid, r.key.attempt, why))

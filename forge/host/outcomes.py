@@ -5,8 +5,8 @@ from __future__ import annotations
 import logging
 from typing import Callable
 
-from forge import constants
 from forge.engines.interface import EngineResult
+from forge.host.protocol import given_up
 from forge.host.request import HostRequest
 from forge.host.source import AdmissionSource
 from forge.stats import EngineStats
@@ -37,13 +37,13 @@ class Outcomes:
         return done
 
     def requeue(self, reqs: list[HostRequest], reason: str) -> None:
-        """Back to the source (to come again as attempt + 1); a request already tried REQUEST_ATTEMPT_LIMIT+1 times
-        fails instead."""
+        """Back to the source (to come again as attempt + 1); a request at the attempt limit fails instead, with
+        `reason` (given_up: the host applies the limit to what it gives back)."""
         back = []
         for req in reqs:
-            attempt = req.key.attempt
-            if attempt >= constants.REQUEST_ATTEMPT_LIMIT:
-                self.fail(req, f"{reason}; gave up after {attempt + 1} attempts")
+            why = given_up(reason, req.key.attempt)
+            if why is not None:
+                self.fail(req, why)
             else:
                 back.append(req)
         if not back:

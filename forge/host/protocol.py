@@ -18,6 +18,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Optional, Sequence
 
+from forge import constants
 from forge.broker import EngineGeometry
 from forge.requests import RequestOptions
 from forge.stats import EngineStats
@@ -26,6 +27,17 @@ from forge.stats import EngineStats
 # How often a host's engine driver samples engine.stats(): a host's counters are at most this old when read, which
 # the node's link allows for (forge/host/driver.py samples, forge/link/link.py waits).
 STATS_INTERVAL_S = 0.1
+
+
+def given_up(reason: str, attempt: int) -> Optional[str]:
+    """The attempt limit (constants.REQUEST_ATTEMPT_LIMIT), one rule for every way a request comes back: a dispatch
+    at the limit that comes back (`reason`) is not sent again but given up, with the message returned here; None
+    while it may go again. Applied once on each path, by whoever knows why it came back: the host to what it gives
+    back (admission's give-backs, forge/host/outcomes.py; what never reached admission, link_sessions.py, which
+    the link fails as Collected.given_up says), the link to what it loses with its host (forge/link/link.py)."""
+    if attempt >= constants.REQUEST_ATTEMPT_LIMIT:
+        return f"{reason}; gave up after {attempt + 1} attempts"
+    return None
 
 
 class HostMethod(str, enum.Enum):
@@ -96,7 +108,8 @@ class Collected:
     """A collect's answer: what is ready for one link session, and the host's health with it."""
 
     results: list[WireResult]
-    returned: list[tuple[str, int]]      # (rid, attempt) given back unstarted: the node requeues them
+    returned: list[tuple[str, int]]      # (rid, attempt) given back unstarted: the node requeues them (as the next
+                                         # attempt: the host applied the attempt limit, see given_up)
     delivered: Delivered
     more: bool                           # more results wait than max_items let through: collect again at once
     incarnation: str = ""                # the host's; a different one than the link knew means it restarted
@@ -109,6 +122,8 @@ class Collected:
     # (rid, attempt, text) pieces of streamed requests' output, in order; only requests sent with
     # RequestOptions.stream have any. Their WireResult still comes whole at the end.
     partials: list[tuple[str, int, str]] = field(default_factory=list)
+    # (rid, attempt, message): given back at the attempt limit (given_up()); the node fails each with its message
+    given_up: list[tuple[str, int, str]] = field(default_factory=list)
 
     @classmethod
     def ended_session(cls, incarnation: str) -> Collected:
@@ -118,7 +133,7 @@ class Collected:
         # Pickled (worker process, Ray): results as plain tuples, rebuilt on load. Positional: _collected's order.
         return (_collected, (list(map(tuple, self.results)), self.returned, tuple(self.delivered), self.more,
                              self.incarnation, self.healthy, self.accepting, self.state, self.failure, self.stats,
-                             self.ended, self.partials))
+                             self.ended, self.partials, self.given_up))
 
 
 def _collected(results: list[tuple], returned, delivered: tuple, *rest) -> Collected:

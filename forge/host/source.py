@@ -1,7 +1,7 @@
 """AdmissionSource: everything an admission runtime (forge/host/admission.py) calls on where its requests come from,
-and nothing more. In an engine host that is the host's LinkSessions (forge/host/link_sessions.py): one engine's queue, filled by the
-links, with results and given-back requests going back to the link each came on. The source is always this one
-engine's, so no call names an engine."""
+and nothing more. In an engine host that is the host's LinkSessions (forge/host/link_sessions.py): one engine's
+queue, filled by the links, with results and given-back requests going back to the link each came on. The source is
+always this one engine's, so no call names an engine."""
 from __future__ import annotations
 
 from typing import Protocol, runtime_checkable

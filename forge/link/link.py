@@ -20,7 +20,7 @@ from typing import Callable, Optional
 
 from forge import constants
 from forge.broker import BrokerClosed, BrokerRequest
-from forge.host.protocol import STATS_INTERVAL_S, Collected, Hello, WireRequest, WireResult
+from forge.host.protocol import STATS_INTERVAL_S, Collected, Hello, WireRequest, WireResult, given_up
 from forge.link.counters import JobCounters
 from forge.link.credit import Credit
 from forge.link.transport import LinkGone, Transport
@@ -272,8 +272,13 @@ class EngineLink:
                 for req, res in done:
                     settle(req, eid, res)
         back = [req for rid, attempt in reply.returned if (req := self._release(rid, attempt)) is not None]
-        if back:
-            self._requeue(back, "given back by the engine")
+        if back:                # the host applied the attempt limit to what it gave back: these go again
+            self.broker.requeue(back)
+        for rid, attempt, why in reply.given_up:
+            req = self._release(rid, attempt)
+            if req is not None:
+                self.broker.on_done(self.eid, req)
+                self._fail(req, why)
         delivered = reply.delivered
         if delivered.tokens:
             self.broker.record_delivery(self.eid, delivered.tokens, delivered.elapsed_s, delivered.occupancy)
@@ -311,11 +316,13 @@ class EngineLink:
         self._requeue(reqs, f"engine {self.eid} was lost")
 
     def _requeue(self, reqs: list[BrokerRequest], reason: str) -> None:
+        """Lost with the host (which can no longer say): back to the broker, or given up at the attempt limit."""
         back = []
         for r in reqs:
-            if r.attempt >= constants.REQUEST_ATTEMPT_LIMIT:
+            why = given_up(reason, r.attempt)
+            if why is not None:
                 self.broker.on_done(self.eid, r)
-                self._fail(r, f"{reason}; gave up after {r.attempt + 1} attempts")
+                self._fail(r, why)
             else:
                 back.append(r)
         if back:

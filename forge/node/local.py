@@ -34,7 +34,8 @@ SWEEP_INTERVAL_S = 0.25
 class LocalNode(LinkedNode):
     restarting_counts = False      # a worker being started again is bounded by its own restart limit
 
-    def __init__(self, loaded: LoadedDescription, *, grouping: bool = True, stall_window_s: float = constants.STALL_WINDOW_S,
+    def __init__(self, loaded: LoadedDescription, *, grouping: bool = True,
+                 stall_window_s: float = constants.STALL_WINDOW_S,
                  card_transport: CardTransport = "process", worker_cpus: Optional[frozenset[int]] = None):
         """card_transport: "process" (each card's engine host in its own worker process) or "thread" (in this
         process, on its event loop; the cheap path for tests and the "before" of benchmarks). worker_cpus: CPU

@@ -2,7 +2,8 @@
 pieces, then the request's Answer, the same Answer submit would give.
 
 The engine reports the request's ids every step (RequestOptions.stream: only this request; bulk work is unchanged),
-its host sends the text beyond what it sent (forge/host/link_sessions.py::LinkSessions.partial) and the link hands each piece here.
+its host sends the text beyond what it sent (forge/host/link_sessions.py::LinkSessions.partial) and the link hands each
+piece here.
 Stop strings are applied as the text comes (forge/requests/stops.py::StopHold: text that could begin a stop string
 waits for the next piece); the pieces join into exactly the answer's text, whose last part comes with the end.
 A guided request is not streamed piece by piece: its output is checked whole first, then sent as one piece

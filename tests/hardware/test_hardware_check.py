@@ -19,8 +19,8 @@ def cpu_card(index=0, memory_gib=2.0):
 
 
 def node(*cards, host_gib=64.0, cores=8):
-    return NodeDescription(node="n1", contracts="../c", host=Host(memory_gib=host_gib, cpu_cores=cores), cards=list(cards),
-                metrics=Metrics(port=0))
+    return NodeDescription(node="n1", contracts="../c", host=Host(memory_gib=host_gib, cpu_cores=cores),
+                           cards=list(cards), metrics=Metrics(port=0))
 
 
 def test_matching_gpu_node_has_no_mismatch():

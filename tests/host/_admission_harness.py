@@ -2,7 +2,7 @@
 test_admission_tiny_engine.py; the instant and faults engines' tests too): contracts built in code, and admission
 wired as in production.
 
-Harness: one engine host's admission runtime taking from the host's LinkSessions, which the test fills as a link does: wire
+Harness: one engine host's admission runtime taking from its LinkSessions, which the test fills as a link does: wire
 tuples arriving on one session (from_wire, LinkSessions.put), never more at the host than it may queue, results and
 given-back requests collected from that session (LinkSessions.collect). A given-back request is sent again as its next
 attempt while the engine is healthy and accepting, as the node's broker and link do; until then it waits here.
@@ -91,8 +91,8 @@ class _ResultsByRequest:
 
 
 class Harness(_ResultsByRequest):
-    """One card's admission runtime and its LinkSessions, fed as a link feeds it (the module docstring); records results by
-    the node's request id and samples the admission bounds."""
+    """One card's admission runtime and its LinkSessions, fed as a link feeds it (the module docstring); records
+    results by the node's request id and samples the admission bounds."""
 
     def __init__(self, p):
         self.plan = p
@@ -185,8 +185,8 @@ class Harness(_ResultsByRequest):
 
 
 class LinkedCards(_ResultsByRequest):
-    """Engine hosts (each its LinkSessions and admission runtime, its engine built from the card's contract) behind one node
-    broker, reached by EngineLinks over the thread transport. Results are kept by request id with the card's id."""
+    """Engine hosts (each its LinkSessions and admission runtime, its engine built from the card's contract) behind one
+    node broker, reached by EngineLinks over the thread transport. Results are kept by request id with the card's id."""
 
     def __init__(self, plans, *, stall_window_s: float):
         self.transports = [ThreadTransport(p, node="test", stall_window_s=stall_window_s) for p in plans]

@@ -1,11 +1,12 @@
-"""LinkSessions: an engine host's link sessions around its queue, and the AdmissionSource its admission runtime takes from.
-Requests arrive as a link sends them (wire tuples on a session, from_wire); answers and given-back requests wait in
-their session until the link collects them."""
+"""LinkSessions: an engine host's link sessions around its queue, and the AdmissionSource its admission runtime takes
+from. Requests arrive as a link sends them (wire tuples on a session, from_wire); answers and given-back requests wait
+in their session until the link collects them."""
 from __future__ import annotations
 
 import asyncio
 import time
 
+from forge import constants
 from forge.broker import EngineGeometry
 from forge.engines.interface import RequestKey
 from forge.host.link_sessions import LinkSessions
@@ -40,7 +41,7 @@ def run(coro) -> None:
     asyncio.run(asyncio.wait_for(coro, 10))
 
 
-def test_the_feed_is_the_admission_runtimes_source():
+def test_link_sessions_are_the_admission_runtimes_source():
     assert isinstance(LinkSessions(G, node="n", max_pending=4), AdmissionSource)
 
 
@@ -150,3 +151,17 @@ def test_a_streamed_requests_text_goes_out_in_pieces_an_incomplete_character_wai
         assert not sessions.sessions["s"].streamed                    # the answer ends what it kept for the request
 
     run(main())
+
+
+def test_a_request_turned_away_at_the_attempt_limit_is_given_up_not_returned():
+    async def go():
+        sessions = LinkSessions(G, node="n", max_pending=8)
+        sessions.accepting = False                               # draining: everything sent is turned away
+        last = constants.REQUEST_ATTEMPT_LIMIT
+        assert send(sessions, "a", [wire(0, attempt=last - 1), wire(1, attempt=last)]) == 0
+        out = await collect(sessions, "a")
+        assert out.returned == [("r0", last - 1)]                # may go again, as its next attempt
+        assert out.given_up == [("r1", last, f"given back by the engine; gave up after {last + 1} attempts")]
+        assert (await collect(sessions, "a")).given_up == []     # said once
+
+    run(go())
