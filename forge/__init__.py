@@ -15,7 +15,8 @@ __all__ = ["function", "LLM", "Generation", "__version__"]
 
 
 def __getattr__(name: str):
-    # Lazy so that `import forge` stays cheap (the CLI and the config loader never need the runtime).
+    # Lazy so that `import forge` stays cheap (the CLI and the config loader never need the
+    # runtime).
     if name in ("function", "LLM", "Generation"):
         from forge.functions import api
 

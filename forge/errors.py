@@ -1,4 +1,5 @@
-"""User-facing errors. Anything raised as a ForgeError is printed as one clear line, never a traceback."""
+"""User-facing errors. Anything raised as a ForgeError is printed as one clear line, never a
+traceback."""
 from __future__ import annotations
 
 import os
@@ -13,9 +14,9 @@ class ForgeError(Exception):
 
 
 def engine_failed_to_start(card: str, contract: str, why: str | BaseException) -> ForgeError:
-    """The one error a card's engine that did not come up is reported with, wherever it is seen (the engine's
-    factory, the worker process, its link, the local node, a cluster agent); `why` a line, or the exception
-    itself (named by its type)."""
+    """The one error a card's engine that did not come up is reported with, wherever it is seen (the
+    engine's factory, the worker process, its link, the local node, a cluster agent); `why` a line,
+    or the exception itself (named by its type)."""
     if isinstance(why, BaseException):
         why = f"{type(why).__name__}: {why}"
     return ForgeError(f"card {card} ({contract}): engine failed to start: {why}")
@@ -42,8 +43,9 @@ class Problem:
 
 
 def display_path(p: str | Path) -> str:
-    """A path as the user gave it: relative to the current directory when it lies below it, else absolute. Symlinks
-    are not resolved: a refusal of `out/x` (a link) names `out/x`, not the file the link points to."""
+    """A path as the user gave it: relative to the current directory when it lies below it, else
+    absolute. Symlinks are not resolved: a refusal of `out/x` (a link) names `out/x`, not the file
+    the link points to."""
     p = Path(p)
     try:
         return str(Path(os.path.abspath(p)).relative_to(os.path.abspath(os.getcwd())))
@@ -64,8 +66,8 @@ class EngineUnavailable(ForgeError):
 
 
 class RequestRejected(ForgeError):
-    """A request that no engine on the node can take as asked (geometry, closed node). `param`: the request field
-    to change, where one is to blame (an HTTP answer names it)."""
+    """A request that no engine on the node can take as asked (geometry, closed node). `param`: the
+    request field to change, where one is to blame (an HTTP answer names it)."""
 
     def __init__(self, message: str = "", *, param: "str | None" = None):
         super().__init__(message)

@@ -1,5 +1,6 @@
-"""A renderable that is a whole table where the width it is drawn at holds it, else its compact form: chosen when
-drawn, so a live view follows the terminal's width (forge top) and a printed one fits 80 columns."""
+"""A renderable that is a whole table where the width it is drawn at holds it, else its compact
+form: chosen when drawn, so a live view follows the terminal's width (forge top) and a printed one
+fits 80 columns."""
 from __future__ import annotations
 
 from typing import Callable
@@ -18,4 +19,8 @@ class Fit:
         self.whole, self.compact = whole, compact
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
-        yield self.whole if natural_width(console, self.whole) <= options.max_width else self.compact()
+        yield (
+            self.whole
+            if natural_width(console, self.whole) <= options.max_width
+            else self.compact()
+        )

@@ -22,7 +22,8 @@ _loaded = False
 
 
 def load_plugins() -> pluggy.PluginManager:
-    """Register built-ins and installed entry points once; FORGE_LOAD_PLUGINS=a,b limits third-party ones."""
+    """Register built-ins and installed entry points once; FORGE_LOAD_PLUGINS=a,b limits third-party
+    ones."""
     global _loaded
     if _loaded:
         return pm

@@ -10,12 +10,15 @@ from collections import OrderedDict
 from typing import Hashable, Optional, Sequence
 
 
-def chain_hashes(tokens: tuple[int, ...], tokens_per_block: int, limit: Optional[int] = None) -> list[int]:
-    """Chain hash of each full block of `tokens` (at most `limit` of them); a partial tail block has none."""
+def chain_hashes(
+    tokens: tuple[int, ...], tokens_per_block: int, limit: Optional[int] = None
+) -> list[int]:
+    """Chain hash of each full block of `tokens` (at most `limit` of them); a partial tail block has
+    none."""
     n = len(tokens) // tokens_per_block
     if limit is not None and limit < n:
         n = limit
-    h = tokens_per_block            # seed: the same tokens in different block sizes never share a key
+    h = tokens_per_block  # seed: the same tokens in different block sizes never share a key
     out = []
     for start in range(0, n * tokens_per_block, tokens_per_block):
         h = hash((h, tokens[start:start + tokens_per_block]))
@@ -24,7 +27,8 @@ def chain_hashes(tokens: tuple[int, ...], tokens_per_block: int, limit: Optional
 
 
 class BoundedLRU:
-    """A mapping that forgets its least recently used keys beyond `capacity` (e.g. prefix -> engine pins)."""
+    """A mapping that forgets its least recently used keys beyond `capacity` (e.g. prefix -> engine
+    pins)."""
 
     __slots__ = ("capacity", "_d")
 

@@ -1,7 +1,8 @@
 """Plain stats objects handed from the broker, runtime, ledger and runner to forge/metrics.py.
 
 Nothing outside forge/metrics.py touches Prometheus: producers fill these and call the metrics
-module's `observe_*` functions (or hand them to a report). Counters here are cumulative since start."""
+module's `observe_*` functions (or hand them to a report). Counters here are cumulative since
+start."""
 from __future__ import annotations
 
 import time
@@ -36,11 +37,16 @@ class EngineStats:
     stalls: int = 0
     progress_only_steps: int = 0
     healthy: bool = True
-    tokens_per_s: float = 0.0    # recent delivered (input+output) tokens/s, the broker's balancing signal
-    output_tokens_per_s: float = 0.0   # recent generated tokens/s (same EWMA weights): what `forge status` shows
-    engine_steps: int = 0        # cumulative engine steps (IterationStats.steps): mean tokens/step vs budget
-    prefix_hit_tokens: int = 0   # cumulative prompt tokens the engine served from block reuse (IterationStats)
-    preemptions: int = 0         # cumulative sequences the engine preempted (IterationStats); admission keeps it 0
+    # recent delivered (input+output) tokens/s, the broker's balancing signal
+    tokens_per_s: float = 0.0
+    # recent generated tokens/s (same EWMA weights): what `forge status` shows
+    output_tokens_per_s: float = 0.0
+    # cumulative engine steps (IterationStats.steps): mean tokens/step vs budget
+    engine_steps: int = 0
+    # cumulative prompt tokens the engine served from block reuse (IterationStats)
+    prefix_hit_tokens: int = 0
+    # cumulative sequences the engine preempted (IterationStats); admission keeps it 0
+    preemptions: int = 0
 
 
 @dataclass
@@ -53,8 +59,9 @@ class BrokerStats:
     affinity_hits: int = 0              # dispatched to the engine their prefix group is pinned to
     affinity_spills: int = 0            # dispatched elsewhere because the pinned engine was full
     prompt_tokens: int = 0              # cumulative tokens of dispatched prompts
-    shared_prefix_tokens: int = 0       # of those, tokens in a block-aligned prefix seen before on that engine
-    padded_tokens: int = 0              # (max len in batch x batch size) - real tokens, summed over batches
+    # of those, tokens in a block-aligned prefix seen before on that engine
+    shared_prefix_tokens: int = 0
+    padded_tokens: int = 0  # (max len in batch x batch size) - real tokens, summed over batches
     batch_tokens: int = 0               # max len in batch x batch size, summed
     no_fit: int = 0                     # requests refused: no engine's geometry fits
 
@@ -84,11 +91,11 @@ class RunStats:
     failed: int = 0
     skipped: int = 0                   # already in the output (resume)
     retried: int = 0
-    in_flight: int = 0                 # records started and not settled
-    calls_in_flight: int = 0           # the functions' generate / embed calls waiting for their node
-    records_limit: int = 0             # records the run lets be in flight now (functions/pace.py)
-    input_tokens: int = 0              # prompt tokens
-    output_tokens: int = 0             # generated tokens
+    in_flight: int = 0        # records started and not settled
+    calls_in_flight: int = 0  # the functions' generate / embed calls waiting for their node
+    records_limit: int = 0    # records the run lets be in flight now (functions/pace.py)
+    input_tokens: int = 0     # prompt tokens
+    output_tokens: int = 0    # generated tokens
     started_at: float = field(default_factory=time.time)
     producer_queue: int = 0            # records read and waiting for a function invocation slot
     writer_queue: int = 0              # results waiting to be written

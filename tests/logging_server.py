@@ -1,4 +1,5 @@
-"""A real HTTP server on 127.0.0.1 that logs every request it receives: what a server forge did not start sees."""
+"""A real HTTP server on 127.0.0.1 that logs every request it receives: what a server forge did not
+start sees."""
 from __future__ import annotations
 
 import threading
@@ -6,7 +7,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
 class LoggingServer:
-    """An HTTP server on 127.0.0.1 that answers 200 {"status": "ok"} to everything and logs each request."""
+    """An HTTP server on 127.0.0.1 that answers 200 {"status": "ok"} to everything and logs each
+    request."""
 
     def __init__(self):
         self.seen: list[dict] = []
@@ -18,8 +20,14 @@ class LoggingServer:
 
             def _answer(self):
                 n = int(self.headers.get("content-length") or 0)
-                seen.append({"method": self.command, "path": self.path, "headers": dict(self.headers),
-                             "body": self.rfile.read(n) if n else b""})
+                seen.append(
+                    {
+                        "method": self.command,
+                        "path": self.path,
+                        "headers": dict(self.headers),
+                        "body": self.rfile.read(n) if n else b"",
+                    }
+                )
                 body = b'{"status": "ok", "node": "local", "cards": []}'
                 self.send_response(200)
                 self.send_header("content-type", "application/json")
@@ -40,5 +48,11 @@ class LoggingServer:
 
     def tokens_or_records(self) -> list[dict]:
         """What must never reach it: a bearer token, a body, anything but GET /health."""
-        return [r for r in self.seen if any(k.lower() == "authorization" for k in r["headers"]) or r["body"]
-                or r["method"] != "GET" or not r["path"].startswith("/health")]
+        return [
+            r
+            for r in self.seen
+            if any(k.lower() == "authorization" for k in r["headers"])
+            or r["body"]
+            or r["method"] != "GET"
+            or not r["path"].startswith("/health")
+        ]

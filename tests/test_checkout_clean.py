@@ -1,6 +1,7 @@
-"""The suite leaves the checkout as it found it: tests/conftest.py compares the checkout's untracked and ignored
-paths (tests/checkout_state.py) at the session's start and finish and fails a run that added any; bytecode goes to
-a cache in the temp folder (PYTHONPYCACHEPREFIX), Hypothesis' database beside it, every test's files to tmp_path."""
+"""The suite leaves the checkout as it found it: tests/conftest.py compares the checkout's untracked
+and ignored paths (tests/checkout_state.py) at the session's start and finish and fails a run that
+added any; bytecode goes to a cache in the temp folder (PYTHONPYCACHEPREFIX), Hypothesis' database
+beside it, every test's files to tmp_path."""
 from __future__ import annotations
 
 import os
@@ -39,9 +40,9 @@ def test_what_a_run_adds_is_left_behind_and_nothing_else(repo):
     (repo / "runs" / "out.jsonl").write_text("{}\n")                  # ignored, new: the suite's
     (repo / "pkg" / "__pycache__").mkdir(parents=True)
     (repo / "pkg" / "__pycache__" / "m.cpython-311.pyc").write_bytes(b"")
-    (repo / "stray.jsonl").write_text("{}\n")                          # untracked, new: the suite's
-    (repo / "kept.py").write_text("x = 2\n")                           # a tracked file edited: the developer's
-    (repo / ".pytest_cache").mkdir()                                   # pytest's own cache
+    (repo / "stray.jsonl").write_text("{}\n")  # untracked, new: the suite's
+    (repo / "kept.py").write_text("x = 2\n")   # a tracked file edited: the developer's
+    (repo / ".pytest_cache").mkdir()           # pytest's own cache
     (repo / ".pytest_cache" / "README.md").write_text("pytest\n")
     assert left_behind(before, new_paths(repo)) == ["pkg/", "runs/", "stray.jsonl"]
 
@@ -52,12 +53,17 @@ def test_outside_a_git_checkout_nothing_is_compared(tmp_path):
 
 
 def test_the_suites_interpreters_keep_bytecode_out_of_the_checkout(tmp_path):
-    """This process and a subprocess started as the tests start one write their bytecode under the cache, never
-    into __pycache__ beside the source."""
+    """This process and a subprocess started as the tests start one write their bytecode under the
+    cache, never into __pycache__ beside the source."""
     prefix = Path(os.environ["PYTHONPYCACHEPREFIX"])
     assert sys.pycache_prefix == str(prefix) and not prefix.is_relative_to(ROOT)
     (tmp_path / "probe_module.py").write_text("X = 1\n")
-    subprocess.run([sys.executable, "-c", "import probe_module"], cwd=tmp_path, check=True, timeout=60,
-                   env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    subprocess.run(
+        [sys.executable, "-c", "import probe_module"],
+        cwd=tmp_path,
+        check=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(tmp_path)},
+    )
     assert not (tmp_path / "__pycache__").exists()
     assert list((prefix / tmp_path.relative_to(tmp_path.anchor)).glob("probe_module.*.pyc"))

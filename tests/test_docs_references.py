@@ -1,9 +1,10 @@
 """Every test the docs cite exists: a guarantee is only as good as the test named beside it.
 
-The docs (README.md, docs/*.md, docs/bench/*.md) name tests as `tests/PATH.py::NAME`, as `::NAME` after such a
-reference on the same line (the same file), or as `FILE.py::NAME` where FILE.py is a test file's name (looked up
-under tests/). Each named file must exist and define NAME (a test function, or a class, at module level or in a
-class); a bare `tests/PATH.py` or `tests/DIR/` must exist. Reads the files' syntax trees, imports nothing."""
+The docs (README.md, docs/*.md, docs/bench/*.md) name tests as `tests/PATH.py::NAME`, as `::NAME`
+after such a reference on the same line (the same file), or as `FILE.py::NAME` where FILE.py is a
+test file's name (looked up under tests/). Each named file must exist and define NAME (a test
+function, or a class, at module level or in a class); a bare `tests/PATH.py` or `tests/DIR/` must
+exist. Reads the files' syntax trees, imports nothing."""
 
 import ast
 import re
@@ -11,9 +12,12 @@ from functools import cache
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = sorted([ROOT / "README.md", *(ROOT / "docs").glob("*.md"), *(ROOT / "docs" / "bench").glob("*.md")])
+DOCS = sorted(
+    [ROOT / "README.md", *(ROOT / "docs").glob("*.md"), *(ROOT / "docs" / "bench").glob("*.md")]
+)
 # Paths of other projects' tests that the docs cite as theirs, not forge's.
-OTHER_PROJECTS = {"tests/unittest/_torch/sampler/test_torch_sampler.py"}  # TensorRT-LLM's (docs/trtllm.md)
+# TensorRT-LLM's (docs/trtllm.md)
+OTHER_PROJECTS = {"tests/unittest/_torch/sampler/test_torch_sampler.py"}
 
 # `tests/a/b.py::name`, `tests/a/b.py`, `tests/a/` ; `::name` continuing the last file on the line;
 # `b.py::name` naming a test file by its name alone.
@@ -44,7 +48,8 @@ def files_named_in_tests(filename: str) -> tuple[Path, ...]:
 
 
 def references_in(text: str):
-    """(line number, file path or None, test name or None, the reference as written) for every reference."""
+    """(line number, file path or None, test name or None, the reference as written) for every
+    reference."""
     for number, line in enumerate(text.splitlines(), 1):
         current = None
         for match in REFERENCE.finditer(line):
@@ -73,7 +78,8 @@ def problems_in(text: str, label: str) -> list[str]:
             if not files:
                 found.append(f"{where}: no file named {bare} under tests/")
             elif not any(name in defined_names(f) for f in files):
-                found.append(f"{where}: no {name} in {', '.join(str(f.relative_to(ROOT)) for f in files)}")
+                found.append(f"{where}: no {name} in "
+                             f"{', '.join(str(f.relative_to(ROOT)) for f in files)}")
             continue
         target = ROOT / path
         if not target.exists():
@@ -95,7 +101,8 @@ def test_the_reference_pattern_reads_the_forms_the_docs_use():
 
 
 def test_a_missing_file_or_test_is_named_with_its_line():
-    text = ("`tests/test_docs_references.py::test_every_test_the_docs_name_exists`, `::no_such_test`\n"
+    text = ("`tests/test_docs_references.py::test_every_test_the_docs_name_exists`, "
+            "`::no_such_test`\n"
             "`tests/no_such_file.py::test_x` and `test_docs_references.py::gone`")
     assert problems_in(text, "doc.md") == [
         "doc.md:1: ::no_such_test: tests/test_docs_references.py defines no no_such_test",
@@ -106,8 +113,16 @@ def test_a_missing_file_or_test_is_named_with_its_line():
 
 def test_every_test_the_docs_name_exists():
     assert len(DOCS) > 10
-    named = sum(1 for doc in DOCS for _, _, name, _ in references_in(doc.read_text(encoding="utf-8")) if name)
+    named = sum(
+        1
+        for doc in DOCS
+        for _, _, name, _ in references_in(doc.read_text(encoding="utf-8"))
+        if name
+    )
     assert named > 40  # the docs name some fifty tests: fewer read means the pattern broke
-    problems = [problem for doc in DOCS
-                for problem in problems_in(doc.read_text(encoding="utf-8"), str(doc.relative_to(ROOT)))]
+    problems = [
+        problem
+        for doc in DOCS
+        for problem in problems_in(doc.read_text(encoding="utf-8"), str(doc.relative_to(ROOT)))
+    ]
     assert not problems, "\n".join(problems)

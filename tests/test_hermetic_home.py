@@ -1,6 +1,7 @@
-"""HOME is a folder of the session's own (tests/conftest.py), for the tests and every process they start: whatever
-resolves `~` (`~/.forge`, were FORGE_HOME ignored) lands there and the user's own home is never written; the run
-fails if that folder's .forge exists at its end. The user's caches and configuration stay theirs."""
+"""HOME is a folder of the session's own (tests/conftest.py), for the tests and every process they
+start: whatever resolves `~` (`~/.forge`, were FORGE_HOME ignored) lands there and the user's own
+home is never written; the run fails if that folder's .forge exists at its end. The user's caches
+and configuration stay theirs."""
 from __future__ import annotations
 
 import os
@@ -18,7 +19,8 @@ def test_home_is_the_sessions_own_folder_in_tmp():
     assert os.environ["HOME"] == str(home) and home.name.startswith("forge-tests-home-")
     assert home.parent == Path(tempfile.gettempdir())
     assert home != Path(pwd.getpwuid(os.getuid()).pw_dir)
-    for cache in ("XDG_CACHE_HOME", "XDG_CONFIG_HOME"):          # libraries keep their downloads and settings
+    # libraries keep their downloads and settings
+    for cache in ("XDG_CACHE_HOME", "XDG_CONFIG_HOME"):
         assert not Path(os.environ[cache]).is_relative_to(home), cache
 
 

@@ -1,9 +1,11 @@
-"""forge's packages import only downward, and no two of them import each other (docs/architecture.md's table).
+"""forge's packages import only downward, and no two of them import each other
+(docs/architecture.md's table).
 
-Every `import` and `from ... import` in forge/, at module level or inside a function (a lazy import is still a
-dependency), is read from the source with ast; each names a unit: a package under forge/ (`forge/node/...` is
-`node`) or a top-level module (`forge/requests/` is `requests`). A unit may import units of a lower layer and
-nothing above its own; a new upward import, or a circle between units, fails here with the file and line.
+Every `import` and `from ... import` in forge/, at module level or inside a function (a lazy import
+is still a dependency), is read from the source with ast; each names a unit: a package under forge/
+(`forge/node/...` is `node`) or a top-level module (`forge/requests/` is `requests`). A unit may
+import units of a lower layer and nothing above its own; a new upward import, or a circle between
+units, fails here with the file and line.
 
     python -m pytest -q tests/test_layers.py
 """
@@ -16,12 +18,14 @@ import pytest
 
 FORGE = Path(__file__).resolve().parent.parent / "forge"
 
-# Lowest first. A unit may import its own layer's *other* units only where no circle results (checked below).
+# Lowest first. A unit may import its own layer's *other* units only where no circle results
+# (checked below).
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("errors", "constants", "stats", "prefix_blocks", "hookspecs", "embedded", "fit", "atomic"),   # plain values, no behaviour
+    # plain values, no behaviour
+    ("errors", "constants", "stats", "prefix_blocks", "hookspecs", "embedded", "fit", "atomic"),
     ("plugins", "gc_tuning", "backends"),       # backends: the registered Backend objects
-    ("tunables", "config"),                        # formats, load, checks, plan
-    ("engines", "hardware", "records"),            # backends (plugins), the hardware probe, record I/O
+    ("tunables", "config"),              # formats, load, checks, plan
+    ("engines", "hardware", "records"),  # backends (plugins), the hardware probe, record I/O
     ("requests", "ledger", "metrics", "report", "broker", "web", "machine", "watchdogs"),
     ("host",),                                     # the card worker: admission around one engine
     ("link",),                                     # node <-> host
@@ -34,8 +38,9 @@ LAYERS: tuple[tuple[str, ...], ...] = (
 
 # The few imports that go up on purpose, each with its reason. Nothing else may.
 ALLOWED_UPWARD: dict[tuple[str, str], str] = {
-    # `import forge; forge.function, forge.LLM, forge.Generation`: the package's public names for function
-    # authors, resolved lazily (PEP 562 __getattr__) on first use, so `import forge` itself stays cheap.
+    # `import forge; forge.function, forge.LLM, forge.Generation`: the package's public names for
+    # function authors, resolved lazily (PEP 562 __getattr__) on first use, so `import forge` itself
+    # stays cheap.
     ("forge", "functions"): "the package facade's lazy re-export of the function-author API",
 }
 
@@ -84,7 +89,7 @@ def imports_of(path: Path) -> list[tuple[str, int]]:
                 dotted = node.module or ""
             if not (dotted == "forge" or dotted.startswith("forge.")):
                 continue
-            if dotted == "forge":                       # `from forge import constants`: the names are the units
+            if dotted == "forge":  # `from forge import constants`: the names are the units
                 for alias in node.names:
                     sub = alias.name
                     is_unit = (FORGE / sub).is_dir() or (FORGE / f"{sub}.py").is_file()
@@ -108,7 +113,9 @@ def edges() -> dict[tuple[str, str], list[str]]:
 def test_every_unit_of_forge_has_a_layer():
     units = {unit_of_path(p) for p in FORGE.rglob("*.py")} - {"forge"}
     missing = sorted(units - set(RANK))
-    assert not missing, f"add these to LAYERS in tests/test_layers.py (and docs/architecture.md's table): {missing}"
+    assert not missing, (
+        f"add these to LAYERS in tests/test_layers.py (and docs/architecture.md's table): {missing}"
+    )
 
 
 def test_no_package_imports_upward():
@@ -117,7 +124,8 @@ def test_no_package_imports_upward():
         if (src, dst) in ALLOWED_UPWARD:
             continue
         if src == "forge" or RANK.get(dst, -1) > RANK.get(src, len(LAYERS)):
-            bad.append(f"{src} -> {dst} (layer {RANK.get(src)} imports layer {RANK.get(dst)}): {', '.join(where)}")
+            bad.append(f"{src} -> {dst} (layer {RANK.get(src)} imports layer {RANK.get(dst)}): "
+                       f"{', '.join(where)}")
     assert not bad, "upward imports between forge's packages:\n" + "\n".join(bad)
 
 
@@ -168,7 +176,8 @@ def test_the_check_sees_an_upward_import(tmp_path, monkeypatch):
     (fake / "__init__.py").write_text("")
     (fake / "node" / "__init__.py").write_text("")
     (fake / "functions" / "__init__.py").write_text("")
-    (fake / "node" / "bad.py").write_text("def f():\n    from forge.functions.api import GenerateParams\n")
+    (fake / "node" / "bad.py").write_text("def f():\n    from forge.functions.api import "
+                                          "GenerateParams\n")
     monkeypatch.setattr(__import__(__name__, fromlist=["FORGE"]), "FORGE", fake)
     assert edges() == {("node", "functions"): ["forge/node/bad.py:2"]}
     try:
@@ -180,32 +189,43 @@ def test_the_check_sees_an_upward_import(tmp_path, monkeypatch):
 
 
 def imports_of_bench(root: Path) -> list[str]:
-    """Where a module under root imports forge_bench, by statement or by name (importlib, plugin lists)."""
+    """Where a module under root imports forge_bench, by statement or by name (importlib, plugin
+    lists)."""
     found = []
     for path in sorted(root.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
-            names = ([alias.name for alias in node.names] if isinstance(node, ast.Import)
-                     else [node.module or ""] if isinstance(node, ast.ImportFrom)
-                     else [node.value] if isinstance(node, ast.Constant) and isinstance(node.value, str) else [])
+            names = (
+                [alias.name for alias in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else [node.value]
+                if isinstance(node, ast.Constant) and isinstance(node.value, str)
+                else []
+            )
             if any(name == "forge_bench" or name.startswith("forge_bench.") for name in names):
                 found.append(f"{path.relative_to(root.parent)}:{node.lineno}")
     return found
 
 
 def test_forge_never_imports_forge_bench(tmp_path):
-    """forge-bench (bench/) is built on forge and reaches it only through the plugin hooks; the core runs without
-    it. The check can fail: a lazy import and a module named in a string are both found."""
+    """forge-bench (bench/) is built on forge and reaches it only through the plugin hooks; the core
+    runs without it. The check can fail: a lazy import and a module named in a string are both
+    found."""
     assert not imports_of_bench(FORGE), f"forge imports forge_bench: {imports_of_bench(FORGE)}"
     (tmp_path / "forge").mkdir()
-    (tmp_path / "forge" / "bad.py").write_text("import importlib\n\n\ndef f():\n    from forge_bench import cli\n"
+    (tmp_path / "forge" / "bad.py").write_text("import importlib\n\n\ndef f():\n    from "
+                                               "forge_bench import cli\n"
                                              "    importlib.import_module('forge_bench.plugin')\n")
     assert imports_of_bench(tmp_path / "forge") == ["forge/bad.py:5", "forge/bad.py:6"]
 
 
-# --- circles between modules ---------------------------------------------------------------------------------------
-# Units above may import each other only downward; inside a unit too, no two modules may need each other (a circle
-# works only as long as one side's import stays lazy or comes last, and breaks on the next edit). Every import
-# counts, a lazy one too; only an `if TYPE_CHECKING:` block (never run) is left out.
+# --- circles between modules
+# --------------------------------------------------------------------------------------- Units
+# above may import each other only downward; inside a unit too, no two modules may need each other
+# (a circle works only as long as one side's import stays lazy or comes last, and breaks on the next
+# edit). Every import counts, a lazy one too; only an `if TYPE_CHECKING:` block (never run) is left
+# out.
 
 
 def _is_type_checking(test: ast.expr) -> bool:
@@ -214,7 +234,8 @@ def _is_type_checking(test: ast.expr) -> bool:
 
 
 def _run_nodes(tree: ast.AST):
-    """Every node of `tree` except those under `if TYPE_CHECKING:` (its else branch runs, so it counts)."""
+    """Every node of `tree` except those under `if TYPE_CHECKING:` (its else branch runs, so it
+    counts)."""
     todo = [tree]
     while todo:
         node = todo.pop()
@@ -226,8 +247,9 @@ def _run_nodes(tree: ast.AST):
 
 
 def module_imports_of(path: Path, package_root: Path) -> list[tuple[str, int]]:
-    """(module imported, line) for every import in one file of the package at `package_root` (forge/) that runs and
-    names one of its modules: `from P import name` imports the module P.name where there is one, else P itself."""
+    """(module imported, line) for every import in one file of the package at `package_root`
+    (forge/) that runs and names one of its modules: `from P import name` imports the module P.name
+    where there is one, else P itself."""
     top = package_root.name
 
     def exists(dotted: str) -> bool:
@@ -235,14 +257,18 @@ def module_imports_of(path: Path, package_root: Path) -> list[tuple[str, int]]:
         return where.with_suffix(".py").is_file() or (where / "__init__.py").is_file()
 
     tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-    here = ".".join(path.relative_to(package_root.parent).with_suffix("").parts).removesuffix(".__init__")
+    here = ".".join(path.relative_to(package_root.parent).with_suffix("").parts).removesuffix(
+        ".__init__"
+    )
     package = here if path.name == "__init__.py" else here.rpartition(".")[0]
     found: list[tuple[str, int]] = []
     for node in _run_nodes(tree):
         if isinstance(node, ast.Import):
             found += [(a.name, node.lineno) for a in node.names if a.name.split(".")[0] == top]
         elif isinstance(node, ast.ImportFrom):
-            base = package.split(".")[:len(package.split(".")) - node.level + 1] if node.level else []
+            base = (
+                package.split(".")[: len(package.split(".")) - node.level + 1] if node.level else []
+            )
             dotted = ".".join(base + ([node.module] if node.module else []))
             if dotted.split(".")[0] != top:
                 continue
@@ -253,10 +279,13 @@ def module_imports_of(path: Path, package_root: Path) -> list[tuple[str, int]]:
 
 
 def module_edges(package_root: Path) -> dict[tuple[str, str], list[str]]:
-    """(importer module, imported module) -> where, for every import between two modules of one package."""
+    """(importer module, imported module) -> where, for every import between two modules of one
+    package."""
     out: dict[tuple[str, str], list[str]] = {}
     for path in sorted(package_root.rglob("*.py")):
-        src = ".".join(path.relative_to(package_root.parent).with_suffix("").parts).removesuffix(".__init__")
+        src = ".".join(path.relative_to(package_root.parent).with_suffix("").parts).removesuffix(
+            ".__init__"
+        )
         for dst, line in module_imports_of(path, package_root):
             where = f"{path.relative_to(package_root.parent)}:{line}"
             if dst != src and where not in out.get((src, dst), ()):
@@ -318,15 +347,20 @@ def test_no_import_circle_between_modules(package_root):
         graph.setdefault(src, set()).add(dst)
     report = []
     for circle in circles_in(graph):
-        inside = [f"  {src} -> {dst}: {', '.join(where)}" for (src, dst), where in sorted(found.items())
-                  if src in circle and dst in circle]
+        inside = [
+            f"  {src} -> {dst}: {', '.join(where)}"
+            for (src, dst), where in sorted(found.items())
+            if src in circle and dst in circle
+        ]
         report.append(" <-> ".join(circle) + "\n" + "\n".join(inside))
-    assert not report, f"import circles between {package_root.name}'s modules:\n" + "\n".join(report)
+    assert not report, f"import circles between {package_root.name}'s modules:\n" + "\n".join(
+        report
+    )
 
 
 def test_the_check_sees_a_circle_between_modules(tmp_path):
-    """The test above can fail: a lazy import closing a circle inside one package is reported; an import under
-    `if TYPE_CHECKING:` is not one."""
+    """The test above can fail: a lazy import closing a circle inside one package is reported; an
+    import under `if TYPE_CHECKING:` is not one."""
     fake = tmp_path / "forge"
     (fake / "node").mkdir(parents=True)
     (fake / "__init__.py").write_text("")
@@ -343,7 +377,8 @@ def test_the_check_sees_a_circle_between_modules(tmp_path):
     graph: dict[str, set[str]] = {}
     for (src, dst) in module_edges(fake):
         graph.setdefault(src, set()).add(dst)
-    assert circles_in(graph) == [["forge.node.a", "forge.node.b"]]          # c <-> d only under TYPE_CHECKING
+    # c <-> d only under TYPE_CHECKING
+    assert circles_in(graph) == [["forge.node.a", "forge.node.b"]]
     try:
         test_no_import_circle_between_modules(fake)
     except AssertionError as e:

@@ -1,10 +1,11 @@
-"""A package's docstring (forge/**/__init__.py, bench/forge_bench/**/__init__.py) names only files that exist:
-the map a newcomer reads first must not send them to a file that moved away (forge/runtime's once described
-admission.py, driver.py, ... of host/).
+"""A package's docstring (forge/**/__init__.py, bench/forge_bench/**/__init__.py) names only files
+that exist: the map a newcomer reads first must not send them to a file that moved away
+(forge/runtime's once described admission.py, driver.py, ... of host/).
 
-Checked: a path from the repository's root (`forge/cluster/actor.py`, `docs/broker.md`, `forge/node`), and a bare
-file or folder name (`mapping.py`, `local.yaml`, `tiny-llama/`), which is the package's own (in it or below it).
-A module named without its extension (`plots`) is prose, not checked.
+Checked: a path from the repository's root (`forge/cluster/actor.py`, `docs/broker.md`,
+`forge/node`), and a bare file or folder name (`mapping.py`, `local.yaml`, `tiny-llama/`), which is
+the package's own (in it or below it). A module named without its extension (`plots`) is prose, not
+checked.
 """
 from __future__ import annotations
 
@@ -33,17 +34,25 @@ def missing(package: Path) -> list[str]:
     doc = ast.get_docstring(ast.parse((package / "__init__.py").read_text())) or ""
     from_root, bare = named_files(doc)
     gone = [p for p in from_root if not (ROOT / p).exists()]
-    own = {p.relative_to(package).as_posix() for p in package.rglob("*")} | {p.name for p in package.rglob("*")}
+    own = {p.relative_to(package).as_posix() for p in package.rglob("*")} | {
+        p.name for p in package.rglob("*")
+    }
     return gone + [name for name in bare if name.rstrip("/") not in own]
 
 
 def test_the_names_found_are_the_file_like_ones():
-    from_root, bare = named_files("driver.py (forge/cluster/actor.py) and tiny-llama/, see docs/x.md and forge/node; "
-                                  "`forge run --openai-batch IN.jsonl`, forge[ray], `plots`, e.g. a.b.")
+    from_root, bare = named_files("driver.py (forge/cluster/actor.py) and tiny-llama/, see "
+                                  "docs/x.md and forge/node; "
+                                  "`forge run --openai-batch IN.jsonl`, forge[ray], `plots`, e.g. "
+                                  "a.b.")
     assert from_root == ["forge/cluster/actor.py", "docs/x.md", "forge/node"]
     assert bare == ["driver.py", "tiny-llama/"]
 
 
-@pytest.mark.parametrize("package", PACKAGES, ids=[p.relative_to(ROOT).as_posix() for p in PACKAGES])
+@pytest.mark.parametrize(
+    "package", PACKAGES, ids=[p.relative_to(ROOT).as_posix() for p in PACKAGES]
+)
 def test_a_package_docstring_names_only_files_that_exist(package):
-    assert missing(package) == [], f"{package.relative_to(ROOT)}/__init__.py names files it does not have"
+    assert missing(package) == [], (
+        f"{package.relative_to(ROOT)}/__init__.py names files it does not have"
+    )

@@ -1,5 +1,6 @@
-"""Plain `pytest` runs the fast tests: a test that starts forge, a card worker or Ray in a process of its own must
-be marked slow (tests/conftest.py fails it otherwise). What counts as starting the product:"""
+"""Plain `pytest` runs the fast tests: a test that starts forge, a card worker or Ray in a process
+of its own must be marked slow (tests/conftest.py fails it otherwise). What counts as starting the
+product:"""
 import sys
 
 import pytest
@@ -31,7 +32,7 @@ def test_a_card_worker_is_the_product():
     [sys.executable, "-m", "pytest", "tests/forge_cli.py"],
     ["sh", "-c", "exit 0"],
     ["/tmp/forged/tool", "--forge"],
-    [sys.executable, "-m", "ruff", "check", "--no-cache", "/home/me/forge"],     # a clone named forge
+    [sys.executable, "-m", "ruff", "check", "--no-cache", "/home/me/forge"],  # a clone named forge
     [sys.executable, "/home/me/forge/tests/script.py", "/home/me/forge"],
     ["git", "-C", "/home/me/forge", "status"],
 ])
@@ -42,4 +43,7 @@ def test_other_processes_are_not(argv):
 def test_a_fast_test_may_start_another_process():
     import subprocess
 
-    assert subprocess.run([sys.executable, "-c", "print(1)"], capture_output=True, text=True).stdout == "1\n"
+    assert (
+        subprocess.run([sys.executable, "-c", "print(1)"], capture_output=True, text=True).stdout
+        == "1\n"
+    )

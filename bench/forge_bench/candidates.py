@@ -1,20 +1,22 @@
 """The candidate space of `forge bench sweep`: which tiers are tried, and why the others are not.
 
-Dimensions: the backend's own switches as it declares them (its Backend's `tunables`; for transformers: CUDA
-graphs, attention implementation, scheduler, async batching, compile level), the token budget and the slots
-(½ and 2 x the contract's), and replicas per card. The space is bounded by construction, never the full cross
-product:
+Dimensions: the backend's own switches as it declares them (its Backend's `tunables`; for
+transformers: CUDA graphs, attention implementation, scheduler, async batching, compile level), the
+token budget and the slots (½ and 2 x the contract's), and replicas per card. The space is bounded
+by construction, never the full cross product:
 
 1. the shipped tier (the contract as given) is measured first;
-2. one change at a time from it: every value of every dimension other than the shipped one (slow dimensions,
-   such as torch.compile with its long warm-up, last), plus the explicit combinations given with --try;
-3. the single changes that beat the shipped tier by more than --min-gain are combined greedily, best first:
-   each next winner is added to the best combination so far and kept only if it is faster again (at most
-   --combine steps).
+2. one change at a time from it: every value of every dimension other than the shipped one (slow
+   dimensions, such as torch.compile with its long warm-up, last), plus the explicit combinations
+   given with --try;
+3. the single changes that beat the shipped tier by more than --min-gain are combined greedily, best
+   first: each next winner is added to the best combination so far and kept only if it is faster
+   again (at most --combine steps).
 
-A value this machine cannot run (an absent package, a GPU-only switch on a CPU card, replicas on a runtime of
-one engine per card) is listed as skipped with the backend's reason; a candidate that breaks a contract rule is
-skipped with the validator's own message (each candidate is written as files and loaded like a user's)."""
+A value this machine cannot run (an absent package, a GPU-only switch on a CPU card, replicas on a
+runtime of one engine per card) is listed as skipped with the backend's reason; a candidate that
+breaks a contract rule is skipped with the validator's own message (each candidate is written as
+files and loaded like a user's)."""
 from __future__ import annotations
 
 import json
@@ -28,10 +30,11 @@ from forge.errors import UsageError
 from forge.tunables import Choice, Tunable, tunables_for
 
 TOKENS, SLOTS, REPLICAS = "limits.max_num_tokens", "limits.max_batch_size", "card.replicas"
-BLOCK = "kv_cache.tokens_per_block"          # a contract field a backend may declare tunable (forge/tunables.py)
+# a contract field a backend may declare tunable (forge/tunables.py)
+BLOCK = "kv_cache.tokens_per_block"
 DEFAULT_FACTORS = (0.5, 2.0)
 DEFAULT_REPLICAS = (2,)
-SLOW = ("transformers.compile_level", "vllm.enforce_eager")      # tried after every other single change
+SLOW = ("transformers.compile_level", "vllm.enforce_eager")  # tried after every other single change
 
 
 @dataclass
@@ -43,7 +46,7 @@ class Dimension:
 
 @dataclass
 class Candidate:
-    key: str                                  # "base", or the changes as field=value joined by " + "
+    key: str  # "base", or the changes as field=value joined by " + "
     changes: dict[str, Any]
     stage: str                                # base | one | try | combine
     status: str = "pending"                   # pending | skipped | ran | failed | cut
@@ -60,9 +63,17 @@ class Candidate:
         return r["tokens_per_s"]
 
     def to_dict(self) -> dict:
-        return {"key": self.key, "stage": self.stage, "changes": self.changes, "status": self.status,
-                "reason": self.reason, "tokens_per_s": self.tokens_per_s, "wall_s": self.wall_s,
-                "folder": self.folder, "result": self.result}
+        return {
+            "key": self.key,
+            "stage": self.stage,
+            "changes": self.changes,
+            "status": self.status,
+            "reason": self.reason,
+            "tokens_per_s": self.tokens_per_s,
+            "wall_s": self.wall_s,
+            "folder": self.folder,
+            "result": self.result,
+        }
 
 
 def fmt(value: Any) -> str:
@@ -94,7 +105,8 @@ def parse_sets(items: Sequence[str], flag: str) -> dict[str, list]:
     for item in items:
         name, sep, values = item.partition("=")
         if not sep or not name.strip() or "." not in name or not values.strip():
-            raise UsageError(f"{flag}: expected FIELD=VALUE[,VALUE...] with FIELD like transformers.use_cuda_graph "
+            raise UsageError(f"{flag}: expected FIELD=VALUE[,VALUE...] with FIELD like "
+                             "transformers.use_cuda_graph "
                              f"or limits.max_num_tokens, got {item!r}")
         out[name.strip()] = [parse_value(v.strip()) for v in values.split(",") if v.strip()]
     return out
@@ -133,36 +145,50 @@ def base_value(plan: CardPlan, name: str, sections: dict) -> Any:
 
 def replicas_unavailable(mode: str) -> Optional[str]:
     if mode == "direct":
-        return "the direct engine is one engine (a transformers manager, or vllm.LLM) in one process"
+        return ("the direct engine is one engine (a transformers manager, or vllm.LLM) in one "
+                "process")
     return None
 
 
-def dimensions(plan: CardPlan, *, mode: str, overrides: dict[str, list], skip: Sequence[str]) -> list[Dimension]:
+def dimensions(
+    plan: CardPlan, *, mode: str, overrides: dict[str, list], skip: Sequence[str]
+) -> list[Dimension]:
     """Every dimension the sweep explores, in the order it tries them."""
     lim = plan.contract.limits
     declared: list[Tunable] = tunables_for(plan.contract, plan.card)
     dims = [Dimension(t.field, list(t.choices), t.note) for t in declared]
-    dims += [Dimension(TOKENS, [Choice(v) for v in around(lim.max_num_tokens)], "the token budget per step"),
-             Dimension(SLOTS, [Choice(v) for v in around(lim.max_batch_size)], "sequences in flight"),
-             Dimension(REPLICAS, [Choice(v, replicas_unavailable(mode)) for v in DEFAULT_REPLICAS],
-                       "engines of this tier on the card, each its own process")]
+    dims += [
+        Dimension(
+            TOKENS, [Choice(v) for v in around(lim.max_num_tokens)], "the token budget per step"
+        ),
+        Dimension(SLOTS, [Choice(v) for v in around(lim.max_batch_size)], "sequences in flight"),
+        Dimension(
+            REPLICAS,
+            [Choice(v, replicas_unavailable(mode)) for v in DEFAULT_REPLICAS],
+            "engines of this tier on the card, each its own process",
+        ),
+    ]
     known = {d.field: d for d in dims}
     for name in list(overrides) + list(skip):
         if name not in known:
-            raise UsageError(f"no sweep dimension {name!r} for contract {plan.contract.contract} (dimensions: "
+            raise UsageError(f"no sweep dimension {name!r} for contract {plan.contract.contract} "
+                             "(dimensions: "
                              f"{', '.join(known)})")
     for name, values in overrides.items():
         d = known[name]
         declared_choice = {fmt(c.value): c for c in d.choices}
         rep = replicas_unavailable(mode) if name == REPLICAS else None
-        d.choices = [declared_choice.get(fmt(v), Choice(v, rep if (name == REPLICAS and v != 1) else None))
-                     for v in values]
+        d.choices = [
+            declared_choice.get(fmt(v), Choice(v, rep if (name == REPLICAS and v != 1) else None))
+            for v in values
+        ]
     dims = [d for d in dims if d.field not in skip]
     return [d for d in dims if d.field not in SLOW] + [d for d in dims if d.field in SLOW]
 
 
-def single_changes(plan: CardPlan, dims: list[Dimension], tries: list[dict[str, Any]], sections: dict
-                   ) -> list[Candidate]:
+def single_changes(
+    plan: CardPlan, dims: list[Dimension], tries: list[dict[str, Any]], sections: dict
+) -> list[Candidate]:
     """Stage 2's candidates: one change at a time from the shipped tier, then the explicit --try combinations."""
     out = []
     for d in dims:
@@ -178,7 +204,11 @@ def single_changes(plan: CardPlan, dims: list[Dimension], tries: list[dict[str, 
     for changes in tries:
         cand = Candidate(key_of(changes), changes, "try")
         for name, value in changes.items():
-            c = next((c for c in known[name].choices if fmt(c.value) == fmt(value)), None) if name in known else None
+            c = (
+                next((c for c in known[name].choices if fmt(c.value) == fmt(value)), None)
+                if name in known
+                else None
+            )
             if name not in known and name not in (TOKENS, SLOTS, REPLICAS):
                 cand.status, cand.reason = "skipped", f"no sweep dimension {name!r}"
             elif c is not None and c.unavailable:
@@ -191,7 +221,11 @@ def winners(candidates: list[Candidate], base_tps: float, min_gain: float) -> li
     """The best single change of each dimension that beat the shipped tier by more than min_gain, best first."""
     best: dict[str, Candidate] = {}
     for c in candidates:
-        if c.stage != "one" or c.tokens_per_s is None or c.tokens_per_s <= base_tps * (1 + min_gain):
+        if (
+            c.stage != "one"
+            or c.tokens_per_s is None
+            or c.tokens_per_s <= base_tps * (1 + min_gain)
+        ):
             continue
         (name,) = c.changes
         if name not in best or c.tokens_per_s > best[name].tokens_per_s:
@@ -243,7 +277,9 @@ def _one_line(exc: pydantic.ValidationError) -> str:
 
 
 def folder_name(index: int, cand: Candidate) -> str:
-    slug = "".join(ch if ch.isalnum() or ch in "-_." else "-" for ch in cand.key.replace(" + ", "+"))
+    slug = "".join(
+        ch if ch.isalnum() or ch in "-_." else "-" for ch in cand.key.replace(" + ", "+")
+    )
     return f"{index:02d}-{slug[:80]}"
 
 

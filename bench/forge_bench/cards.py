@@ -1,7 +1,9 @@
-"""`forge bench run --node` with several cards: each card alone, then all cards on one queue, per mode.
+"""`forge bench run --node` with several cards: each card alone, then all cards on one queue, per
+mode.
 
-For every repeat and every mode (forge = grouped, fifo) the node's cards run the workload one at a time
-(each alone: a node of that one card) and then all together (the whole node, one broker), interleaved:
+For every repeat and every mode (forge = grouped, fifo) the node's cards run the workload one at a
+time (each alone: a node of that one card) and then all together (the whole node, one broker),
+interleaved:
 
     repeat 1: forge [card0, card1, ..., together]  fifo [card0, card1, ..., together]
     repeat 2: ...
@@ -50,17 +52,24 @@ def one_card(loaded: LoadedDescription, index: int) -> LoadedDescription:
     """The node reduced to one of its cards (same name, same contracts, that card's plan)."""
     plan = loaded.plans[index]
     card = next(c for c in loaded.node.cards if c.index == plan.card.index)
-    return LoadedDescription(node=loaded.node.model_copy(update={"cards": [card]}), contracts=loaded.contracts,
-                      plans=[plan], warnings=[])
+    return LoadedDescription(
+        node=loaded.node.model_copy(update={"cards": [card]}),
+        contracts=loaded.contracts,
+        plans=[plan],
+        warnings=[],
+    )
 
 
 def check_modes(modes: Sequence[str], cards: int) -> None:
     unknown = [m for m in modes if m not in CARD_MODES]
     if "direct" in unknown:
-        raise UsageError(f"--modes direct: the direct mode drives one engine; this node has {cards} cards "
-                         f"(measure direct with a one-card node, or choose from {', '.join(CARD_MODES)})")
+        raise UsageError("--modes direct: the direct mode drives one engine; this node has "
+                         f"{cards} cards "
+                         "(measure direct with a one-card node, or choose from "
+                         f"{', '.join(CARD_MODES)})")
     if unknown:
-        raise UsageError(f"--modes: unknown mode(s) {', '.join(unknown)} (choose from {', '.join(CARD_MODES)})")
+        raise UsageError(f"--modes: unknown mode(s) {', '.join(unknown)} (choose from "
+                         f"{', '.join(CARD_MODES)})")
     if not modes:
         raise UsageError("--modes: name at least one mode")
 
@@ -73,7 +82,9 @@ def run_cards(cp: CardsPlan) -> list[ModeResult]:
         check_fits(cp.spec, p)
     vocab = min(vocabs)                    # token ids every card's model can take
     alone_reqs = generate(cp.spec, vocab, cp.records)
-    together_reqs = alone_reqs if cp.together_records is None else generate(cp.spec, vocab, cp.together_records)
+    together_reqs = (
+        alone_reqs if cp.together_records is None else generate(cp.spec, vocab, cp.together_records)
+    )
     warm = warmup_requests(cp.spec, vocab, cp.warmup)
     alone_path = write_records(alone_reqs, cp.workdir / "records.jsonl")
     together_path = (alone_path if together_reqs is alone_reqs
@@ -81,18 +92,36 @@ def run_cards(cp: CardsPlan) -> list[ModeResult]:
     kw = {"concurrency": cp.concurrency} if cp.concurrency else {}
     results: list[ModeResult] = []
 
-    def one(loaded: LoadedDescription, scope: str, path: Path, reqs: list[BenchRequest], mode: str, rep: int) -> None:
-        r = run_forge(loaded, path, len(reqs), cp.workdir, grouping=(mode == "forge"), warmup=warm, label=mode,
-                      card_transport=cp.card_transport, **kw)
+    def one(
+        loaded: LoadedDescription,
+        scope: str,
+        path: Path,
+        reqs: list[BenchRequest],
+        mode: str,
+        rep: int,
+    ) -> None:
+        r = run_forge(
+            loaded,
+            path,
+            len(reqs),
+            cp.workdir,
+            grouping=(mode == "forge"),
+            warmup=warm,
+            label=mode,
+            card_transport=cp.card_transport,
+            **kw,
+        )
         r.scope, r.repeat = scope, rep + 1
         results.append(r)
         cp.progress(f"{mode:>5} {scope:<9} rep {rep + 1}: {r.tokens_per_s:10,.0f} tok/s  "
                     f"{r.completed}/{r.requests} in {r.window_s:.2f} s")
         cp.on_result(results)
 
-    runs = [(mode, i) for mode in cp.modes for i in [*range(len(plans)), None]]     # None: all cards together
+    # None: all cards together
+    runs = [(mode, i) for mode in cp.modes for i in [*range(len(plans)), None]]
     for rep in range(cp.repeat):
-        for mode, i in repeat_order(runs, rep):          # every other repeat reversed (bench/forge_bench/modes.py)
+        # every other repeat reversed (bench/forge_bench/modes.py)
+        for mode, i in repeat_order(runs, rep):
             if i is None:
                 one(cp.loaded, TOGETHER, together_path, together_reqs, mode, rep)
             else:
@@ -103,7 +132,8 @@ def run_cards(cp: CardsPlan) -> list[ModeResult]:
 
 
 def summarize(results: Sequence[dict], cards: Sequence[str]) -> dict:
-    """Per mode: one row per repeat (the ratios of that repeat's runs), and the spread over repeats."""
+    """Per mode: one row per repeat (the ratios of that repeat's runs), and the spread over
+    repeats."""
     out: dict = {}
     for mode in dict.fromkeys(r["mode"] for r in results):
         rows = []
@@ -119,22 +149,37 @@ def summarize(results: Sequence[dict], cards: Sequence[str]) -> dict:
             shares = {}
             for c in cards:
                 got = tog["per_card"].get(c, {})
-                share = (got.get("input_tokens", 0) + got.get("output_tokens", 0)) / total if total else 0.0
+                share = (
+                    (got.get("input_tokens", 0) + got.get("output_tokens", 0)) / total
+                    if total
+                    else 0.0
+                )
                 speed = alone[c] / sum_alone
                 shares[c] = {"share": round(share, 4), "speed_share": round(speed, 4),
                              "points_off": round(100 * (share - speed), 2)}
-            rows.append({"repeat": rep, "complete": True, "alone_tokens_per_s": alone,
-                         "sum_alone_tokens_per_s": round(sum_alone, 2),
-                         "together_tokens_per_s": tog["tokens_per_s"],
-                         "together_over_sum": round(tog["tokens_per_s"] / sum_alone, 4) if sum_alone else None,
-                         "shares": shares, "affinity_hits": tog.get("affinity_hits"),
-                         "affinity_spills": tog.get("affinity_spills"),
-                         "broker_prefix_reuse_ratio": tog.get("broker_prefix_reuse_ratio"),
-                         "engine_prefix_hit_tokens": tog.get("prefix_hit_tokens"),
-                         "engine_prefix_reuse_ratio": tog.get("prefix_reuse_ratio"),
-                         "alone_engine_prefix_hit_tokens": sum(runs[c].get("prefix_hit_tokens") or 0 for c in cards),
-                         "gpu_util": tog.get("gpu_util"),
-                         "alone_gpu_util": {c: (runs[c].get("gpu_util") or {}).get(c) for c in cards}})
+            rows.append(
+                {
+                    "repeat": rep,
+                    "complete": True,
+                    "alone_tokens_per_s": alone,
+                    "sum_alone_tokens_per_s": round(sum_alone, 2),
+                    "together_tokens_per_s": tog["tokens_per_s"],
+                    "together_over_sum": round(tog["tokens_per_s"] / sum_alone, 4)
+                    if sum_alone
+                    else None,
+                    "shares": shares,
+                    "affinity_hits": tog.get("affinity_hits"),
+                    "affinity_spills": tog.get("affinity_spills"),
+                    "broker_prefix_reuse_ratio": tog.get("broker_prefix_reuse_ratio"),
+                    "engine_prefix_hit_tokens": tog.get("prefix_hit_tokens"),
+                    "engine_prefix_reuse_ratio": tog.get("prefix_reuse_ratio"),
+                    "alone_engine_prefix_hit_tokens": sum(
+                        runs[c].get("prefix_hit_tokens") or 0 for c in cards
+                    ),
+                    "gpu_util": tog.get("gpu_util"),
+                    "alone_gpu_util": {c: (runs[c].get("gpu_util") or {}).get(c) for c in cards},
+                }
+            )
         done = [r for r in rows if r["complete"]]
         ratios = [r["together_over_sum"] for r in done if r["together_over_sum"] is not None]
         worst = [max(abs(s["points_off"]) for s in r["shares"].values()) for r in done]
@@ -151,8 +196,12 @@ def _complete(r: dict) -> bool:
 def _spread(xs: list[float]) -> Optional[dict]:
     if not xs:
         return None
-    return {"min": round(min(xs), 4), "median": round(statistics.median(xs), 4), "max": round(max(xs), 4),
-            "n": len(xs)}
+    return {
+        "min": round(min(xs), 4),
+        "median": round(statistics.median(xs), 4),
+        "max": round(max(xs), 4),
+        "n": len(xs),
+    }
 
 
 def cards_data(*, env: dict, loaded: LoadedDescription, workload: dict, card_transport: str,
@@ -162,6 +211,14 @@ def cards_data(*, env: dict, loaded: LoadedDescription, workload: dict, card_tra
 
     cards = [card_info(p) for p in loaded.plans]
     rows = [r.to_dict() for r in results]
-    return {"kind": "forge-bench-cards", "env": env, "node": loaded.node.node, "card_transport": card_transport,
-            "together_records": together_records, "cards": cards, "workload": workload, "results": rows,
-            "summary": summarize(rows, [c["card"] for c in cards])}
+    return {
+        "kind": "forge-bench-cards",
+        "env": env,
+        "node": loaded.node.node,
+        "card_transport": card_transport,
+        "together_records": together_records,
+        "cards": cards,
+        "workload": workload,
+        "results": rows,
+        "summary": summarize(rows, [c["card"] for c in cards]),
+    }

@@ -1,9 +1,10 @@
-"""Node descriptions of CPU-bound `instant` cards (`instant: {step_cpu_ms: X}`, no model), written as ordinary
-YAML files so every figure of `forge bench scaling` can be rerun by hand with `forge bench run --node FILE`.
+"""Node descriptions of CPU-bound `instant` cards (`instant: {step_cpu_ms: X}`, no model), written
+as ordinary YAML files so every figure of `forge bench scaling` can be rerun by hand with `forge
+bench run --node FILE`.
 
-A card's speed is (tokens per step) ÷ (CPU per step); every card here has the same slots and token budget, so
-speeds are set by `step_cpu_ms` alone: speeds 3:1 are cards of X and 3X ms per step. The files are a pure
-function of the arguments (same arguments, same bytes)."""
+A card's speed is (tokens per step) ÷ (CPU per step); every card here has the same slots and token
+budget, so speeds are set by `step_cpu_ms` alone: speeds 3:1 are cards of X and 3X ms per step. The
+files are a pure function of the arguments (same arguments, same bytes)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -39,23 +40,39 @@ def step_ms_for(speeds: Sequence[float], step_cpu_ms: float = STEP_CPU_MS) -> li
 
 def contract_doc(name: str, step_ms: float, tokenizer_dir: Path) -> dict:
     return {
-        "contract": name, "backend": "instant",
-        "model": {"architecture": "LlamaForCausalLM", "num_layers": 4, "num_kv_heads": 4, "head_dim": 32,
-                  "vocab_size": 2048, "weights_gib": 0.0},
+        "contract": name,
+        "backend": "instant",
+        "model": {
+            "architecture": "LlamaForCausalLM",
+            "num_layers": 4,
+            "num_kv_heads": 4,
+            "head_dim": 32,
+            "vocab_size": 2048,
+            "weights_gib": 0.0,
+        },
         "artifact": {"checkpoint": str(tokenizer_dir)},
         "precision": {"weights": "fp32", "kv_cache": "fp32"},
-        "limits": {"max_batch_size": SLOTS, "max_num_tokens": TOKEN_BUDGET, "max_input_len": MAX_INPUT_LEN,
-                   "max_output_len": MAX_OUTPUT_LEN},
-        "kv_cache": {"tokens_per_block": TOKENS_PER_BLOCK, "max_tokens": SLOTS * (MAX_INPUT_LEN + MAX_OUTPUT_LEN),
-                     "host_cache_size": 0, "block_reuse": True},
+        "limits": {
+            "max_batch_size": SLOTS,
+            "max_num_tokens": TOKEN_BUDGET,
+            "max_input_len": MAX_INPUT_LEN,
+            "max_output_len": MAX_OUTPUT_LEN,
+        },
+        "kv_cache": {
+            "tokens_per_block": TOKENS_PER_BLOCK,
+            "max_tokens": SLOTS * (MAX_INPUT_LEN + MAX_OUTPUT_LEN),
+            "host_cache_size": 0,
+            "block_reuse": True,
+        },
         "target": {"kind": "cpu"},
         "instant": {"step_cpu_ms": step_ms},
     }
 
 
 def write_cpu_node(folder: Path, name: str, step_ms: Sequence[float]) -> Path:
-    """`folder/name.yaml`: one card per entry of step_ms, and one contract file per distinct value."""
-    from forge.embedded import TINY_MODEL_DIR      # its tokenizer.json decodes the synthetic outputs
+    """`folder/name.yaml`: one card per entry of step_ms, and one contract file per distinct
+    value."""
+    from forge.embedded import TINY_MODEL_DIR  # its tokenizer.json decodes the synthetic outputs
 
     if not step_ms:
         raise ValueError("a node needs at least one card")
@@ -65,17 +82,40 @@ def write_cpu_node(folder: Path, name: str, step_ms: Sequence[float]) -> Path:
         if ms not in contracts:
             cname = f"cpu-steps-{ms:g}ms".replace(".", "p")
             contracts[ms] = cname
-            _write(folder / f"{cname}.yaml", f"# CPU-bound instant engine (no model): {ms:g} ms of Python CPU per "
-                   f"step, {SLOTS} slots, {TOKEN_BUDGET} tokens per step.", contract_doc(cname, ms, TINY_MODEL_DIR))
-    node = {"node": name, "contracts": [f"{c}.yaml" for c in contracts.values()],
-            "host": {"memory_gib": max(1, round(CARD_MEMORY_GIB * len(step_ms))), "cpu_cores": len(step_ms)},
-            "cards": [{"index": i, "kind": "cpu", "model": "cpu", "memory_gib": CARD_MEMORY_GIB,
-                       "engine": contracts[ms]} for i, ms in enumerate(step_ms)],
-            "metrics": {"port": 0}}
+            _write(
+                folder / f"{cname}.yaml",
+                f"# CPU-bound instant engine (no model): {ms:g} ms of "
+                "Python CPU per "
+                f"step, {SLOTS} slots, {TOKEN_BUDGET} tokens per step.",
+                contract_doc(cname, ms, TINY_MODEL_DIR),
+            )
+    node = {
+        "node": name,
+        "contracts": [f"{c}.yaml" for c in contracts.values()],
+        "host": {
+            "memory_gib": max(1, round(CARD_MEMORY_GIB * len(step_ms))),
+            "cpu_cores": len(step_ms),
+        },
+        "cards": [
+            {
+                "index": i,
+                "kind": "cpu",
+                "model": "cpu",
+                "memory_gib": CARD_MEMORY_GIB,
+                "engine": contracts[ms],
+            }
+            for i, ms in enumerate(step_ms)
+        ],
+        "metrics": {"port": 0},
+    }
     path = folder / f"{name}.yaml"
-    _write(path, f"# {len(step_ms)} CPU-bound instant card(s), written by bench/forge_bench/cpu_nodes.py.", node)
+    _write(path, f"# {len(step_ms)} CPU-bound instant card(s), written by "
+                 "bench/forge_bench/cpu_nodes.py.", node)
     return path
 
 
 def _write(path: Path, comment: str, doc: dict) -> None:
-    path.write_text(comment + "\n" + yaml.safe_dump(doc, sort_keys=False, default_flow_style=None), encoding="utf-8")
+    path.write_text(
+        comment + "\n" + yaml.safe_dump(doc, sort_keys=False, default_flow_style=None),
+        encoding="utf-8",
+    )

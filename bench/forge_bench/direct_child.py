@@ -1,13 +1,14 @@
 """The direct mode in a fresh process (`forge bench run --direct-process child`).
 
-By default the direct mode builds its model once in the bench's own process and runs every variant and repeat
-there, while every forge run starts a fresh card worker process. With `child`, each direct run starts its own
-process (`python -m forge_bench.direct_child IN OUT`): the same plan, requests and warm-up, the model built there,
-the run's ModeResult sent back. So both modes run in a process of their own that was started for the run, and the
-bench's process holds no model or CUDA memory while forge runs: what is left between the modes is what forge adds
-(docs/benchmarks.md, "The tool"). A card that names its cores (cards[].cores) always runs its direct mode here, the
-process bound to them from its start as the card worker is. Bounded by CHILD_LIMIT_S; the child dies with the
-bench."""
+By default the direct mode builds its model once in the bench's own process and runs every variant
+and repeat there, while every forge run starts a fresh card worker process. With `child`, each
+direct run starts its own process (`python -m forge_bench.direct_child IN OUT`): the same plan,
+requests and warm-up, the model built there, the run's ModeResult sent back. So both modes run in a
+process of their own that was started for the run, and the bench's process holds no model or CUDA
+memory while forge runs: what is left between the modes is what forge adds (docs/benchmarks.md, "The
+tool"). A card that names its cores (cards[].cores) always runs its direct mode here, the process
+bound to them from its start as the card worker is. Bounded by CHILD_LIMIT_S; the child dies with
+the bench."""
 from __future__ import annotations
 
 import os
@@ -30,17 +31,23 @@ def run_direct_in_child(plan: CardPlan, requests: Sequence[BenchRequest], varian
                         warmup: Sequence[BenchRequest], workdir: Path, tag: str,
                         warm_jobs: Sequence[Sequence[BenchRequest]] = (),
                         limit_s: float = CHILD_LIMIT_S) -> ModeResult:
-    """One direct run (one variant) in a new process; its ModeResult, noted with the child's pid and build time."""
+    """One direct run (one variant) in a new process; its ModeResult, noted with the child's pid and
+    build time."""
     workdir.mkdir(parents=True, exist_ok=True)
     inp, out, log = (workdir / f"direct-{tag}.{ext}" for ext in ("in.pickle", "out.pickle", "log"))
     out.unlink(missing_ok=True)
-    inp.write_bytes(pickle.dumps((plan, list(requests), variant, list(warmup), [list(j) for j in warm_jobs]),
-                               protocol=5))
-    rc, wall, cut = ChildProcess([sys.executable, "-m", "forge_bench.direct_child", str(inp), str(out)],
-                                 log).wait(limit_s)
+    inp.write_bytes(
+        pickle.dumps(
+            (plan, list(requests), variant, list(warmup), [list(j) for j in warm_jobs]), protocol=5
+        )
+    )
+    rc, wall, cut = ChildProcess(
+        [sys.executable, "-m", "forge_bench.direct_child", str(inp), str(out)], log
+    ).wait(limit_s)
     if cut or rc != 0 or not out.is_file():
         why = f"cut at its {limit_s:g} s limit" if cut else f"exit code {rc}"
-        raise ForgeError(f"direct {variant} in a child process failed ({why}; log {log}): {last_line(log)}")
+        raise ForgeError(f"direct {variant} in a child process failed ({why}; log {log}): "
+                         f"{last_line(log)}")
     result, pid, build_s = pickle.loads(out.read_bytes())
     result.notes.append(f"own process (pid {pid}; model built in {build_s:.1f} s)")
     return result
@@ -49,8 +56,8 @@ def run_direct_in_child(plan: CardPlan, requests: Sequence[BenchRequest], varian
 def main(inp: str, out: str) -> None:
     plan, requests, variant, warmup, warm_jobs = pickle.loads(Path(inp).read_bytes())
     if plan.card.cores and hasattr(os, "sched_setaffinity"):
-        # The card's cores, before torch or the engine is imported (as the card worker binds itself): OpenMP sizes
-        # its team from the cores the process may use when it starts.
+        # The card's cores, before torch or the engine is imported (as the card worker binds
+        # itself): OpenMP sizes its team from the cores the process may use when it starts.
         os.sched_setaffinity(0, set(plan.card.cores))
     from forge.host.lifeline import die_with_parent
     from forge_bench.direct import direct_engine

@@ -1,6 +1,6 @@
-"""The "direct" mode for a vLLM card: vLLM's own API, none of forge's layers, exactly the engine arguments forge
-passes (forge/engines/vllm/mapping.py::engine_arguments, and its environment) — the transformers direct mode's
-counterpart (direct.py).
+"""The "direct" mode for a vLLM card: vLLM's own API, none of forge's layers, exactly the engine
+arguments forge passes (forge/engines/vllm/mapping.py::engine_arguments, and its environment) — the
+transformers direct mode's counterpart (direct.py).
 
 Variants, the same feeding orders as transformers' direct mode:
 
@@ -9,19 +9,21 @@ Variants, the same feeding orders as transformers' direct mode:
     depth:N  N requests in flight through the LLM's engine (`add_request` / `step`), the next added as each ends
     longest:N  the same, longest requested output first
 
-Every run drives the engine from a thread of its own, as forge's card worker does (its driver thread,
-forge/host/driver.py): on vLLM's CPU platform the thread that built the engine holds the OpenMP team vLLM binds to
-the cores, and on the shared 2-core machine under load (load average 8-14) stepping from it ran the same 96 records
-at 170-177 tok/s against 3,250 tok/s from another thread (and 4,046 with OMP_NUM_THREADS=1): a bound team spinning
-at its barriers while other processes hold its cores. Driven from the building thread the direct mode measured that
-contention, not vLLM. A card that names its cores (cards[].cores) runs its direct mode in a process of its own bound
-to them from its start, as its card worker is (bench/forge_bench/direct_child.py): binding threads of the bench's process
-afterwards left OpenMP's team sized for the whole machine on one core (489 s for a 30 s run).
+Every run drives the engine from a thread of its own, as forge's card worker does (its driver
+thread, forge/host/driver.py): on vLLM's CPU platform the thread that built the engine holds the
+OpenMP team vLLM binds to the cores, and on the shared 2-core machine under load (load average 8-14)
+stepping from it ran the same 96 records at 170-177 tok/s against 3,250 tok/s from another thread
+(and 4,046 with OMP_NUM_THREADS=1): a bound team spinning at its barriers while other processes hold
+its cores. Driven from the building thread the direct mode measured that contention, not vLLM. A
+card that names its cores (cards[].cores) runs its direct mode in a process of its own bound to them
+from its start, as its card worker is (bench/forge_bench/direct_child.py): binding threads of the
+bench's process afterwards left OpenMP's team sized for the whole machine on one core (489 s for a
+30 s run).
 
-The engine is built once (its load is tens of seconds on a CPU); each run starts from an empty prefix cache
-(`reset_prefix_cache`), so nothing cached by one run helps the next. Greedy sampling with max_tokens set per
-request, as forge's engine asks for the bench's records. Prefix reuse is vLLM's own counter
-(`vllm:prefix_cache_hits`, prompt tokens served from cached blocks)."""
+The engine is built once (its load is tens of seconds on a CPU); each run starts from an empty
+prefix cache (`reset_prefix_cache`), so nothing cached by one run helps the next. Greedy sampling
+with max_tokens set per request, as forge's engine asks for the bench's records. Prefix reuse is
+vLLM's own counter (`vllm:prefix_cache_hits`, prompt tokens served from cached blocks)."""
 from __future__ import annotations
 
 import gc
@@ -36,7 +38,7 @@ from forge.gc_tuning import tune_for_throughput
 from forge_bench.results import ModeResult
 from forge_bench.workload import BenchRequest
 
-STALL_LIMIT_S = 120.0             # no request finished for this long with work outstanding: the run is failed
+STALL_LIMIT_S = 120.0  # no request finished for this long with work outstanding: the run is failed
 
 
 class VllmDirectEngine:
@@ -50,33 +52,41 @@ class VllmDirectEngine:
                              f"{plan.contract.backend!r}")
         self.plan = plan
         self.engine_args = mapping.engine_arguments(plan.contract, plan)
-        mapping.apply_environment(os.environ)            # before vLLM is imported, as the card worker does
+        mapping.apply_environment(os.environ)  # before vLLM is imported, as the card worker does
         import dataclasses
 
         from vllm import LLM
         from vllm.engine.arg_utils import EngineArgs
 
-        # The card worker builds LLMEngine from these same EngineArgs (forge/engines/vllm/factory.py). Should the
-        # mapping ever pass an argument LLM does not take, it is left out here and said so in every result.
+        # The card worker builds LLMEngine from these same EngineArgs
+        # (forge/engines/vllm/factory.py). Should the mapping ever pass an argument LLM does not
+        # take, it is left out here and said so in every result.
         offline = {f.name for f in dataclasses.fields(EngineArgs)}
         self.left_out = sorted(k for k in self.engine_args if k not in offline)
         self.llm = LLM(**{k: v for k, v in self.engine_args.items() if k in offline})
         self.built = built_geometry(self.llm)
-        tune_for_throughput()                             # the same collector settings as forge's workers
+        tune_for_throughput()  # the same collector settings as forge's workers
 
     def close(self) -> None:
         llm, self.llm = self.llm, None
         if llm is not None:
             try:
                 llm.llm_engine.engine_core.shutdown()
-            except Exception:     # a failing shutdown must not hide the run's result; the process ends soon
+            # a failing shutdown must not hide the run's result; the process ends soon
+            except Exception:
                 pass
         gc.collect()
 
-    def run(self, requests: Sequence[BenchRequest], variant: str, *, warmup: Sequence[BenchRequest] = (),
-            warm_jobs: Sequence[Sequence[BenchRequest]] = ()) -> ModeResult:
-        """One window of `requests` fed as `variant` says, from an empty prefix cache; the warm-up and the warm
-        jobs run first through the same engine, outside the window."""
+    def run(
+        self,
+        requests: Sequence[BenchRequest],
+        variant: str,
+        *,
+        warmup: Sequence[BenchRequest] = (),
+        warm_jobs: Sequence[Sequence[BenchRequest]] = (),
+    ) -> ModeResult:
+        """One window of `requests` fed as `variant` says, from an empty prefix cache; the warm-up
+        and the warm jobs run first through the same engine, outside the window."""
         return _in_thread(lambda: self._run(requests, variant, warmup, warm_jobs), "vllm-direct")
 
     def _run(self, requests, variant, warmup, warm_jobs) -> ModeResult:
@@ -96,7 +106,8 @@ class VllmDirectEngine:
         res.prefix_hit_tokens = _prefix_hits(llm) - hits0
         res.engine_steps = (_steps(llm) - steps0) or None
         res.notes.append("engine built: " + ", ".join(f"{k} {v}" for k, v in self.built.items()))
-        res.notes.append("vLLM " + _version() + (f"; arguments LLM does not take, left out: {', '.join(self.left_out)}"
+        res.notes.append("vLLM " + _version() + ("; arguments LLM does not take, left out: "
+                                                 f"{', '.join(self.left_out)}"
                                                  if self.left_out else ""))
         if warm_jobs:
             res.notes.append(f"after {len(warm_jobs)} warm job(s) on the same engine "
@@ -109,7 +120,9 @@ class VllmDirectEngine:
         return SamplingParams(temperature=0.0, max_tokens=r.max_new_tokens, detokenize=False)
 
     def _feed(self, order: list[BenchRequest], depth: Optional[int], tag: str) -> ModeResult:
-        res = ModeResult(mode="direct", variant="all" if depth is None else f"depth:{depth}", requests=len(order))
+        res = ModeResult(
+            mode="direct", variant="all" if depth is None else f"depth:{depth}", requests=len(order)
+        )
         by_id = {f"{tag}{r.index}": r for r in order}
         t0 = time.perf_counter()
         res.started_at = time.time()
@@ -123,7 +136,9 @@ class VllmDirectEngine:
             nxt, outstanding, last = 0, len(order), time.perf_counter()
             while nxt < min(depth, len(order)):
                 r = order[nxt]
-                engine.add_request(f"{tag}{r.index}", {"prompt_token_ids": list(r.prompt)}, self._params(r))
+                engine.add_request(
+                    f"{tag}{r.index}", {"prompt_token_ids": list(r.prompt)}, self._params(r)
+                )
                 nxt += 1
             while outstanding:
                 for out in engine.step():
@@ -134,7 +149,9 @@ class VllmDirectEngine:
                     _count(res, by_id.pop(out.request_id), out)
                     if nxt < len(order):
                         r = order[nxt]
-                        engine.add_request(f"{tag}{r.index}", {"prompt_token_ids": list(r.prompt)}, self._params(r))
+                        engine.add_request(
+                            f"{tag}{r.index}", {"prompt_token_ids": list(r.prompt)}, self._params(r)
+                        )
                         nxt += 1
                 if outstanding and time.perf_counter() - last > STALL_LIMIT_S:
                     res.notes.append(f"{outstanding} request(s) never finished (stalled)")
@@ -162,17 +179,22 @@ def _in_thread(fn, name: str):
 
 
 def built_geometry(llm) -> dict:
-    """What the engine really built, read back from its config (the contract's limits and pool as vLLM took them)."""
+    """What the engine really built, read back from its config (the contract's limits and pool as
+    vLLM took them)."""
     cfg = llm.llm_engine.vllm_config
-    return {"max_num_batched_tokens": cfg.scheduler_config.max_num_batched_tokens,
-            "max_num_seqs": cfg.scheduler_config.max_num_seqs, "max_model_len": cfg.model_config.max_model_len,
-            "block_size": cfg.cache_config.block_size, "num_gpu_blocks": cfg.cache_config.num_gpu_blocks,
-            "enable_prefix_caching": cfg.cache_config.enable_prefix_caching}
+    return {
+        "max_num_batched_tokens": cfg.scheduler_config.max_num_batched_tokens,
+        "max_num_seqs": cfg.scheduler_config.max_num_seqs,
+        "max_model_len": cfg.model_config.max_model_len,
+        "block_size": cfg.cache_config.block_size,
+        "num_gpu_blocks": cfg.cache_config.num_gpu_blocks,
+        "enable_prefix_caching": cfg.cache_config.enable_prefix_caching,
+    }
 
 
 def _count(res: ModeResult, r: BenchRequest, out) -> None:
-    """Tokens as forge counts them: the prompt, and the generated tokens without a final EOS (vLLM keeps the EOS
-    it stopped at in the output ids: finish reason "stop" with no stop_reason)."""
+    """Tokens as forge counts them: the prompt, and the generated tokens without a final EOS (vLLM
+    keeps the EOS it stopped at in the output ids: finish reason "stop" with no stop_reason)."""
     c = out.outputs[0] if out.outputs else None
     if c is None or c.finish_reason is None:
         res.failed += 1
@@ -183,7 +205,9 @@ def _count(res: ModeResult, r: BenchRequest, out) -> None:
     res.output_tokens += len(c.token_ids) - eos
 
 
-def _order(requests: Sequence[BenchRequest], variant: str) -> tuple[list[BenchRequest], Optional[int]]:
+def _order(
+    requests: Sequence[BenchRequest], variant: str
+) -> tuple[list[BenchRequest], Optional[int]]:
     order = list(requests)
     if variant == "all":
         return order, None

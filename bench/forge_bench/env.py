@@ -1,4 +1,5 @@
-"""Where a bench ran: date, hardware, software versions, command. Every figure in a report carries it."""
+"""Where a bench ran: date, hardware, software versions, command. Every figure in a report carries
+it."""
 from __future__ import annotations
 
 import datetime as _dt
@@ -29,7 +30,8 @@ def _cpu_model() -> str:
 
 
 def _gpus(load_torch: bool) -> list[dict]:
-    """GPUs as torch sees them; only when the bench already uses torch (the instant bench never imports it)."""
+    """GPUs as torch sees them; only when the bench already uses torch (the instant bench never
+    imports it)."""
     if not load_torch or "torch" not in sys.modules:
         return []
     import torch
@@ -39,8 +41,15 @@ def _gpus(load_torch: bool) -> list[dict]:
     out = []
     for i in range(torch.cuda.device_count()):
         p = torch.cuda.get_device_properties(i)
-        out.append({"index": i, "name": p.name, "memory_gib": round(p.total_memory / 2**30, 2),
-                    "compute_capability": f"{p.major}.{p.minor}", "multiprocessors": p.multi_processor_count})
+        out.append(
+            {
+                "index": i,
+                "name": p.name,
+                "memory_gib": round(p.total_memory / 2**30, 2),
+                "compute_capability": f"{p.major}.{p.minor}",
+                "multiprocessors": p.multi_processor_count,
+            }
+        )
     return out
 
 
@@ -63,9 +72,16 @@ def describe(argv: Optional[list[str]] = None, *, load_torch: bool = True) -> di
         sw["cuda"] = sys.modules["torch"].version.cuda
     return {
         "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"),
-        "hardware": {"cpu": _cpu_model(), "cpu_cores_usable": cores, "machine": platform.machine(), "gpus": gpus},
+        "hardware": {
+            "cpu": _cpu_model(),
+            "cpu_cores_usable": cores,
+            "machine": platform.machine(),
+            "gpus": gpus,
+        },
         "software": sw,
-        "command": " ".join(shlex.quote(a) for a in (argv if argv is not None else ["forge", *sys.argv[1:]])),
+        "command": " ".join(
+            shlex.quote(a) for a in (argv if argv is not None else ["forge", *sys.argv[1:]])
+        ),
     }
 
 
@@ -73,7 +89,8 @@ def hardware_line(env: dict) -> str:
     hw = env["hardware"]
     if hw["gpus"]:
         g = hw["gpus"][0]
-        return f"{len(hw['gpus'])}x {g['name']} ({g['memory_gib']:g} GiB, cc {g['compute_capability']}); {hw['cpu']}"
+        return (f"{len(hw['gpus'])}x {g['name']} ({g['memory_gib']:g} GiB, cc "
+                f"{g['compute_capability']}); {hw['cpu']}")
     return f"{hw['cpu']}, {hw['cpu_cores_usable']} core(s) usable"
 
 

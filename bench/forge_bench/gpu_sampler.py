@@ -1,16 +1,18 @@
-"""GPU utilisation over a bench window: NVML (nvidia-ml-py, as forge/hardware/probe.py uses it) read every
-INTERVAL_S in a daemon thread, per GPU index the node's cards use, from the window's start to its end.
+"""GPU utilisation over a bench window: NVML (nvidia-ml-py, as forge/hardware/probe.py uses it) read
+every INTERVAL_S in a daemon thread, per GPU index the node's cards use, from the window's start to
+its end.
 
-Per card the result keeps running aggregates, not a list of samples, so memory stays bounded however long
-the window runs:
+Per card the result keeps running aggregates, not a list of samples, so memory stays bounded however
+long the window runs:
     util_mean, util_max                 nvmlDeviceGetUtilizationRates(h).gpu, percent of time a kernel ran
     memory_util_mean, memory_util_max   .memory, percent of time device memory was read or written
     memory_used_gib_max                 nvmlDeviceGetMemoryInfo(h).used, highest seen
     samples, read_errors                how many reads succeeded, and how many the driver refused
 
-Card index = NVML index, the rule the hardware check applies (forge/hardware/probe.py). Without GPU cards,
-nvidia-ml-py, the driver or a GPU, nothing is sampled: stop() returns None and `missing` says why (logged once
-per process, at the first window it concerns); it is never an error, and the reports print "—"."""
+Card index = NVML index, the rule the hardware check applies (forge/hardware/probe.py). Without GPU
+cards, nvidia-ml-py, the driver or a GPU, nothing is sampled: stop() returns None and `missing` says
+why (logged once per process, at the first window it concerns); it is never an error, and the
+reports print "—"."""
 from __future__ import annotations
 
 import logging
@@ -19,7 +21,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 INTERVAL_S = 0.5
 GIB = 2**30
-JOIN_TIMEOUT_S = 5.0              # the thread wakes every INTERVAL_S; a driver call that hangs longer is left
+JOIN_TIMEOUT_S = 5.0  # the thread wakes every INTERVAL_S; a driver call that hangs longer is left
 log = logging.getLogger("forge.bench")
 _said: set[str] = set()
 
@@ -48,19 +50,27 @@ class Aggregate:
 
     def result(self, index: int) -> dict:
         n = self.samples
-        return {"gpu": index, "samples": n,
-                "util_mean": round(self.util_sum / n, 1) if n else None, "util_max": self.util_max if n else None,
-                "memory_util_mean": round(self.mem_util_sum / n, 1) if n else None,
-                "memory_util_max": self.mem_util_max if n else None,
-                "memory_used_gib_max": round(self.used_max / GIB, 2) if n else None, "read_errors": self.errors}
+        return {
+            "gpu": index,
+            "samples": n,
+            "util_mean": round(self.util_sum / n, 1) if n else None,
+            "util_max": self.util_max if n else None,
+            "memory_util_mean": round(self.mem_util_sum / n, 1) if n else None,
+            "memory_util_max": self.mem_util_max if n else None,
+            "memory_used_gib_max": round(self.used_max / GIB, 2) if n else None,
+            "read_errors": self.errors,
+        }
 
 
 class GpuSampler:
-    """start() before the window, stop() at its end; stop() -> {card: Aggregate.result} or None (see missing).
+    """start() before the window, stop() at its end; stop() -> {card: Aggregate.result} or None (see
+    missing).
 
     `nvml` is the pynvml module (imported at start when not given)."""
 
-    def __init__(self, gpus: Mapping[str, int], *, interval_s: float = INTERVAL_S, nvml: Any = None):
+    def __init__(
+        self, gpus: Mapping[str, int], *, interval_s: float = INTERVAL_S, nvml: Any = None
+    ):
         self.gpus = dict(gpus)
         self.interval_s = interval_s
         self.missing: Optional[str] = None
@@ -114,7 +124,8 @@ class GpuSampler:
                 rates = nvml.nvmlDeviceGetUtilizationRates(handle)
                 used = nvml.nvmlDeviceGetMemoryInfo(handle).used
             except nvml.NVMLError:
-                self._aggs[index].errors += 1     # a read the driver refused: left out of the mean, counted
+                # a read the driver refused: left out of the mean, counted
+                self._aggs[index].errors += 1
                 continue
             self._aggs[index].add(rates.gpu, rates.memory, used)
 
@@ -136,7 +147,7 @@ class GpuSampler:
         try:
             self._nvml.nvmlShutdown()
         except self._nvml.NVMLError:
-            pass                            # the figures are taken; a shutdown the driver refuses changes none
+            pass  # the figures are taken; a shutdown the driver refuses changes none
         return {card: self._aggs[index].result(index) for card, index in self.gpus.items()}
 
     def __enter__(self) -> "GpuSampler":
@@ -147,12 +158,15 @@ class GpuSampler:
 
 
 def cell(util: Optional[Mapping[str, dict]]) -> str:
-    """"87 / 99 %" for one card, "gpu0 87 / 99 %, gpu1 80 / 98 %" for several, "—" where not sampled."""
+    """"87 / 99 %" for one card, "gpu0 87 / 99 %, gpu1 80 / 98 %" for several, "—" where not
+    sampled."""
     if not util:
         return "—"
 
     def one(r: dict) -> str:
-        return "—" if r.get("util_mean") is None else f"{r['util_mean']:.0f} / {r['util_max']:.0f} %"
+        return (
+            "—" if r.get("util_mean") is None else f"{r['util_mean']:.0f} / {r['util_max']:.0f} %"
+        )
 
     if len(util) == 1:
         return one(next(iter(util.values())))

@@ -12,28 +12,37 @@ class ModeResult:
     requests: int = 0
     completed: int = 0
     failed: int = 0
-    input_tokens: int = 0             # prompt tokens of completed requests
-    output_tokens: int = 0            # generated tokens (a final EOS not counted, as forge reports it)
-    window_s: float = 0.0             # first request handed in -> last result out
-    started_at: Optional[float] = None   # wall clock (time.time()) at the window's start: lines a run up with other
-                                         # records of the same time (an engine's step log)
+    input_tokens: int = 0   # prompt tokens of completed requests
+    output_tokens: int = 0  # generated tokens (a final EOS not counted, as forge reports it)
+    window_s: float = 0.0   # first request handed in -> last result out
+    # wall clock (time.time()) at the window's start: lines a run up with other records of the same
+    # time (an engine's step log)
+    started_at: Optional[float] = None
     cpu_s: Optional[float] = None     # CPU time of this process (all threads) over the window
-    prefix_hit_tokens: Optional[int] = None      # prompt tokens the engine served from reused KV blocks
-    padding_ratio: Optional[float] = None        # broker-formed batches only
+    prefix_hit_tokens: Optional[int] = None  # prompt tokens the engine served from reused KV blocks
+    padding_ratio: Optional[float] = None    # broker-formed batches only
     broker_prefix_reuse_ratio: Optional[float] = None
-    affinity_hits: Optional[int] = None          # broker: dispatched to the card their prefix group is pinned to
-    affinity_spills: Optional[int] = None        # broker: dispatched elsewhere because that card was past its bound
-    scope: Optional[str] = None                  # several-card nodes: the card that ran alone, or "together"
+    # broker: dispatched to the card their prefix group is pinned to
+    affinity_hits: Optional[int] = None
+    # broker: dispatched elsewhere because that card was past its bound
+    affinity_spills: Optional[int] = None
+    scope: Optional[str] = None  # several-card nodes: the card that ran alone, or "together"
     repeat: Optional[int] = None                 # which interleaved repeat (1-based)
-    per_card: dict[str, dict] = field(default_factory=dict)   # card -> its tokens and prefix hits in this run
-    engine_steps: Optional[int] = None           # engine steps (forward passes) over the window, every card summed
-    gpu_util: Optional[dict[str, dict]] = None   # card -> GPU utilisation over the window (bench/forge_bench/gpu_sampler.py)
-    gpu_util_missing: Optional[str] = None       # why gpu_util is None ("no NVML: ...", "no GPU card in this node")
+    # card -> its tokens and prefix hits in this run
+    per_card: dict[str, dict] = field(default_factory=dict)
+    # engine steps (forward passes) over the window, every card summed
+    engine_steps: Optional[int] = None
+    # card -> GPU utilisation over the window (bench/forge_bench/gpu_sampler.py)
+    gpu_util: Optional[dict[str, dict]] = None
+    # why gpu_util is None ("no NVML: ...", "no GPU card in this node")
+    gpu_util_missing: Optional[str] = None
     notes: list[str] = field(default_factory=list)
 
     @property
     def tokens_per_s(self) -> float:
-        return (self.input_tokens + self.output_tokens) / self.window_s if self.window_s > 0 else 0.0
+        return (
+            (self.input_tokens + self.output_tokens) / self.window_s if self.window_s > 0 else 0.0
+        )
 
     @property
     def output_tokens_per_s(self) -> float:
@@ -57,13 +66,19 @@ class ModeResult:
 
     def to_dict(self) -> dict:
         d = asdict(self)
-        d.update(tokens_per_s=round(self.tokens_per_s, 2), output_tokens_per_s=round(self.output_tokens_per_s, 2),
-                 requests_per_s=round(self.requests_per_s, 3), prefix_reuse_ratio=self.prefix_reuse_ratio,
-                 ms_per_step=round(self.ms_per_step, 3) if self.ms_per_step is not None else None)
+        d.update(
+            tokens_per_s=round(self.tokens_per_s, 2),
+            output_tokens_per_s=round(self.output_tokens_per_s, 2),
+            requests_per_s=round(self.requests_per_s, 3),
+            prefix_reuse_ratio=self.prefix_reuse_ratio,
+            ms_per_step=round(self.ms_per_step, 3) if self.ms_per_step is not None else None,
+        )
         d["window_s"] = round(self.window_s, 4)
         if self.cpu_s is not None:
             d["cpu_s"] = round(self.cpu_s, 4)
-            d["requests_per_cpu_s"] = round(self.completed / self.cpu_s, 3) if self.cpu_s > 0 else None
+            d["requests_per_cpu_s"] = (
+                round(self.completed / self.cpu_s, 3) if self.cpu_s > 0 else None
+            )
         return d
 
 

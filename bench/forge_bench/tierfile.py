@@ -1,10 +1,12 @@
-"""A tier as files: a contract (and the one-card node that runs it) written as YAML that `forge validate` loads.
+"""A tier as files: a contract (and the one-card node that runs it) written as YAML that `forge
+validate` loads.
 
-The sweep writes every candidate this way and loads it back through the one load pipeline, so a candidate that
-breaks a contract rule is refused by the same checks a user's file meets, and the winner it writes with
---write-best is exactly a file that was validated. Paths inside a contract are relative to its file, so they are
-rebased onto the folder the copy is written to: the artifact's, and a backend section's fields marked
-`json_schema_extra={"forge_path": True}` (transformers.graph_shape_cache)."""
+The sweep writes every candidate this way and loads it back through the one load pipeline, so a
+candidate that breaks a contract rule is refused by the same checks a user's file meets, and the
+winner it writes with --write-best is exactly a file that was validated. Paths inside a contract are
+relative to its file, so they are rebased onto the folder the copy is written to: the artifact's,
+and a backend section's fields marked `json_schema_extra={"forge_path": True}`
+(transformers.graph_shape_cache)."""
 from __future__ import annotations
 
 import os
@@ -31,16 +33,26 @@ def contract_data(contract: Contract, dest_dir: Path) -> dict:
     if not data["artifact"].get("random_weights"):
         data["artifact"].pop("random_weights", None)
     for key, section in contract.sections.items():
-        data[key] = section.model_dump(mode="json", exclude_defaults=True) if isinstance(section, BaseModel) \
+        data[key] = (
+            section.model_dump(mode="json", exclude_defaults=True)
+            if isinstance(section, BaseModel)
             else section
-        if isinstance(section, BaseModel):      # a backend's path fields (json_schema_extra forge_path) too
+        )
+        # a backend's path fields (json_schema_extra forge_path) too
+        if isinstance(section, BaseModel):
             for name, info in type(section).model_fields.items():
-                if (info.json_schema_extra or {}).get("forge_path") and data[key].get(name) is not None:
-                    data[key][name] = os.path.relpath(contract.resolve(data[key][name]), dest_dir.resolve())
+                if (info.json_schema_extra or {}).get("forge_path") and data[key].get(
+                    name
+                ) is not None:
+                    data[key][name] = os.path.relpath(
+                        contract.resolve(data[key][name]), dest_dir.resolve()
+                    )
     return data
 
 
-def node_data(loaded: LoadedDescription, card: Card, contract_file: str, name: Optional[str] = None) -> dict:
+def node_data(
+    loaded: LoadedDescription, card: Card, contract_file: str, name: Optional[str] = None
+) -> dict:
     """The node with only this card, whose contracts list is the one contract file."""
     data = loaded.node.model_dump(mode="json", exclude_none=True)
     if name:
@@ -69,8 +81,13 @@ def write_tier(loaded: LoadedDescription, contract: Contract, card: Card, folder
     folder.mkdir(parents=True, exist_ok=True)
     cpath = write_contract(contract, folder / "contract.yaml", comments)
     npath = folder / "node.yaml"
-    npath.write_text(_text(node_data(loaded, card.model_copy(update={"engine": contract.contract}), cpath.name),
-                           comments), encoding="utf-8")
+    npath.write_text(
+        _text(
+            node_data(loaded, card.model_copy(update={"engine": contract.contract}), cpath.name),
+            comments,
+        ),
+        encoding="utf-8",
+    )
     return cpath, npath
 
 
@@ -79,7 +96,11 @@ def write_node(loaded: LoadedDescription, card: Card, contract_path: Path, path:
     """A one-card node named after its file (so it can sit beside the node it came from), running the contract."""
     path.parent.mkdir(parents=True, exist_ok=True)
     rel = os.path.relpath(contract_path.resolve(), path.parent.resolve())
-    name = path.stem if re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}", path.stem) else f"{loaded.node.node}-best"
+    name = (
+        path.stem
+        if re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}", path.stem)
+        else f"{loaded.node.node}-best"
+    )
     path.write_text(_text(node_data(loaded, card, rel, name), comments), encoding="utf-8")
     return path
 

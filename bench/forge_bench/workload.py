@@ -15,10 +15,10 @@ deterministic list of token-id requests it generates.
       prefixes: 8           # distinct prefixes (picked uniformly)
       length: 512           # tokens per prefix
 
-Prompts are token ids drawn uniformly from [3, vocab_size) (ids 0-2 are pad/bos/eos in the models forge
-ships), so a workload runs on any model of that vocabulary without a tokenizer in the way. The same file,
-seed and vocabulary give the same requests on every machine (Python's Random is stable across versions
-for these calls)."""
+Prompts are token ids drawn uniformly from [3, vocab_size) (ids 0-2 are pad/bos/eos in the models
+forge ships), so a workload runs on any model of that vocabulary without a tokenizer in the way. The
+same file, seed and vocabulary give the same requests on every machine (Python's Random is stable
+across versions for these calls)."""
 from __future__ import annotations
 
 import random
@@ -52,7 +52,8 @@ class LengthRange(_Strict):
 
 
 class SharedPrefix(_Strict):
-    share: float = Field(ge=0, le=1, description="fraction of requests that start with a shared prefix")
+    share: float = Field(ge=0, le=1, description="fraction of requests that start with a shared "
+                                                 "prefix")
     prefixes: int = Field(ge=1, le=100_000, description="distinct prefixes")
     length: int = Field(ge=1, description="tokens per prefix")
 
@@ -68,7 +69,9 @@ class WorkloadSpec(_Strict):
 
     def longest_prompt(self) -> int:
         own = max(r.max for r in self.input)
-        return own + (self.shared_prefix.length if self.shared_prefix and self.shared_prefix.share > 0 else 0)
+        return own + (
+            self.shared_prefix.length if self.shared_prefix and self.shared_prefix.share > 0 else 0
+        )
 
     def longest_output(self) -> int:
         return max(r.max for r in self.output)
@@ -96,7 +99,8 @@ def load_workload(path: Path) -> WorkloadSpec:
     except Exception as e:  # yaml's own syntax errors: one line with the position
         raise ConfigError([Problem(shown, "$", " ".join(str(e).split()))]) from None
     if not isinstance(data, dict):
-        raise ConfigError([Problem(shown, "$", "a workload is a mapping (workload:, records:, input:, output:)")])
+        raise ConfigError([Problem(shown, "$", "a workload is a mapping (workload:, records:, "
+                                               "input:, output:)")])
     try:
         return WorkloadSpec.model_validate(data)
     except ValidationError as e:
@@ -119,7 +123,9 @@ def _ids(rng: random.Random, n: int, vocab_size: int) -> tuple[int, ...]:
     return tuple(rng.randrange(FIRST_ID, vocab_size) for _ in range(n))
 
 
-def generate(spec: WorkloadSpec, vocab_size: int, records: Optional[int] = None) -> list[BenchRequest]:
+def generate(
+    spec: WorkloadSpec, vocab_size: int, records: Optional[int] = None
+) -> list[BenchRequest]:
     """The workload's requests, in arrival order (prefix groups interleaved at random)."""
     if vocab_size <= FIRST_ID:
         raise ValueError(f"vocab_size {vocab_size} leaves no ordinary token ids")
@@ -131,7 +137,11 @@ def generate(spec: WorkloadSpec, vocab_size: int, records: Optional[int] = None)
         which = rng.randrange(len(prefixes)) if prefixes and rng.random() < sp.share else None
         own = _ids(rng, _pick(rng, spec.input), vocab_size)
         prompt = (prefixes[which] + own) if which is not None else own
-        out.append(BenchRequest(index=i, prompt=prompt, max_new_tokens=_pick(rng, spec.output), prefix=which))
+        out.append(
+            BenchRequest(
+                index=i, prompt=prompt, max_new_tokens=_pick(rng, spec.output), prefix=which
+            )
+        )
     return out
 
 
@@ -141,6 +151,12 @@ def summary(requests: list[BenchRequest]) -> dict:
     prompt = sum(len(r.prompt) for r in requests)
     out = sum(r.max_new_tokens for r in requests)
     shared = sum(1 for r in requests if r.prefix is not None)
-    return {"requests": n, "prompt_tokens": prompt, "max_new_tokens": out,
-            "mean_prompt": prompt / n if n else 0.0, "mean_max_new": out / n if n else 0.0,
-            "with_shared_prefix": shared, "distinct_prefixes": len({r.prefix for r in requests} - {None})}
+    return {
+        "requests": n,
+        "prompt_tokens": prompt,
+        "max_new_tokens": out,
+        "mean_prompt": prompt / n if n else 0.0,
+        "mean_max_new": out / n if n else 0.0,
+        "with_shared_prefix": shared,
+        "distinct_prefixes": len({r.prefix for r in requests} - {None}),
+    }

@@ -5,8 +5,25 @@ wrapper (Broker) with bounded queues and back-pressure. docs/broker.md explains 
 from forge.broker.core import BrokerCore
 from forge.broker.queue import Broker
 from forge.broker.geometry import size_problem
-from forge.broker.types import (BrokerClosed, BrokerRequest, EngineGeometry, NoEngineFits, QueueFull, blocks_for,
-                                blocks_needed)
+from forge.broker.types import (
+    BrokerClosed,
+    BrokerRequest,
+    EngineGeometry,
+    NoEngineFits,
+    QueueFull,
+    blocks_for,
+    blocks_needed,
+)
 
-__all__ = ["Broker", "BrokerCore", "BrokerClosed", "BrokerRequest", "EngineGeometry", "NoEngineFits",
-           "QueueFull", "blocks_for", "blocks_needed", "size_problem"]
+__all__ = [
+    "Broker",
+    "BrokerCore",
+    "BrokerClosed",
+    "BrokerRequest",
+    "EngineGeometry",
+    "NoEngineFits",
+    "QueueFull",
+    "blocks_for",
+    "blocks_needed",
+    "size_problem",
+]

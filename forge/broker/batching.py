@@ -1,12 +1,13 @@
 """Batch forming for one engine: which pending requests it takes now, and in what shape.
 
-A take walks at most `max_visits` prefix groups, so its cost follows the batch it returns, never what
-is pending. Grouped: the output classes of one priority from the longest down (pending.py), one length bucket
-per batch; in every class the engine's own prefix groups first, then unpinned groups (pinned to it as it takes
-them); only then, room left, groups it may spill from. With `strict_classes` (a broker of one engine) a take ends
-at a class that still has work for the engine once the batch holds something: no shorter request is admitted
-ahead of a longer one that did not fit this take (its length bucket, the step's budget or the free KV), so
-requests of one length start, and end, together. FIFO: strict arrival order."""
+A take walks at most `max_visits` prefix groups, so its cost follows the batch it returns, never
+what is pending. Grouped: the output classes of one priority from the longest down (pending.py), one
+length bucket per batch; in every class the engine's own prefix groups first, then unpinned groups
+(pinned to it as it takes them); only then, room left, groups it may spill from. With
+`strict_classes` (a broker of one engine) a take ends at a class that still has work for the engine
+once the batch holds something: no shorter request is admitted ahead of a longer one that did not
+fit this take (its length bucket, the step's budget or the free KV), so requests of one length
+start, and end, together. FIFO: strict arrival order."""
 from __future__ import annotations
 
 from typing import Iterator, Optional
@@ -19,24 +20,36 @@ from forge.broker.types import EngineGeometry
 
 
 class Batcher:
-    def __init__(self, pending: Pending, balancer: Balancer, pins: BoundedLRU, bucket_lower: list[int],
-                 grouping: bool, max_visits: int, strict_classes: bool = False,
-                 mirrors: Optional[list[BlockMirror]] = None, warming: Optional[Warming] = None):
+    def __init__(
+        self,
+        pending: Pending,
+        balancer: Balancer,
+        pins: BoundedLRU,
+        bucket_lower: list[int],
+        grouping: bool,
+        max_visits: int,
+        strict_classes: bool = False,
+        mirrors: Optional[list[BlockMirror]] = None,
+        warming: Optional[Warming] = None,
+    ):
         self.p, self.bal, self.pins = pending, balancer, pins
         self.bucket_lower, self.grouping, self.max_visits = bucket_lower, grouping, max_visits
         self.strict_classes = strict_classes
-        # prefix warm-up (warming.py): a group cold on an engine sends its leader alone, the rest once it is done
+        # prefix warm-up (warming.py): a group cold on an engine sends its leader alone, the rest
+        # once it is done
         self.mirrors, self.warming = mirrors, warming
 
     def form(self, i: int, g: EngineGeometry, free_slots: int, free_kv: int) -> list[Entry]:
-        """One batch for engine i from the highest priority it may serve (empty if nothing fits now)."""
-        drain = self.bal.drain_limit()        # constant during a take: work only moves pending -> held
+        """One batch for engine i from the highest priority it may serve (empty if nothing fits
+        now)."""
+        drain = self.bal.drain_limit()  # constant during a take: work only moves pending -> held
         if self.grouping:
             batch = self._form_by_class(i, g, free_slots, free_kv, drain, gate=True)
             if not batch and self.warming is not None and not g.shares_prefix_within_step \
                     and self.bal.out_n[i] < self.bal.slots[i]:
-                # work-conserving: nothing else to start and slots would idle, so followers go before their leader
-                # is done (they recompute the prefix; an idle slot computes nothing). An empty take changed no state.
+                # work-conserving: nothing else to start and slots would idle, so followers go
+                # before their leader is done (they recompute the prefix; an idle slot computes
+                # nothing). An empty take changed no state.
                 batch = self._form_by_class(i, g, free_slots, free_kv, drain, gate=False)
             return batch
         for prio in self.p.priorities(i):
@@ -47,7 +60,8 @@ class Batcher:
 
     def _form_by_class(self, i: int, geom: EngineGeometry, slots: int, kv: int, drain: float,
                        gate: bool) -> list[Entry]:
-        """Grouped: the highest priority engine i may serve, its output classes longest first (pending.py)."""
+        """Grouped: the highest priority engine i may serve, its output classes longest first
+        (pending.py)."""
         levels = self.p.priorities(i)
         while levels:
             prio = priority_of(levels[0])
@@ -55,14 +69,15 @@ class Batcher:
             levels = levels[len(mine):]
             take = Take(slots, kv, geom.max_num_tokens)
             for spill in (False, True):
-                # its own and unowned groups first, every class; then the spill rules: a long class pinned
-                # elsewhere is not spilled while the engine has shorter work of its own
+                # its own and unowned groups first, every class; then the spill rules: a long class
+                # pinned elsewhere is not spilled while the engine has shorter work of its own
                 for level in mine:
                     self._form_grouped(i, geom, level, take, drain, spill, gate)
                     if take.over(self):
                         break
                     if self.strict_classes and take.batch and self.p.serves(i, level):
-                        take.done = True           # this class still has work for us: nothing shorter jumps it
+                        # this class still has work for us: nothing shorter jumps it
+                        take.done = True
                         break
                 if take.over(self):
                     break
@@ -76,8 +91,8 @@ class Batcher:
         overloaded or, in the tail, would finish their work after everyone else (see dispatch.py).
 
         Lazy and O(1) per group: the consumer rotates every visited group to the end of its dict (or
-        moves or deletes it), so the next group is always the first one. `spill`: the groups it may spill from
-        (True) or the others (False)."""
+        moves or deletes it), so the next group is always the first one. `spill`: the groups it may
+        spill from (True) or the others (False)."""
         parts = [(p, p.levels[prio]) for p in self.p.by_engine[i] if prio in p.levels]
         k, bal = self.max_visits, self.bal
         if spill:
@@ -96,7 +111,7 @@ class Batcher:
                     break
                 if bal.may_claim(i):
                     yield part, lvl, next(iter(free.values())), NEW
-                else:                              # over its bound: only prefix-less work, never a new pin
+                else:  # over its bound: only prefix-less work, never a new pin
                     loose = free.get(None)
                     if loose is not None:
                         yield part, lvl, loose, NEW
@@ -106,8 +121,11 @@ class Batcher:
         k, bal = self.max_visits, self.bal
         mean_work = bal.pending_work / self.p.n if self.p.n else 0.0
         for part, lvl in parts:
-            owners = sorted((j for j in lvl.owned if j != i and self._spillable(i, j, mean_work, drain)),
-                            key=bal.overloaded, reverse=True)
+            owners = sorted(
+                (j for j in lvl.owned if j != i and self._spillable(i, j, mean_work, drain)),
+                key=bal.overloaded,
+                reverse=True,
+            )
             for j in owners:
                 theirs = lvl.owned.get(j)
                 for _ in range(min(k, len(theirs) if theirs else 0)):
@@ -127,7 +145,8 @@ class Batcher:
             take.visits += 1
             keyed = grp.key is not None
             if via == NEW and keyed and batch and not bal.may_claim(i, *grp.family_load()):
-                lvl.unowned.move_to_end(grp.key)   # filling may not pin a group that would overload us
+                # filling may not pin a group that would overload us
+                lvl.unowned.move_to_end(grp.key)
                 if take.visits >= self.max_visits:
                     take.done = True
                     return
@@ -135,7 +154,8 @@ class Batcher:
             take.accessible = True
             warm = self.warming if keyed and gate and not geom.shares_prefix_within_step else None
             if warm is not None and warm.busy(i, grp.key):
-                # its leader is computing the prefix here: the followers wait for it (its done wakes the takers)
+                # its leader is computing the prefix here: the followers wait for it (its done wakes
+                # the takers)
                 (lvl.unowned if grp.owner is None else lvl.owned[grp.owner]).move_to_end(grp.key)
                 if take.visits >= self.max_visits:
                     take.done = True
@@ -148,7 +168,7 @@ class Batcher:
                         and bal.may_claim(i, *grp.family_load()):
                     self.p.move(lvl, grp, i)        # take the whole group over: it stays coherent
                 else:
-                    share_with = j                 # its owner's only group: share it while j is over
+                    share_with = j  # its owner's only group: share it while j is over
             took = 0
             cold = None                             # decided at the group's first request that fits
             seed_qb = take.seed_qb
@@ -162,10 +182,16 @@ class Batcher:
                     blocks = -(-(n + req.max_new_tokens) // tpb)
                     if blocks > take.kv or (batch and n > take.budget):
                         break
-                    if share_with is not None and bal.overloaded(share_with) <= 0 and not (
-                            bal.lags(share_with, e.work, drain) and bal.faster(i, share_with, e.work)) \
-                            and not bal.sooner(i, share_with, e.work):
-                        break                      # its owner copes, would not finish it late, nor after us
+                    if (
+                        share_with is not None
+                        and bal.overloaded(share_with) <= 0
+                        and not (
+                            bal.lags(share_with, e.work, drain)
+                            and bal.faster(i, share_with, e.work)
+                        )
+                        and not bal.sooner(i, share_with, e.work)
+                    ):
+                        break  # its owner copes, would not finish it late, nor after us
                     if not bal.allows(i, e.work, part.mask, drain):
                         take.done = True
                         break
@@ -175,7 +201,7 @@ class Batcher:
                     bal.taken(i, e.work)
                     e.via = via if keyed else NEW
                     batch.append(e)
-                    if cold:                       # the leader goes alone; the followers once it is done
+                    if cold:  # the leader goes alone; the followers once it is done
                         warm.start(i, grp.key, req.request_id)
                     took += 1
                     take.slots -= 1
@@ -193,8 +219,8 @@ class Batcher:
             if took and keyed and share_with is None:
                 self.pins.put(grp.key, i)
             claimed = took and via == NEW and keyed
-            if claimed:                                # with its family (other classes); lands at the end of
-                self.p.claim(lvl, grp, i)              # the engine's groups, even if this one is emptied now
+            if claimed:                    # with its family (other classes); lands at the end of
+                self.p.claim(lvl, grp, i)  # the engine's groups, even if this one is emptied now
             if not grp.n:
                 self.p.tidy(part, prio, lvl, grp)
             elif not claimed:                          # round-robin: the next take starts elsewhere
@@ -205,8 +231,9 @@ class Batcher:
                 return
 
     def _cached(self, i: int, geom: EngineGeometry, e: Entry) -> bool:
-        """Whether engine i probably holds e's first block (its BlockMirror); a prompt without a full block of
-        the engine's size has nothing to warm, so it counts as cached. The hashes are kept for the accounting."""
+        """Whether engine i probably holds e's first block (its BlockMirror); a prompt without a
+        full block of the engine's size has nothing to warm, so it counts as cached. The hashes are
+        kept for the accounting."""
         view = (geom.tokenizer_key, geom.tokens_per_block)
         views = e.views
         hashes = views.get(view) if views is not None else None
@@ -218,14 +245,18 @@ class Batcher:
         return not hashes or self.mirrors[i].holds(hashes[0])
 
     def _form_fifo(self, i, geom, prio, slots, kv, drain):
-        """Plain FIFO within the priority (merging partitions by arrival); stops at the first misfit."""
+        """Plain FIFO within the priority (merging partitions by arrival); stops at the first
+        misfit."""
         bal, tok, tpb = self.bal, geom.tokenizer_key, geom.tokens_per_block
         budget = geom.max_num_tokens
         live = [(p, p.levels[prio]) for p in self.p.by_engine[i] if prio in p.levels]
         batch: list[Entry] = []
         while live and slots:
-            part, lvl = min(live, key=lambda pl: pl[1].groups[None].buckets[0][0].seq) if len(live) > 1 \
+            part, lvl = (
+                min(live, key=lambda pl: pl[1].groups[None].buckets[0][0].seq)
+                if len(live) > 1
                 else live[0]
+            )
             grp = lvl.groups[None]
             dq = grp.buckets[0]
             e = dq[0]
@@ -248,9 +279,10 @@ class Batcher:
 
 
 class Take:
-    """One grouped take across the levels it walks: what is left of the engine's capacity, the batch so far, its
-    length bucket (the first level that gives sets it; every level after fills from the same bucket), and the
-    visits, bounded by max_visits for the whole take as one level's walk was before classes were levels."""
+    """One grouped take across the levels it walks: what is left of the engine's capacity, the batch
+    so far, its length bucket (the first level that gives sets it; every level after fills from the
+    same bucket), and the visits, bounded by max_visits for the whole take as one level's walk was
+    before classes were levels."""
 
     __slots__ = ("slots", "kv", "budget", "batch", "seed_qb", "visits", "accessible", "done")
 
@@ -262,4 +294,6 @@ class Take:
         self.accessible = self.done = False
 
     def over(self, b: Batcher) -> bool:
-        return self.done or (self.seed_qb is not None and self.budget < b.bucket_lower[self.seed_qb])
+        return self.done or (
+            self.seed_qb is not None and self.budget < b.bucket_lower[self.seed_qb]
+        )

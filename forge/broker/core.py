@@ -1,9 +1,9 @@
 """BrokerCore: the pure, synchronous, engine-free broker (docs/broker.md).
 
-Requests arrive tokenized for every tokenizer on the node; each engine pulls batches shaped to its own
-contract (slots, KV blocks, token budget). Grouping by prefix and length, pinning prefix groups to
-engines and balancing by measured speed live in batching.py and dispatch.py; this module keeps the
-books: ids, what is in flight where, prefix-reuse and padding accounting, and the stats."""
+Requests arrive tokenized for every tokenizer on the node; each engine pulls batches shaped to its
+own contract (slots, KV blocks, token budget). Grouping by prefix and length, pinning prefix groups
+to engines and balancing by measured speed live in batching.py and dispatch.py; this module keeps
+the books: ids, what is in flight where, prefix-reuse and padding accounting, and the stats."""
 from __future__ import annotations
 
 from typing import Optional, Sequence
@@ -18,19 +18,27 @@ from forge.broker.types import BrokerRequest, EngineGeometry, QueueFull
 from forge.broker.warming import Warming
 from forge.stats import BrokerStats
 
-DEFAULT_PREFIX_DEPTH_BLOCKS = 1     # group key: chain hash of the first block(s) of the grouping view
-DEFAULT_MAX_GROUP_VISITS = 32       # prefix groups one take may look at
-MIN_PIN_CAPACITY = 1024             # prefix -> engine pins remembered, at least
+DEFAULT_PREFIX_DEPTH_BLOCKS = 1  # group key: chain hash of the first block(s) of the grouping view
+DEFAULT_MAX_GROUP_VISITS = 32    # prefix groups one take may look at
+MIN_PIN_CAPACITY = 1024          # prefix -> engine pins remembered, at least
 
 
 class BrokerCore:
-    def __init__(self, engines: Sequence[EngineGeometry], *, grouping: bool = True,
-                 max_pending: int = constants.BROKER_QUEUE_MAX_REQUESTS,
-                 affinity_load_factor: float = constants.AFFINITY_LOAD_FACTOR, node: str = "node",
-                 prefix_depth_blocks: int = DEFAULT_PREFIX_DEPTH_BLOCKS,
-                 length_buckets: Optional[Sequence[int]] = None, tail_slack: float = DEFAULT_TAIL_SLACK,
-                 max_group_visits: int = DEFAULT_MAX_GROUP_VISITS, pin_capacity: Optional[int] = None,
-                 speed_half_life_s: float = DEFAULT_SPEED_HALF_LIFE_S):
+    def __init__(
+        self,
+        engines: Sequence[EngineGeometry],
+        *,
+        grouping: bool = True,
+        max_pending: int = constants.BROKER_QUEUE_MAX_REQUESTS,
+        affinity_load_factor: float = constants.AFFINITY_LOAD_FACTOR,
+        node: str = "node",
+        prefix_depth_blocks: int = DEFAULT_PREFIX_DEPTH_BLOCKS,
+        length_buckets: Optional[Sequence[int]] = None,
+        tail_slack: float = DEFAULT_TAIL_SLACK,
+        max_group_visits: int = DEFAULT_MAX_GROUP_VISITS,
+        pin_capacity: Optional[int] = None,
+        speed_half_life_s: float = DEFAULT_SPEED_HALF_LIFE_S,
+    ):
         engines = list(engines)
         if not engines:
             raise ValueError("a broker needs at least one engine")
@@ -46,23 +54,47 @@ class BrokerCore:
         self._buckets = LengthBuckets(max(g.max_input_len for g in engines), length_buckets)
         self._gtok, self._gunit = grouping_view(engines)
         self._depth = prefix_depth_blocks
-        self._bal = Balancer(engines, affinity_load_factor=affinity_load_factor, tail_slack=tail_slack,
-                             half_life_s=speed_half_life_s)
-        pins = BoundedLRU(pin_capacity or max(MIN_PIN_CAPACITY, sum(g.kv_blocks_total for g in engines)))
-        # fine output classes for one engine, whole powers of two for several (pending.py's docstring says why)
+        self._bal = Balancer(
+            engines,
+            affinity_load_factor=affinity_load_factor,
+            tail_slack=tail_slack,
+            half_life_s=speed_half_life_s,
+        )
+        pins = BoundedLRU(
+            pin_capacity or max(MIN_PIN_CAPACITY, sum(g.kv_blocks_total for g in engines))
+        )
+        # fine output classes for one engine, whole powers of two for several (pending.py's
+        # docstring says why)
         class_bits = ONE_ENGINE_CLASS_BITS if len(engines) == 1 else 0
-        # output classes above prefix groups only where every engine asks for them (Engine.output_classes_first)
+        # output classes above prefix groups only where every engine asks for them
+        # (Engine.output_classes_first)
         classes = grouping and all(g.output_classes_first for g in engines)
-        self._pending = Pending(len(engines), len(self._buckets), self._bal, pins, class_levels=classes,
-                                class_bits=class_bits)
+        self._pending = Pending(
+            len(engines),
+            len(self._buckets),
+            self._bal,
+            pins,
+            class_levels=classes,
+            class_bits=class_bits,
+        )
         self._mirrors = [BlockMirror(g.kv_blocks_total) for g in engines]
-        self._warming = Warming(len(engines))      # a prefix new to an engine: its leader first (warming.py)
-        self._batcher = Batcher(self._pending, self._bal, pins, self._buckets.lower, grouping, max_group_visits,
-                                strict_classes=classes and len(engines) == 1,   # batching.py's docstring
-                                mirrors=self._mirrors, warming=self._warming if grouping else None)
-        self._entries: dict[str, Entry] = {}       # pending and in flight, by request id
-        self._where: dict[str, int] = {}           # in flight: request id -> engine index
-        self._seq = 0                              # arrival order; requeued work gets ever smaller seqs
+        # a prefix new to an engine: its leader first (warming.py)
+        self._warming = Warming(len(engines))
+        self._batcher = Batcher(
+            self._pending,
+            self._bal,
+            pins,
+            self._buckets.lower,
+            grouping,
+            max_group_visits,
+            # batching.py's docstring
+            strict_classes=classes and len(engines) == 1,
+            mirrors=self._mirrors,
+            warming=self._warming if grouping else None,
+        )
+        self._entries: dict[str, Entry] = {}  # pending and in flight, by request id
+        self._where: dict[str, int] = {}      # in flight: request id -> engine index
+        self._seq = 0                         # arrival order; requeued work gets ever smaller seqs
         self._front = 0
         self._st = BrokerStats(node=node)
 
@@ -75,15 +107,18 @@ class BrokerCore:
         return self._pending.n < self.max_pending
 
     def check(self, req: BrokerRequest) -> None:
-        """Raise NoEngineFits now if no engine's geometry admits the request (counts it as no_fit)."""
+        """Raise NoEngineFits now if no engine's geometry admits the request (counts it as
+        no_fit)."""
         if not self._fit.mask(req):
             self._st.no_fit += 1
             raise self._fit.refusal(req, self.node)
 
     def add(self, req: BrokerRequest) -> None:
-        """Queue a request. Raises NoEngineFits (no engine can run it) or QueueFull (max_pending held)."""
+        """Queue a request. Raises NoEngineFits (no engine can run it) or QueueFull (max_pending
+        held)."""
         if self._pending.n >= self.max_pending:
-            raise QueueFull(f"broker on node {self.node} holds {self._pending.n} requests (max_pending)")
+            raise QueueFull(f"broker on node {self.node} holds {self._pending.n} requests "
+                            "(max_pending)")
         rid = req.request_id
         if rid in self._entries:
             raise ValueError(f"request {rid} is already queued or in flight")
@@ -120,7 +155,12 @@ class BrokerCore:
     def take(self, engine_id: str, *, free_slots: int, free_kv_blocks: int) -> list[BrokerRequest]:
         """One batch for this engine (see docs/broker.md); [] when nothing may go to it now."""
         i = self._engine(engine_id)
-        if free_slots <= 0 or free_kv_blocks <= 0 or not self._pending.n or not self._bal.healthy[i]:
+        if (
+            free_slots <= 0
+            or free_kv_blocks <= 0
+            or not self._pending.n
+            or not self._bal.healthy[i]
+        ):
             return []
         geom = self.engines[i]
         entries = self._batcher.form(i, geom, free_slots, free_kv_blocks)
@@ -176,7 +216,7 @@ class BrokerCore:
             elif rid in fresh:
                 e = self._entries[rid] = fresh.pop(rid)
             else:
-                continue                           # already pending (a duplicate requeue): nothing to do
+                continue  # already pending (a duplicate requeue): nothing to do
             req.attempt += 1
             e.via = NEW
             back.append(e)
@@ -188,7 +228,8 @@ class BrokerCore:
             self._pending.push(e, front=True)
 
     def on_done(self, engine_id: str, req: BrokerRequest) -> None:
-        """The engine finished (or failed) the request for good; unknown or repeated calls are no-ops."""
+        """The engine finished (or failed) the request for good; unknown or repeated calls are
+        no-ops."""
         self._engine(engine_id)
         rid = req.request_id
         if self._warming:
@@ -210,10 +251,13 @@ class BrokerCore:
             if i is not None:
                 finished(i, entries.pop(rid).work)
 
-    def record_delivery(self, engine_id: str, tokens: int, elapsed_s: float, occupancy: float = 1.0) -> None:
-        """Tokens (input + output) the engine delivered over the last `elapsed_s` seconds of work, with
-        `occupancy` (0..1): the mean share of its slots or KV blocks (whichever was fuller) in use over them,
-        1.0 when the caller does not know. The broker weighs the engine by tokens / (elapsed_s x occupancy)."""
+    def record_delivery(
+        self, engine_id: str, tokens: int, elapsed_s: float, occupancy: float = 1.0
+    ) -> None:
+        """Tokens (input + output) the engine delivered over the last `elapsed_s` seconds of work,
+        with `occupancy` (0..1): the mean share of its slots or KV blocks (whichever was fuller) in
+        use over them, 1.0 when the caller does not know. The broker weighs the engine by tokens /
+        (elapsed_s x occupancy)."""
         self._bal.record(self._engine(engine_id), tokens, elapsed_s, occupancy)
 
     def set_engine_healthy(self, engine_id: str, healthy: bool) -> None:
@@ -226,7 +270,8 @@ class BrokerCore:
             self._warming.release(i)
 
     def drain(self) -> list[BrokerRequest]:
-        """Remove and return everything pending (priority, then arrival order), e.g. to fail it on stop."""
+        """Remove and return everything pending (priority, then arrival order), e.g. to fail it on
+        stop."""
         out = self._pending.drain()
         for e in out:
             del self._entries[e.req.request_id]
@@ -247,11 +292,19 @@ class BrokerCore:
         s = self._st
         labels = self._buckets.labels
         by_bucket = {labels[b]: c for b, c in enumerate(self._pending.bucket_counts) if c}
-        return BrokerStats(node=self.node, pending=self._pending.n, pending_by_bucket=by_bucket,
-                           dispatched=s.dispatched, affinity_hits=s.affinity_hits,
-                           affinity_spills=s.affinity_spills, prompt_tokens=s.prompt_tokens,
-                           shared_prefix_tokens=s.shared_prefix_tokens, padded_tokens=s.padded_tokens,
-                           batch_tokens=s.batch_tokens, no_fit=s.no_fit)
+        return BrokerStats(
+            node=self.node,
+            pending=self._pending.n,
+            pending_by_bucket=by_bucket,
+            dispatched=s.dispatched,
+            affinity_hits=s.affinity_hits,
+            affinity_spills=s.affinity_spills,
+            prompt_tokens=s.prompt_tokens,
+            shared_prefix_tokens=s.shared_prefix_tokens,
+            padded_tokens=s.padded_tokens,
+            batch_tokens=s.batch_tokens,
+            no_fit=s.no_fit,
+        )
 
     def _engine(self, engine_id: str) -> int:
         try:

@@ -19,8 +19,8 @@ def fit_problem(req: BrokerRequest, g: EngineGeometry) -> Optional[str]:
 
 
 def size_problem(prompt_tokens: int, max_new_tokens: int, g: EngineGeometry) -> Optional[str]:
-    """Why a prompt of `prompt_tokens` (in g's tokenizer) asking for `max_new_tokens` cannot run on `g`; None when it
-    fits. The node's broker and an engine host's queue refuse by it."""
+    """Why a prompt of `prompt_tokens` (in g's tokenizer) asking for `max_new_tokens` cannot run on
+    `g`; None when it fits. The node's broker and an engine host's queue refuse by it."""
     n, m = prompt_tokens, max_new_tokens
     if n > g.max_input_len:
         return f"prompt {n} tokens > max_input_len {g.max_input_len}"
@@ -33,11 +33,18 @@ def size_problem(prompt_tokens: int, max_new_tokens: int, g: EngineGeometry) -> 
 
 
 def _shape(g: EngineGeometry) -> tuple:
-    return (g.tokenizer_key, g.max_input_len, g.max_output_len, g.tokens_per_block, g.kv_blocks_total)
+    return (
+        g.tokenizer_key,
+        g.max_input_len,
+        g.max_output_len,
+        g.tokens_per_block,
+        g.kv_blocks_total,
+    )
 
 
 class FitTable:
-    """Engines with the same fit-relevant geometry answer together; a request's fit is a bit mask."""
+    """Engines with the same fit-relevant geometry answer together; a request's fit is a bit
+    mask."""
 
     def __init__(self, engines: Sequence[EngineGeometry]):
         self.engines = list(engines)
@@ -62,21 +69,26 @@ class FitTable:
         return m
 
     def refusal(self, req: BrokerRequest, node: str) -> NoEngineFits:
-        """What is wrong first (`prompt 444 tokens > max_input_len 384`), then where, the engines' limits, and the
-        internal ids last (the request id, each tokenizer's key)."""
+        """What is wrong first (`prompt 444 tokens > max_input_len 384`), then where, the engines'
+        limits, and the internal ids last (the request id, each tokenizer's key)."""
         problems = [(g, fit_problem(req, g)) for g in self.engines]
         distinct = list(dict.fromkeys(p for _, p in problems))
         if len(distinct) == 1:
             head = f"{distinct[0]}: it fits no engine on node {node}"
         else:
-            head = f"it fits no engine on node {node}: " + "; ".join(f"{g.engine_id}: {p}" for g, p in problems)
+            head = f"it fits no engine on node {node}: " + "; ".join(
+                f"{g.engine_id}: {p}" for g, p in problems
+            )
         lengths = ", ".join(f"{k}: {len(v)}" for k, v in req.prompts.items()) or "none"
-        return NoEngineFits(f"{head} (limits: {'; '.join(g.limits_text() for g in self.engines)}; max_new_tokens "
-                            f"{req.max_new_tokens}; request {req.request_id}, prompt tokens per tokenizer {lengths})")
+        return NoEngineFits(f"{head} (limits: {'; '.join(g.limits_text() for g in self.engines)}; "
+                            "max_new_tokens "
+                            f"{req.max_new_tokens}; request {req.request_id}, prompt tokens per "
+                            f"tokenizer {lengths})")
 
 
 class LengthBuckets:
-    """Prompt-length buckets: by default powers of two from 16 up to the longest admissible prompt."""
+    """Prompt-length buckets: by default powers of two from 16 up to the longest admissible
+    prompt."""
 
     def __init__(self, max_len: int, boundaries: Optional[Sequence[int]] = None):
         if boundaries is None:
@@ -89,7 +101,8 @@ class LengthBuckets:
         else:
             bounds = sorted(set(int(x) for x in boundaries))
             if not bounds or bounds[0] < 1:
-                raise ValueError(f"length bucket boundaries must be positive ints, got {list(boundaries)}")
+                raise ValueError("length bucket boundaries must be positive ints, got "
+                                 f"{list(boundaries)}")
             if bounds[-1] < max_len:
                 bounds.append(max_len)
         self.bounds = bounds

@@ -1,20 +1,22 @@
 """Pending requests, indexed so that adding, taking and requeueing never scan what is pending.
 
-Layout: partition (the set of engines a request fits, as a bit mask) -> priority level -> prefix group
--> length bucket -> queue. A level keeps each group in one of two places: pinned to an engine
+Layout: partition (the set of engines a request fits, as a bit mask) -> priority level -> prefix
+group -> length bucket -> queue. A level keeps each group in one of two places: pinned to an engine
 (`owned[engine]`, ordered for round-robin) or `unowned`. batching.py forms batches from it.
 
-Every queue is FIFO (a requeued request goes to its front). With grouping on, a level is a priority *and an
-output class*: bulk requests asking for more new tokens sit in a higher level of their priority, so takes serve
-them first, across every prefix group (batching.py fills a batch down the classes of one priority); online
-priorities keep one level, arrival order (output_class). A batch job's last minutes are its tail, where the engine
-runs ever fewer requests at the cost of full steps until the longest of the last ones ends; taking the longest
-first leaves short ones for the end, so the tail is as short as the work allows (docs/broker.md, "Longest first";
-measured in docs/benchmarks.md). A class is a power of two of max_new_tokens (16-31, 32-63, ...) split into
-2**class_bits parts: for a broker of one engine 32 parts (every length below 64 a class of its own, then classes
-about 3 % wide), where class width costs a longer tail and a schedule of more distinct step shapes; whole powers
-of two for several, where finer classes pull an engine across more prefix families (more spills, less prefix
-reuse). Grouping off keeps one level per priority: arrival order, the baseline."""
+Every queue is FIFO (a requeued request goes to its front). With grouping on, a level is a priority
+*and an output class*: bulk requests asking for more new tokens sit in a higher level of their
+priority, so takes serve them first, across every prefix group (batching.py fills a batch down the
+classes of one priority); online priorities keep one level, arrival order (output_class). A batch
+job's last minutes are its tail, where the engine runs ever fewer requests at the cost of full steps
+until the longest of the last ones ends; taking the longest first leaves short ones for the end, so
+the tail is as short as the work allows (docs/broker.md, "Longest first"; measured in
+docs/benchmarks.md). A class is a power of two of max_new_tokens (16-31, 32-63, ...) split into
+2**class_bits parts: for a broker of one engine 32 parts (every length below 64 a class of its own,
+then classes about 3 % wide), where class width costs a longer tail and a schedule of more distinct
+step shapes; whole powers of two for several, where finer classes pull an engine across more prefix
+families (more spills, less prefix reuse). Grouping off keeps one level per priority: arrival order,
+the baseline."""
 from __future__ import annotations
 
 from bisect import insort
@@ -26,10 +28,11 @@ from forge.prefix_blocks import BoundedLRU
 from forge.broker.types import BrokerRequest
 
 NEW, HIT, SPILL = 0, 1, 2        # how a request reached its engine (unpinned / its pin / spilled)
-MAX_CLASS_BITS = 5               # a power of two splits into at most 2**MAX_CLASS_BITS output classes
-CLASSES = 64 << MAX_CLASS_BITS   # output classes per priority level (max_new_tokens.bit_length() < 64)
-REQUEUED = CLASSES - 1           # the class of requeued work: before every other class of its priority
-ONE_ENGINE_CLASS_BITS = 5        # a one-engine broker's classes: 32 to a power of two (module docstring)
+MAX_CLASS_BITS = 5  # a power of two splits into at most 2**MAX_CLASS_BITS output classes
+# output classes per priority level (max_new_tokens.bit_length() < 64)
+CLASSES = 64 << MAX_CLASS_BITS
+REQUEUED = CLASSES - 1  # the class of requeued work: before every other class of its priority
+ONE_ENGINE_CLASS_BITS = 5  # a one-engine broker's classes: 32 to a power of two (module docstring)
 
 
 def level_key(priority: int, out_class: int) -> int:
@@ -42,15 +45,17 @@ def priority_of(level: int) -> int:
 
 
 def output_class(req, class_bits: int = 0) -> int:
-    """The level of a request within its priority. Bulk work (priority 0 or below) goes by max_new_tokens, longest
-    first (a job's makespan): its power of two, and within it the next `class_bits` bits (0: the power of two alone,
-    2: quarters, 5: 32 parts). Online work (above 0; serve's ONLINE_PRIORITY) is latency work, for which longest
-    first is the wrong rule (it makes short requests wait behind long ones): one level, arrival order."""
+    """The level of a request within its priority. Bulk work (priority 0 or below) goes by
+    max_new_tokens, longest first (a job's makespan): its power of two, and within it the next
+    `class_bits` bits (0: the power of two alone, 2: quarters, 5: 32 parts). Online work (above 0;
+    serve's ONLINE_PRIORITY) is latency work, for which longest first is the wrong rule (it makes
+    short requests wait behind long ones): one level, arrival order."""
     if req.priority > 0:
         return 0
     n = req.max_new_tokens
     top = n.bit_length()
-    part = ((n << class_bits) >> (top - 1)) & ((1 << class_bits) - 1) if top else 0   # bits after the leading one
+    # bits after the leading one
+    part = ((n << class_bits) >> (top - 1)) & ((1 << class_bits) - 1) if top else 0
     return min((top << MAX_CLASS_BITS) | (part << (MAX_CLASS_BITS - class_bits)), REQUEUED - 1)
 
 
@@ -59,16 +64,26 @@ class Entry:
 
     __slots__ = ("req", "seq", "mask", "work", "key", "qb", "bucket", "views", "via")
 
-    def __init__(self, req: BrokerRequest, seq: int, mask: int, work: int, key: Optional[int], qb: int,
-                 bucket: int):
+    def __init__(
+        self,
+        req: BrokerRequest,
+        seq: int,
+        mask: int,
+        work: int,
+        key: Optional[int],
+        qb: int,
+        bucket: int,
+    ):
         self.req, self.seq, self.mask, self.work = req, seq, mask, work
         self.key, self.qb, self.bucket = key, qb, bucket
-        self.views: Optional[dict] = None      # (tokenizer_key, tokens_per_block) -> chain hashes, lazily
+        # (tokenizer_key, tokens_per_block) -> chain hashes, lazily
+        self.views: Optional[dict] = None
         self.via = NEW
 
 
 class Fifo(deque):
-    """A bucket's queue in arrival order, requeued requests at its front (so its head is also its oldest)."""
+    """A bucket's queue in arrival order, requeued requests at its front (so its head is also its
+    oldest)."""
 
     def oldest(self) -> "Entry":
         return self[0]
@@ -77,12 +92,15 @@ class Fifo(deque):
 class Group:
     __slots__ = ("key", "owner", "buckets", "n", "work", "lvl", "family")
 
-    def __init__(self, key: Optional[int], owner: Optional[int], lvl: "Level", family: Optional[dict] = None):
+    def __init__(
+        self, key: Optional[int], owner: Optional[int], lvl: "Level", family: Optional[dict] = None
+    ):
         self.key, self.owner, self.lvl = key, owner, lvl
         self.buckets: dict[int, deque] = {}
         self.n = self.work = 0
-        # the same prefix key's groups at the other output classes of its priority (level key -> Group, itself
-        # included): one family, one owner — claimed, moved and released together (None: no siblings possible)
+        # the same prefix key's groups at the other output classes of its priority (level key ->
+        # Group, itself included): one family, one owner — claimed, moved and released together
+        # (None: no siblings possible)
         self.family = family
 
     def siblings(self) -> Iterator["Group"]:
@@ -116,8 +134,9 @@ class Partition:
     def __init__(self, mask: int):
         self.mask = mask
         self.levels: dict[int, Level] = {}
-        self.neg_prios: list[int] = []          # -level key, ascending: highest priority (and class) first
-        self.families: dict[tuple, dict] = {}   # (priority, prefix key) -> {level key: Group} (grouping on)
+        self.neg_prios: list[int] = []  # -level key, ascending: highest priority (and class) first
+        # (priority, prefix key) -> {level key: Group} (grouping on)
+        self.families: dict[tuple, dict] = {}
 
 
 class Pending:
@@ -227,7 +246,8 @@ class Pending:
             part.neg_prios.remove(-prio)
 
     def release(self, i: int) -> None:
-        """Engine i went unhealthy: its pinned groups (whole families: every level is walked) become anyone's."""
+        """Engine i went unhealthy: its pinned groups (whole families: every level is walked) become
+        anyone's."""
         for part in self.by_engine[i]:
             for lvl in part.levels.values():
                 for g in (lvl.owned.pop(i, None) or {}).values():
@@ -237,18 +257,21 @@ class Pending:
         self.bal.pinned_n[i] = 0
 
     def claim(self, lvl: Level, g: Group, i: int) -> None:
-        """Pin an unowned group to engine i, with its family (every output class of its key and priority)."""
+        """Pin an unowned group to engine i, with its family (every output class of its key and
+        priority)."""
         for s in g.siblings():
             self._reown(s, i)
 
     def move(self, lvl: Level, g: Group, i: int) -> None:
-        """Re-pin a group and its family from an overloaded engine to engine i (bounded-load: the key moves on)."""
+        """Re-pin a group and its family from an overloaded engine to engine i (bounded-load: the
+        key moves on)."""
         for s in g.siblings():
             self._reown(s, i)
         self.pins.put(g.key, i)
 
     def _reown(self, g: Group, i: int) -> None:
-        """Group g (unowned, or another engine's) becomes engine i's, its pending work counted to i."""
+        """Group g (unowned, or another engine's) becomes engine i's, its pending work counted to
+        i."""
         lv, j = g.lvl, g.owner
         if j is None:
             del lv.unowned[g.key]
@@ -265,8 +288,8 @@ class Pending:
         self.bal.pinned_n[i] += g.n
 
     def owns_another(self, part: Partition, level: int, j: int, key) -> bool:
-        """Whether engine j owns a prefix family other than `key` at `level`'s priority in this partition (grouped
-        mode; a few class levels, and at most two keys looked at in each)."""
+        """Whether engine j owns a prefix family other than `key` at `level`'s priority in this
+        partition (grouped mode; a few class levels, and at most two keys looked at in each)."""
         prio = priority_of(level)
         for lk, lv in part.levels.items():
             if priority_of(lk) == prio:
@@ -294,7 +317,8 @@ class Pending:
         return out
 
     def serves(self, i: int, level: int) -> bool:
-        """Whether a level holds work engine i may take without spilling: its own groups or unowned ones."""
+        """Whether a level holds work engine i may take without spilling: its own groups or unowned
+        ones."""
         for part in self.by_engine[i]:
             lvl = part.levels.get(level)
             if lvl is not None and (lvl.owned.get(i) or lvl.unowned):
@@ -302,8 +326,8 @@ class Pending:
         return False
 
     def priorities(self, i: int) -> list[int]:
-        """Levels (priorities, or with grouping on priority x output class) with work engine i fits, highest
-        first."""
+        """Levels (priorities, or with grouping on priority x output class) with work engine i fits,
+        highest first."""
         parts = self.by_engine[i]
         if len(parts) == 1:
             return [-p for p in parts[0].neg_prios]

@@ -24,11 +24,12 @@ class Broker:
 
     # ------------------------------------------------------------------ producers
     async def put(self, req: BrokerRequest, *, timeout_s: Optional[float] = None) -> None:
-        """Queue `req`, waiting while the broker is full. NoEngineFits and BrokerClosed are raised at
-        once; QueueFull if it is still full after `timeout_s` (None: wait as long as it takes)."""
+        """Queue `req`, waiting while the broker is full. NoEngineFits and BrokerClosed are raised
+        at once; QueueFull if it is still full after `timeout_s` (None: wait as long as it
+        takes)."""
         self._refuse_if_closed()
         if not self.core.has_room():
-            self.core.check(req)           # refused before waiting; with room, add() refuses it the same way
+            self.core.check(req)  # refused before waiting; with room, add() refuses it the same way
             await self._wait_for_room(timeout_s)
         self.core.add(req)
         self._wake_takers()
@@ -71,8 +72,8 @@ class Broker:
     # ------------------------------------------------------------------ engines
     async def take(self, engine_id: str, *, free_slots: int, free_kv_blocks: int,
                    timeout_s: float) -> list[BrokerRequest]:
-        """A batch for this engine, waiting up to `timeout_s` for one; [] on timeout. After close, what
-        is still pending is handed out; once nothing is, BrokerClosed."""
+        """A batch for this engine, waiting up to `timeout_s` for one; [] on timeout. After close,
+        what is still pending is handed out; once nothing is, BrokerClosed."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max(0.0, timeout_s)
         while True:
@@ -101,7 +102,7 @@ class Broker:
     def on_done(self, engine_id: str, req: BrokerRequest) -> None:
         self.core.on_done(engine_id, req)
         if self.core.pending():
-            self._wake_takers()        # loads changed: a tail cap or an affinity bound may have lifted
+            self._wake_takers()  # loads changed: a tail cap or an affinity bound may have lifted
 
     def on_done_many(self, engine_id: str, reqs: Sequence[BrokerRequest]) -> None:
         """on_done for each of `reqs` (one link's collect), waking the takers once."""
@@ -109,7 +110,9 @@ class Broker:
         if self.core.pending():
             self._wake_takers()
 
-    def record_delivery(self, engine_id: str, tokens: int, elapsed_s: float, occupancy: float = 1.0) -> None:
+    def record_delivery(
+        self, engine_id: str, tokens: int, elapsed_s: float, occupancy: float = 1.0
+    ) -> None:
         self.core.record_delivery(engine_id, tokens, elapsed_s, occupancy)
 
     def set_engine_healthy(self, engine_id: str, healthy: bool) -> None:

@@ -24,10 +24,12 @@ COMMAND_MODULES = (
     "forge.cli.serve",
     "forge.cli.top",
 )
-# Commands that come with a package of their own, registered through the forge_register_commands hook: when one is
-# missing, what to install (one line, exit code 2) rather than click's bare "No such command".
+# Commands that come with a package of their own, registered through the forge_register_commands
+# hook: when one is missing, what to install (one line, exit code 2) rather than click's bare "No
+# such command".
 PACKAGED_APART = {
-    "bench": "`forge bench` comes with the forge-bench package, not installed here (or left out by FORGE_LOAD_PLUGINS):"
+    "bench": "`forge bench` comes with the forge-bench package, not installed here (or left out by "
+             "FORGE_LOAD_PLUGINS):"
              " in a forge checkout, pip install -e '.[bench]' -e ./bench",
 }
 
@@ -40,10 +42,14 @@ class _ForgeGroup(click.Group):
         return command
 
 
-@click.group(cls=_ForgeGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.group(
+    cls=_ForgeGroup,
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+)
 @click.version_option(package_name="forge-llm", prog_name="forge")
 def cli() -> None:
-    """forge — engines as inputs to provisioning; plain Python functions over millions of records."""
+    """forge — engines as inputs to provisioning; plain Python functions over millions of
+    records."""
 
 
 def _register_all() -> None:
@@ -55,9 +61,9 @@ def _register_all() -> None:
 
 
 def _exit_now(code: int) -> None:
-    """Exit at once after a Ctrl-C. Everything worth keeping was closed on the way here (finally blocks: ledger,
-    output); what may remain are threads of an engine that was still loading, which would otherwise keep the
-    process alive however often the user presses Ctrl-C."""
+    """Exit at once after a Ctrl-C. Everything worth keeping was closed on the way here (finally
+    blocks: ledger, output); what may remain are threads of an engine that was still loading, which
+    would otherwise keep the process alive however often the user presses Ctrl-C."""
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
@@ -77,7 +83,7 @@ def main(argv: list[str] | None = None) -> None:
     debug = os.environ.get("FORGE_DEBUG") == "1"
     from forge.cli.streams import guard_std_streams
 
-    guard_std_streams()         # a reader that goes away (`| head -1`) never changes what the run does
+    guard_std_streams()  # a reader that goes away (`| head -1`) never changes what the run does
     try:
         _refuse_a_bad_environment()
         _register_all()
@@ -100,5 +106,6 @@ def main(argv: list[str] | None = None) -> None:
     except Exception as e:  # the last line of defence: one line, not a traceback
         if debug:
             raise
-        click.echo(f"forge: internal error: {type(e).__name__}: {e} (set FORGE_DEBUG=1 for the traceback)", err=True)
+        click.echo(f"forge: internal error: {type(e).__name__}: {e} (set FORGE_DEBUG=1 for the "
+                   "traceback)", err=True)
         sys.exit(1)

@@ -1,15 +1,17 @@
 """Ctrl-C before a command has anything to drain: say so and exit at once.
 
-While a node starts, its engines load in threads that cannot be interrupted (minutes for a large model):
-Python's own Ctrl-C would wait for them. Until the command installs its own drain (the job runner, the
-node's server do, replacing these handlers), a SIGINT or SIGTERM prints one line and ends the process.
-What was opened so far (a ledger, a node's name) is crash-safe by design and released by the OS.
+While a node starts, its engines load in threads that cannot be interrupted (minutes for a large
+model): Python's own Ctrl-C would wait for them. Until the command installs its own drain (the job
+runner, the node's server do, replacing these handlers), a SIGINT or SIGTERM prints one line and
+ends the process. What was opened so far (a ledger, a node's name) is crash-safe by design and
+released by the OS.
 
-Python runs a signal's handler in the main thread, and only once that thread runs Python again; the kernel may
-deliver the signal to another thread, and then a main thread blocked in a system call (an event loop's wait with
-nothing due) is not woken and the handler waits with it (a Ctrl-C during an engine's load once went unanswered
-for over 10 s). So the C-level handler also writes the signal's number to a socket (`signal.set_wakeup_fd`),
-whichever thread took it, and a thread of its own answers from there."""
+Python runs a signal's handler in the main thread, and only once that thread runs Python again; the
+kernel may deliver the signal to another thread, and then a main thread blocked in a system call (an
+event loop's wait with nothing due) is not woken and the handler waits with it (a Ctrl-C during an
+engine's load once went unanswered for over 10 s). So the C-level handler also writes the signal's
+number to a socket (`signal.set_wakeup_fd`), whichever thread took it, and a thread of its own
+answers from there."""
 from __future__ import annotations
 
 import os
@@ -22,7 +24,8 @@ import threading
 def exit_at_once_until_draining(what: str) -> None:
     """Install the handlers; `what` completes "forge: SIGINT <what>: stopping now"."""
     line = f"forge: {{}} {what}: stopping now\n"
-    once = threading.Lock()       # the handler and the watching thread may both see one signal: one line, one exit
+    # the handler and the watching thread may both see one signal: one line, one exit
+    once = threading.Lock()
 
     def exit_now(signum: int) -> None:
         if not once.acquire(blocking=False):
@@ -43,13 +46,15 @@ def exit_at_once_until_draining(what: str) -> None:
         exit_now(signum)
 
     mine = [sig for sig in (signal.SIGINT, signal.SIGTERM)
-            if signal.getsignal(sig) is not signal.SIG_IGN]    # a shell's background job ignores Ctrl-C: keep it so
+            # a shell's background job ignores Ctrl-C: keep it so
+            if signal.getsignal(sig) is not signal.SIG_IGN]
     for sig in mine:
         signal.signal(sig, stop)
     if not mine or threading.current_thread() is not threading.main_thread():
         return
-    # A blocked mask is inherited too (Ray's process launcher blocks SIGINT in what it starts): these signals are
-    # forge's to answer, so this thread takes them again, and so does every thread started after it.
+    # A blocked mask is inherited too (Ray's process launcher blocks SIGINT in what it starts):
+    # these signals are forge's to answer, so this thread takes them again, and so does every thread
+    # started after it.
     signal.pthread_sigmask(signal.SIG_UNBLOCK, set(mine))
     rsock, wsock = socket.socketpair()
     wsock.setblocking(False)
@@ -64,7 +69,8 @@ def exit_at_once_until_draining(what: str) -> None:
             if not data:
                 return
             for signum in data:
-                # Only while these handlers are installed: a drain installed later has its own wakeup socket.
+                # Only while these handlers are installed: a drain installed later has its own
+                # wakeup socket.
                 if signum in mine and signal.getsignal(signum) is stop:
                     exit_now(signum)
 

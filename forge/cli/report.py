@@ -9,8 +9,8 @@ from forge.errors import UsageError, display_path
 
 
 def find_report(run: str) -> Path:
-    """RUN is a report (its .json or .md), an output file whose `<output>.report.json` sits beside it, or a run
-    directory."""
+    """RUN is a report (its .json or .md), an output file whose `<output>.report.json` sits beside
+    it, or a run directory."""
     from forge.report import report_paths
 
     given = Path(run)
@@ -25,7 +25,8 @@ def find_report(run: str) -> Path:
         return candidate
     if not given.exists():
         raise UsageError(f"{display_path(given)}: no such output, report or folder")
-    raise UsageError(f"{display_path(given)}: no run report found (looked for {display_path(candidate)}; "
+    raise UsageError(f"{display_path(given)}: no run report found (looked for "
+                     f"{display_path(candidate)}; "
                      "forge run and forge deploy write <output>.report.json beside their output)")
 
 
@@ -37,8 +38,8 @@ def register(cli: click.Group) -> None:
     def report(run: str, out_dir: str | None) -> None:
         """Plot a run report: tokens/s per card, in flight and queue depth, budget and KV use.
 
-        RUN is the report (.report.json or .report.md), the run's output file (its report sits beside it), or a
-        run folder."""
+        RUN is the report (.report.json or .report.md), the run's output file (its report sits
+        beside it), or a run folder."""
         from forge.report.plots import render_plots
 
         path = find_report(run)

@@ -1,4 +1,5 @@
-"""`forge schema`: the JSON Schemas of node descriptions and engine contracts, for editors and CI."""
+"""`forge schema`: the JSON Schemas of node descriptions and engine contracts, for editors and
+CI."""
 from __future__ import annotations
 
 import json
@@ -12,10 +13,20 @@ from forge.errors import UsageError
 
 def register(cli: click.Group) -> None:
     @cli.command("schema")
-    @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-                  help="write node.schema.json and contract.schema.json into DIR (created if missing)")
-    @click.option("--check", "check_dir", type=click.Path(exists=True, file_okay=False, path_type=Path),
-                  default=None, help="exit 1 if the schemas in DIR differ from the models (e.g. docs/schemas)")
+    @click.option(
+        "--out",
+        "out_dir",
+        type=click.Path(file_okay=False, path_type=Path),
+        default=None,
+        help="write node.schema.json and contract.schema.json into DIR (created if missing)",
+    )
+    @click.option(
+        "--check",
+        "check_dir",
+        type=click.Path(exists=True, file_okay=False, path_type=Path),
+        default=None,
+        help="exit 1 if the schemas in DIR differ from the models (e.g. docs/schemas)",
+    )
     def schema_cmd(out_dir: Optional[Path], check_dir: Optional[Path]) -> int:
         """Export the JSON Schemas (with the sections installed plugins register).
 

@@ -1,5 +1,5 @@
-"""`forge serve FILE.py[:NAME] ... --node NODE.yaml`: functions as HTTP endpoints, plus OpenAI-compatible
-completions, on a node provisioned in this process (docs/serve.md)."""
+"""`forge serve FILE.py[:NAME] ... --node NODE.yaml`: functions as HTTP endpoints, plus
+OpenAI-compatible completions, on a node provisioned in this process (docs/serve.md)."""
 from __future__ import annotations
 
 import os
@@ -16,31 +16,66 @@ def register(cli: click.Group) -> None:
     @click.argument("targets", nargs=-1, metavar="[FILE.py[:NAME]]...")
     @click.option("--node", "node_arg", default=None, metavar="NODE", help=HELP_DESCRIPTION)
     @click.option("--remote", default=None, metavar="NODE",
-                  help="serve against a node provisioned with `forge provision` instead of provisioning one here: "
+                  help="serve against a node provisioned with `forge provision` instead of "
+                       "provisioning one here: "
                   "its name on this machine, its control URL, or the path of its description")
     @click.option("--node-token-env", default="FORGE_TOKEN", show_default=True,
                   help="with --remote: environment variable holding the remote node's bearer token")
     @click.option("--host", default="127.0.0.1", show_default=True,
                   help="address to listen on; off loopback a bearer token is required")
-    @click.option("--port", type=click.IntRange(0, 65535), default=8471, show_default=True, help="0: any free port")
+    @click.option(
+        "--port",
+        type=click.IntRange(0, 65535),
+        default=8471,
+        show_default=True,
+        help="0: any free port",
+    )
     @click.option("--token-env", default="FORGE_TOKEN", show_default=True,
                   help="environment variable holding the bearer token clients must send")
-    @click.option("--max-concurrency", type=click.IntRange(1, 1_000_000), default=None,
-                  help="requests in progress per endpoint before 429; default: 2 x the node's slots")
-    @click.option("--deadline-s", type=click.FloatRange(0.001, 600), default=60.0, show_default=True,
-                  help="a request's deadline when it names none (X-Forge-Deadline header / deadline_s field)")
-    @click.option("--max-body-mb", type=click.FloatRange(0.001, 4096), default=32.0, show_default=True,
-                  help="largest request body accepted; a bigger one gets 413")
+    @click.option(
+        "--max-concurrency",
+        type=click.IntRange(1, 1_000_000),
+        default=None,
+        help="requests in progress per endpoint before 429; default: 2 x the node's slots",
+    )
+    @click.option(
+        "--deadline-s",
+        type=click.FloatRange(0.001, 600),
+        default=60.0,
+        show_default=True,
+        help="a request's deadline when it names none (X-Forge-Deadline header / deadline_s field)",
+    )
+    @click.option(
+        "--max-body-mb",
+        type=click.FloatRange(0.001, 4096),
+        default=32.0,
+        show_default=True,
+        help="largest request body accepted; a bigger one gets 413",
+    )
     @click.option("--max-connections-per-client", type=click.IntRange(0, 1_000_000), default=1024,
-                  show_default=True, help="open connections per client address (0: no bound); at the bound a new "
+                  show_default=True, help="open connections per client address (0: no bound); at "
+                                          "the bound a new "
                   "connection closes that address's oldest idle one")
     @click.option("--strict", is_flag=True, help="treat validation warnings as errors")
     @click.option("--ready-file", type=click.Path(dir_okay=False), default=None,
                   help="write the server's URL to this file once it accepts requests")
-    def serve_cmd(targets, node_arg, remote, node_token_env, host, port, token_env, max_concurrency, deadline_s,
-                  max_body_mb, max_connections_per_client, strict, ready_file) -> int:
-        """Serve functions (one POST /v1/functions/NAME each) and OpenAI-compatible /v1/completions and
-        /v1/chat/completions, with an OpenAPI document at /docs."""
+    def serve_cmd(
+        targets,
+        node_arg,
+        remote,
+        node_token_env,
+        host,
+        port,
+        token_env,
+        max_concurrency,
+        deadline_s,
+        max_body_mb,
+        max_connections_per_client,
+        strict,
+        ready_file,
+    ) -> int:
+        """Serve functions (one POST /v1/functions/NAME each) and OpenAI-compatible /v1/completions
+        and /v1/chat/completions, with an OpenAPI document at /docs."""
         from forge.cli.node_arg import description_path, provisioned
         from forge.config.load import load_node
         from forge.functions.loader import load_function
@@ -50,7 +85,8 @@ def register(cli: click.Group) -> None:
         from forge.serve.app import serve_remote
 
         if remote is not None and node_arg is not None:
-            raise UsageError("give --node (provision here) or --remote (a node provisioned elsewhere), not both")
+            raise UsageError("give --node (provision here) or --remote (a node provisioned "
+                             "elsewhere), not both")
         token: Optional[str] = os.environ.get(token_env) or None
         require_token(host, token, token_env, what="forge serve")
         from forge.machine.ports import check_free
@@ -65,7 +101,9 @@ def register(cli: click.Group) -> None:
                             max_body_bytes=int(max_body_mb * 2**20),
                             max_connections_per_client=max_connections_per_client)
         if remote is not None:
-            return serve_remote(provisioned(remote)["control_url"], os.environ.get(node_token_env), specs, opts)
+            return serve_remote(
+                provisioned(remote)["control_url"], os.environ.get(node_token_env), specs, opts
+            )
         loaded = load_node(description_path(node_arg, "serve"), strict=strict)
         for w in loaded.warnings:
             click.echo(w.render(), err=True)

@@ -16,10 +16,14 @@ def register(cli: click.Group) -> None:
                   help="seconds between polls of the node's /v1/stats")
     @click.option("--token-env", default="FORGE_TOKEN", show_default=True,
                   help="environment variable holding the node's bearer token")
-    @click.option("--once", is_flag=True, help="print one frame (rates over one interval) to stdout and exit")
-    @click.option("--wide", is_flag=True, help="every column, whatever the terminal's width (the default fits "
+    @click.option("--once", is_flag=True, help="print one frame (rates over one interval) to "
+                                               "stdout and exit")
+    @click.option("--wide", is_flag=True, help="every column, whatever the terminal's width (the "
+                                               "default fits "
                   "the terminal, 80 columns at least)")
-    def top_cmd(node: Optional[str], interval: float, token_env: str, once: bool, wide: bool) -> int:
+    def top_cmd(
+        node: Optional[str], interval: float, token_env: str, once: bool, wide: bool
+    ) -> int:
         """Live per-card view: tokens/s, budget use, slots, KV, queues, stalls, health."""
         from forge.cli import screen
         from forge.cli.node_arg import provisioned
@@ -27,11 +31,17 @@ def register(cli: click.Group) -> None:
         from forge.top.poll import Poller
 
         target = provisioned(node)
-        poller = Poller(target["control_url"], name=target["node"], token=os.environ.get(token_env) or None,
-                        token_env=token_env)
+        poller = Poller(
+            target["control_url"],
+            name=target["node"],
+            token=os.environ.get(token_env) or None,
+            token_env=token_env,
+        )
         console = screen.console(wide)
         try:
-            return run_once(poller, console, interval) if once else run_live(poller, console, interval)
+            return (
+                run_once(poller, console, interval) if once else run_live(poller, console, interval)
+            )
         except KeyboardInterrupt:
             return 0                          # Ctrl-C is how a live view ends: not an error
         finally:

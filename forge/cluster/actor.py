@@ -1,10 +1,12 @@
-"""One card's engine host as a Ray actor (the node agent creates one per card, see agent.py), and the
-transport a cluster job's links reach it by. Not importing Ray at module level: the agent wraps the class.
+"""One card's engine host as a Ray actor (the node agent creates one per card, see agent.py), and
+the transport a cluster job's links reach it by. Not importing Ray at module level: the agent wraps
+the class.
 
-EngineActor is the engine host (forge/host/engine_host.py) plus what is Ray-specific: the node description
-is loaded and validated on the card's own machine, the orphan guard (guard.py) is installed, the engine id
-is node/card, and a failed engine ends the process so that Ray restarts the actor on its card (its
-in-flight work is requeued by the jobs' links, which find the restarted actor by its name)."""
+EngineActor is the engine host (forge/host/engine_host.py) plus what is Ray-specific: the node
+description is loaded and validated on the card's own machine, the orphan guard (guard.py) is
+installed, the engine id is node/card, and a failed engine ends the process so that Ray restarts the
+actor on its card (its in-flight work is requeued by the jobs' links, which find the restarted actor
+by its name)."""
 from __future__ import annotations
 
 import asyncio
@@ -23,7 +25,8 @@ from forge.link.transport import Transport
 
 log = logging.getLogger("forge.cluster.actor")
 
-FAILED_EXIT_DELAY_S = 1.0       # after an engine failure: let links collect what was given back, then exit
+# after an engine failure: let links collect what was given back, then exit
+FAILED_EXIT_DELAY_S = 1.0
 EXIT_ENGINE_FAILED = 4
 REATTACH_INTERVAL_S = 0.5
 HELLO_TIMEOUT_S = 10.0
@@ -31,23 +34,34 @@ HELLO_TIMEOUT_S = 10.0
 
 class EngineActor(EngineHost):
     def __init__(self, node_path: str, card_index: int, agent: dict):
-        # agent: the agent's pid and host (watched), the tier it expects on this card, and `guard` (False
-        # only where this class runs outside a Ray worker, e.g. unit tests: then it neither installs the guard nor
-        # sets this process's cores and threads).
-        self.guard = guard.install(agent.get("pid"), agent.get("host")) if agent.get("guard", True) else {}
+        # agent: the agent's pid and host (watched), the tier it expects on this card, and `guard`
+        # (False only where this class runs outside a Ray worker, e.g. unit tests: then it neither
+        # installs the guard nor sets this process's cores and threads).
+        self.guard = (
+            guard.install(agent.get("pid"), agent.get("host")) if agent.get("guard", True) else {}
+        )
         from forge.config.load import load_node
 
         loaded = load_node(node_path)
         plan = next((p for p in loaded.plans if p.card.index == card_index), None)
         if plan is None:
-            raise ForgeError(f"{node_path}: no card with index {card_index} (the description changed under the agent)")
+            raise ForgeError(f"{node_path}: no card with index {card_index} (the description "
+                             "changed under the agent)")
         if agent.get("tier") and plan.contract.contract != agent["tier"]:
-            raise ForgeError(f"{node_path}: card {plan.card_id} now runs {plan.contract.contract}, not "
-                             f"{agent['tier']} (the description changed under the agent; restart it)")
-        # Before the engine loads: Ray gave this worker OMP_NUM_THREADS=<num_cpus> (1 for none), not the card's.
-        self.thread_report = (give_threads(plan, loaded.node.host.cpu_cores) if agent.get("guard", True)
-                              else {"wanted": None, "threads": None, "cores": None, "problems": []})
-        super().__init__(plan, node=loaded.node.node, engine_id=cluster_engine_id(loaded.node.node, plan.card_id))
+            raise ForgeError(f"{node_path}: card {plan.card_id} now runs {plan.contract.contract}, "
+                             "not "
+                             f"{agent['tier']} (the description changed under the agent; restart "
+                             "it)")
+        # Before the engine loads: Ray gave this worker OMP_NUM_THREADS=<num_cpus> (1 for none), not
+        # the card's.
+        self.thread_report = (
+            give_threads(plan, loaded.node.host.cpu_cores)
+            if agent.get("guard", True)
+            else {"wanted": None, "threads": None, "cores": None, "problems": []}
+        )
+        super().__init__(
+            plan, node=loaded.node.node, engine_id=cluster_engine_id(loaded.node.node, plan.card_id)
+        )
         self.lifeline = self.guard
 
     async def threads(self) -> dict:
@@ -63,8 +77,9 @@ class EngineActor(EngineHost):
 
 
 class RayTransport(Transport):
-    """A link's calls as Ray actor calls. Ray restarts a crashed actor on its card (max_restarts); a node
-    provisioned again creates a new actor under the same name: either way the link finds it back here."""
+    """A link's calls as Ray actor calls. Ray restarts a crashed actor on its card (max_restarts); a
+    node provisioned again creates a new actor under the same name: either way the link finds it
+    back here."""
 
     def __init__(self, actor_name: str, handle: Any):
         self.name, self.handle = actor_name, handle
@@ -80,7 +95,7 @@ class RayTransport(Transport):
             try:
                 info = await _remote(handle, HostMethod.HELLO, (), HELLO_TIMEOUT_S)
             except died:
-                try:                          # its node may have been provisioned again: same name, new actor
+                try:  # its node may have been provisioned again: same name, new actor
                     import ray
 
                     handle = await asyncio.to_thread(ray.get_actor, self.name, namespace=NAMESPACE)
@@ -90,7 +105,7 @@ class RayTransport(Transport):
             except Exception:  # noqa: BLE001 - unavailable, restarting, slow: try again
                 continue
             if engine_failed and info.incarnation == incarnation:
-                continue                      # the failed actor has not exited yet: wait for its successor
+                continue  # the failed actor has not exited yet: wait for its successor
             self.handle = handle
             return info
 

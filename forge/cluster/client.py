@@ -1,14 +1,14 @@
 """ClusterNode: every engine provisioned on a Ray cluster, seen by a job as one node.
 
-It is a node like the one on a single machine (forge/node/linked.py: one broker over every engine, one link
-each, the same requests, answers and loss handling), so the ledger, output, resume, metrics and report are
-the same code too (forge/functions/job.py). Only two things are Ray's: the engines are actors found by name
-(actor.py's RayTransport carries the links' calls), and the driver has no tokenizer of its own: prompts are
-tokenized by the engines, in batches (forge/link/encoder.py).
+It is a node like the one on a single machine (forge/node/linked.py: one broker over every engine,
+one link each, the same requests, answers and loss handling), so the ledger, output, resume, metrics
+and report are the same code too (forge/functions/job.py). Only two things are Ray's: the engines
+are actors found by name (actor.py's RayTransport carries the links' calls), and the driver has no
+tokenizer of its own: prompts are tokenized by the engines, in batches (forge/link/encoder.py).
 
-Down: when no engine a pending request fits has answered for `down_grace_s` (its nodes are gone and not
-back), waiting is pointless: those requests fail with NodeDown, the job stops without error rows, and
-the same command resumes once the nodes are back."""
+Down: when no engine a pending request fits has answered for `down_grace_s` (its nodes are gone and
+not back), waiting is pointless: those requests fail with NodeDown, the job stops without error
+rows, and the same command resumes once the nodes are back."""
 from __future__ import annotations
 
 import asyncio
@@ -46,8 +46,10 @@ class ClusterNode(LinkedNode):
 
         names = await asyncio.to_thread(list_engine_actors, ray)
         if not names:
-            raise ForgeError(f"no engine is provisioned on the Ray cluster at {self.address}: run "
-                             f"`forge provision NODE.yaml --cluster {self.address}` on each machine")
+            raise ForgeError(
+                f"no engine is provisioned on the Ray cluster at {self.address}: run "
+                f"`forge provision NODE.yaml --cluster {self.address}` on each machine"
+            )
         handles = {}
         for n in names:
             try:
@@ -55,28 +57,38 @@ class ClusterNode(LinkedNode):
             except ValueError:
                 continue                       # gone between listing and lookup
         wait_s = max(START_TIMEOUT_S, HELLO_TIMEOUT_S)
-        infos = await asyncio.gather(*(RayTransport(name, h).hello(timeout_s=wait_s) for name, h in handles.items()),
-                                     return_exceptions=True)
+        infos = await asyncio.gather(
+            *(RayTransport(name, h).hello(timeout_s=wait_s) for name, h in handles.items()),
+            return_exceptions=True,
+        )
         found = []
         for (name, handle), info in zip(handles.items(), infos):
             if isinstance(info, BaseException):
-                print(f"forge: engine {name.removeprefix(ENGINE_ACTOR_PREFIX)} left out of this job: "
-                      f"{type(info).__name__}: {str(info).strip().splitlines()[0][:200] if str(info).strip() else ''}",
+                print(f"forge: engine {name.removeprefix(ENGINE_ACTOR_PREFIX)} left out of this "
+                      "job: "
+                      f"{type(info).__name__}: "
+                      f"{str(info).strip().splitlines()[0][:200] if str(info).strip() else ''}",
                       file=sys.stderr, flush=True)
             else:
                 found.append((name, handle, info))
         if not found:
-            raise ForgeError(f"no engine on the Ray cluster at {self.address} answered within {START_TIMEOUT_S:g} s")
+            raise ForgeError(f"no engine on the Ray cluster at {self.address} answered within "
+                             f"{START_TIMEOUT_S:g} s")
         self.attach(found)
 
     def attach(self, engines: list[tuple[str, object, Hello]]) -> None:
-        """Build the job's broker over these engines (actor name, handle, hello) and start their links."""
+        """Build the job's broker over these engines (actor name, handle, hello) and start their
+        links."""
         self.attach_links([(RayTransport(name, handle), info) for name, handle, info in engines])
         self._use_encoders(self.tokenizer_keys())
         nodes = sorted({lk.info.node for lk in self.links.values()})
-        print(f"forge: cluster {self.address}: {len(self.links)} engine(s) on {len(nodes)} node(s): "
-              + ", ".join(f"{eid} {lk.info.tier}" for eid, lk in sorted(self.links.items())), file=sys.stderr,
-              flush=True)
+        print(
+            f"forge: cluster {self.address}: {len(self.links)} engine(s) on {len(nodes)} "
+            "node(s): "
+            + ", ".join(f"{eid} {lk.info.tier}" for eid, lk in sorted(self.links.items())),
+            file=sys.stderr,
+            flush=True,
+        )
 
     def describe(self) -> dict:
         return {"node": self.name, "cards": [{"card": eid, "tier": lk.info.tier, "state": lk.state}

@@ -1,7 +1,7 @@
 """`forge deploy FILE.py --cluster ADDRESS`: a job across every node provisioned on a Ray cluster.
 
-The same job as on one machine (forge/functions/job.py: ledger, output, resume, metrics, report); only
-the node differs: a ClusterNode, whose broker spans every engine on the cluster."""
+The same job as on one machine (forge/functions/job.py: ledger, output, resume, metrics, report);
+only the node differs: a ClusterNode, whose broker spans every engine on the cluster."""
 from __future__ import annotations
 
 from forge.functions.job import JobOptions

@@ -40,7 +40,8 @@ def tier_resource(contract: str) -> str:
 
 
 def node_resources(loaded) -> dict[str, float]:
-    """The custom resources a provisioned node advertises (a LoadedDescription in, Ray's --resources out)."""
+    """The custom resources a provisioned node advertises (a LoadedDescription in, Ray's --resources
+    out)."""
     out: Counter = Counter({node_resource(loaded.node.node): 1})
     for p in loaded.plans:
         out[card_resource(p.card.model)] += 1

@@ -1,5 +1,6 @@
-"""A provisioned node's record on the cluster: a small actor the agent owns (it dies with the agent), named
-`node:<name>`, that `forge status --cluster` reads. The agent refreshes it every heartbeat."""
+"""A provisioned node's record on the cluster: a small actor the agent owns (it dies with the
+agent), named `node:<name>`, that `forge status --cluster` reads. The agent refreshes it every
+heartbeat."""
 from __future__ import annotations
 
 import time

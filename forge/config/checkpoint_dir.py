@@ -18,7 +18,12 @@ def geometry(cfg: dict) -> dict:
     text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
     heads = text.get("num_attention_heads")
     head_dim = text.get("head_dim")
-    if head_dim is None and isinstance(text.get("hidden_size"), int) and isinstance(heads, int) and heads:
+    if (
+        head_dim is None
+        and isinstance(text.get("hidden_size"), int)
+        and isinstance(heads, int)
+        and heads
+    ):
         head_dim = text["hidden_size"] // heads
     return {"num_layers": text.get("num_hidden_layers"),
             "num_attention_heads": heads,
@@ -28,12 +33,17 @@ def geometry(cfg: dict) -> dict:
             "max_position_embeddings": text.get("max_position_embeddings")}
 
 
-_HF_KEYS = {"num_layers": "num_hidden_layers", "num_kv_heads": "num_key_value_heads", "head_dim": "head_dim",
-            "vocab_size": "vocab_size"}
+_HF_KEYS = {
+    "num_layers": "num_hidden_layers",
+    "num_kv_heads": "num_key_value_heads",
+    "head_dim": "head_dim",
+    "vocab_size": "vocab_size",
+}
 
 
 def check_checkpoint(contract: Contract, file: str) -> list[Problem]:
-    """Every disagreement between a contract and its checkpoint's config.json; weights must exist."""
+    """Every disagreement between a contract and its checkpoint's config.json; weights must
+    exist."""
     where = "$.artifact.checkpoint"
     ckpt = contract.resolve(contract.artifact.checkpoint)
     if ckpt is None or not ckpt.is_dir():
@@ -47,7 +57,8 @@ def check_checkpoint(contract: Contract, file: str) -> list[Problem]:
     archs = cfg.get("architectures")
     if isinstance(archs, list) and archs and m.architecture not in archs:
         out.append(Problem(file, "$.model.architecture",
-                           f"the checkpoint is a {', '.join(map(str, archs))}; the contract says {m.architecture}"))
+                           f"the checkpoint is a {', '.join(map(str, archs))}; the contract says "
+                           f"{m.architecture}"))
     geo = geometry(cfg)
     for field, hf_key in _HF_KEYS.items():
         have = geo[field]
@@ -55,12 +66,14 @@ def check_checkpoint(contract: Contract, file: str) -> list[Problem]:
             out.append(Problem(file, f"$.model.{field}", f"checkpoint config.json has no {hf_key}"))
         elif have != getattr(m, field):
             out.append(Problem(file, f"$.model.{field}",
-                               f"the checkpoint has {hf_key} {have}; the contract says {getattr(m, field)}"))
+                               f"the checkpoint has {hf_key} {have}; the contract says "
+                               f"{getattr(m, field)}"))
     lim = contract.limits
     maxpos = geo["max_position_embeddings"]
     if isinstance(maxpos, int) and lim.max_input_len + lim.max_output_len > maxpos:
         out.append(Problem(file, "$.limits.max_input_len",
-                           f"max_input_len + max_output_len = {lim.max_input_len + lim.max_output_len} exceeds the "
+                           "max_input_len + max_output_len = "
+                           f"{lim.max_input_len + lim.max_output_len} exceeds the "
                            f"model's max_position_embeddings {maxpos}"))
     if not contract.artifact.random_weights and not any(any(ckpt.glob(g)) for g in WEIGHT_GLOBS):
         out.append(Problem(file, where, f"no weight files ({', '.join(WEIGHT_GLOBS)}) in {ckpt}; "
@@ -80,5 +93,6 @@ def check_tokenizer(contract: Contract, file: str) -> list[Problem]:
             return []       # the missing checkpoint is reported by check_checkpoint
         return [Problem(file, where, f"tokenizer directory {folder} does not exist")]
     if not any((folder / name).is_file() for name in TOKENIZER_FILES):
-        return [Problem(file, where, f"no tokenizer files ({', '.join(TOKENIZER_FILES)}) in {folder}")]
+        return [Problem(file, where, f"no tokenizer files ({', '.join(TOKENIZER_FILES)}) in "
+                                     f"{folder}")]
     return []

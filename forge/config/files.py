@@ -54,14 +54,17 @@ def decode_text(data: bytes) -> str:
     try:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as e:
-        raise FileRefused(f"not UTF-8 text (invalid byte 0x{data[e.start]:02x} at offset {e.start})") from None
+        raise FileRefused(
+            f"not UTF-8 text (invalid byte 0x{data[e.start]:02x} at offset {e.start})"
+        ) from None
     return text
 
 
 def walk_configs(root: Path) -> tuple[list[Path], list[tuple[Path, str, str]]]:
     """YAML files below `root`, sorted, hidden entries skipped, each real folder visited once.
 
-    Returns (files, notes) where a note is (path, severity, message) for loops and unreadable entries."""
+    Returns (files, notes) where a note is (path, severity, message) for loops and unreadable
+    entries."""
     files: list[Path] = []
     notes: list[tuple[Path, str, str]] = []
     seen: set[tuple[int, int]] = set()
@@ -75,7 +78,8 @@ def walk_configs(root: Path) -> tuple[list[Path], list[tuple[Path, str, str]]]:
             continue
         ident = (st.st_dev, st.st_ino)
         if ident in seen:
-            notes.append((folder, "warning", "symlink loop: this folder was already visited; skipped"))
+            notes.append((folder, "warning", "symlink loop: this folder was already visited; "
+                                             "skipped"))
             continue
         seen.add(ident)
         try:
@@ -101,15 +105,17 @@ def walk_configs(root: Path) -> tuple[list[Path], list[tuple[Path, str, str]]]:
             elif entry.name.endswith(CONFIG_SUFFIXES):
                 files.append(path)
                 if len(files) > MAX_FILES_PER_WALK:
-                    notes.append((root, "error", f"more than {MAX_FILES_PER_WALK} YAML files below this folder"))
+                    notes.append((root, "error", f"more than {MAX_FILES_PER_WALK} YAML files below "
+                                                 "this folder"))
                     return files[:MAX_FILES_PER_WALK], notes
         stack.extend(reversed(subfolders))
     return files, notes
 
 
 def read_json(path: Path, *, parse_int=None) -> dict:
-    """A JSON object from a bounded file; FileRefused with a one-line reason otherwise. `parse_int`: json.loads's
-    (a reader that names a field holding a 5,000-digit number passes one that keeps it apart instead of failing)."""
+    """A JSON object from a bounded file; FileRefused with a one-line reason otherwise. `parse_int`:
+    json.loads's (a reader that names a field holding a 5,000-digit number passes one that keeps it
+    apart instead of failing)."""
     import json
 
     text = decode_text(read_bytes(path))
@@ -119,7 +125,8 @@ def read_json(path: Path, *, parse_int=None) -> dict:
         raise FileRefused(f"not valid JSON: {e.msg} (line {e.lineno}, column {e.colno})") from None
     except RecursionError:
         raise FileRefused("JSON nested too deeply") from None
-    except ValueError as e:            # an integer of more digits than Python converts (4,300): say so, no traceback
+    # an integer of more digits than Python converts (4,300): say so, no traceback
+    except ValueError as e:
         raise FileRefused(f"not readable JSON: {' '.join(str(e).split())[:160]}") from None
     if not isinstance(data, dict):
         raise FileRefused("expected a JSON object at the top level")
@@ -127,8 +134,8 @@ def read_json(path: Path, *, parse_int=None) -> dict:
 
 
 def shown(path: Path) -> str:
-    """A path as the user gave it: relative to the current folder when below it; symlinks not resolved
-    (a problem in `up/x.yaml` must not be reported as the file the link points to)."""
+    """A path as the user gave it: relative to the current folder when below it; symlinks not
+    resolved (a problem in `up/x.yaml` must not be reported as the file the link points to)."""
     absolute = Path(os.path.abspath(path))
     try:
         return str(absolute.relative_to(Path(os.path.abspath(os.getcwd()))))

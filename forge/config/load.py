@@ -25,8 +25,9 @@ class LoadedSet:
     nodes: dict[str, NodeDescription] = field(default_factory=dict)
     contracts: dict[str, Contract] = field(default_factory=dict)
     problems: list[Problem] = field(default_factory=list)
-    plans: dict[str, list[CardPlan]] = field(default_factory=dict)              # node name -> per card
-    node_contracts: dict[str, dict[str, Contract]] = field(default_factory=dict)  # node name -> its contracts
+    plans: dict[str, list[CardPlan]] = field(default_factory=dict)  # node name -> per card
+    # node name -> its contracts
+    node_contracts: dict[str, dict[str, Contract]] = field(default_factory=dict)
     files_checked: int = 0
 
     @property
@@ -77,8 +78,9 @@ class _Session:
         return files
 
     def node_contract_files(self, pf: ParsedFile) -> tuple[list[Path], bool]:
-        """The files a node's `contracts:` names (a folder or a list), relative to the node file, and
-        whether every named path exists. (Read from the file as written when the node itself has errors.)"""
+        """The files a node's `contracts:` names (a folder or a list), relative to the node file,
+        and whether every named path exists. (Read from the file as written when the node itself has
+        errors.)"""
         named = pf.model.contracts if pf.model is not None else pf.contracts_named
         base = pf.path.parent
         entries = [(named, "$.contracts")] if isinstance(named, str) else \
@@ -88,8 +90,10 @@ class _Session:
         for rel, where in entries:
             target = base / rel
             if not target.exists():
-                # name the path as resolved: a copied node file's relative `contracts:` points somewhere else
-                pf.add(where, f"{rel!r} (relative to the node file's folder: {os.path.abspath(target)}) does not exist")
+                # name the path as resolved: a copied node file's relative `contracts:` points
+                # somewhere else
+                pf.add(where, f"{rel!r} (relative to the node file's folder: "
+                              f"{os.path.abspath(target)}) does not exist")
                 complete = False
             elif target.is_dir():
                 files, notes = walk_configs(target)
@@ -112,7 +116,8 @@ def _cross_file_duplicates(files: list[ParsedFile]) -> list[Problem]:
         key = (pf.kind, pf.name)
         if key in first:
             what = "node" if pf.kind == "node" else "contract"
-            out.append(Problem(pf.display, f"$.{pf.kind}", f"{what} name {pf.name!r} is also used by "
+            out.append(Problem(pf.display, f"$.{pf.kind}", f"{what} name {pf.name!r} is also used "
+                                                           "by "
                                f"{first[key].display}"))
         else:
             first[key] = pf
@@ -131,10 +136,13 @@ def _link_node(s: _Session, pf: ParsedFile, out: LoadedSet) -> None:
         elif cf.kind == "contract" and cf.name:
             broken.add(cf.name)        # its own problems say why; do not repeat them on the card
         elif cf.kind is None:
-            broken.add(path.stem)      # unreadable: its file name is the best guess at its contract name
-    if not complete:               # the missing path is reported; unknown names would only repeat it
+            # unreadable: its file name is the best guess at its contract name
+            broken.add(path.stem)
+    if not complete:  # the missing path is reported; unknown names would only repeat it
         broken |= {card.engine for card in node.cards if card.engine not in contracts}
-    plans = [plan_card(card, contracts[card.engine]) for card in node.cards if card.engine in contracts]
+    plans = [
+        plan_card(card, contracts[card.engine]) for card in node.cards if card.engine in contracts
+    ]
     pf.problems += checks.check_node(node, pf.display, contracts, plans, broken)
     if node.node not in out.nodes:
         out.nodes[node.node] = node
@@ -142,7 +150,9 @@ def _link_node(s: _Session, pf: ParsedFile, out: LoadedSet) -> None:
         out.plans[node.node] = plans
 
 
-def load_paths(paths: Sequence[PathLike], *, strict: bool = False, registry: Optional[Registry] = None) -> LoadedSet:
+def load_paths(
+    paths: Sequence[PathLike], *, strict: bool = False, registry: Optional[Registry] = None
+) -> LoadedSet:
     """Load node descriptions and engine contracts from files and folders, with every check."""
     if registry is None:
         from forge.config.registry import from_plugins
@@ -157,15 +167,20 @@ def load_paths(paths: Sequence[PathLike], *, strict: bool = False, registry: Opt
         if pf.kind == "node" and pf.model is not None:
             _link_node(s, pf, out)       # may load more files (the node's contracts)
         elif pf.kind == "node" and pf.contracts_named is not None:
-            # A node with errors still names its contracts: check them in this pass too, so one run of
-            # `forge validate` reports every independent problem (fixing the node does not reveal new ones).
+            # A node with errors still names its contracts: check them in this pass too, so one run
+            # of `forge validate` reports every independent problem (fixing the node does not reveal
+            # new ones).
             for path in s.node_contract_files(pf)[0]:
                 s.file(path)
     files = list(s.parsed.values())
     for pf in files:
         if pf.kind == "contract" and pf.model is not None:
-            pf.problems += checks.check_contract(pf.model, pf.display, contract_rules=registry.contract_rules,
-                                                 artifact_checks=registry.artifact_checks)
+            pf.problems += checks.check_contract(
+                pf.model,
+                pf.display,
+                contract_rules=registry.contract_rules,
+                artifact_checks=registry.artifact_checks,
+            )
             out.contracts.setdefault(pf.model.contract, pf.model)
     problems = _cross_file_duplicates(files) + s.extra
     for pf in files:
@@ -188,22 +203,32 @@ def load_paths(paths: Sequence[PathLike], *, strict: bool = False, registry: Opt
 
 
 def _one_line(text: str) -> str:
-    """Escape what would break a `file::$.path: message` line: a path or value may hold a newline or another
-    control character (U+001E and U+2028 end a line too)."""
+    """Escape what would break a `file::$.path: message` line: a path or value may hold a newline or
+    another control character (U+001E and U+2028 end a line too)."""
     if text.isprintable():
         return text
-    return "".join(c if c.isprintable() else c.encode("unicode_escape", "backslashreplace").decode("ascii")
-                   for c in text)
+    return "".join(
+        c if c.isprintable() else c.encode("unicode_escape", "backslashreplace").decode("ascii")
+        for c in text
+    )
 
 
-def load_node(path: PathLike, *, strict: bool = False, registry: Optional[Registry] = None) -> LoadedDescription:
+def load_node(
+    path: PathLike, *, strict: bool = False, registry: Optional[Registry] = None
+) -> LoadedDescription:
     """A node description plus its contracts and plans; raises ConfigError on any error."""
     loaded = load_paths([path], strict=strict, registry=registry)
     target = Path(path).absolute()
     node = next((n for n in loaded.nodes.values() if n.source == target), None)
     if node is None and loaded.ok:
-        raise ConfigError([Problem(shown(path), "$", "expected a node description (top key 'node')")])
+        raise ConfigError(
+            [Problem(shown(path), "$", "expected a node description (top key 'node')")]
+        )
     if not loaded.ok:
         raise ConfigError(loaded.errors + loaded.warnings)
-    return LoadedDescription(node=node, contracts=loaded.node_contracts[node.node], plans=loaded.plans[node.node],
-                      warnings=loaded.warnings)
+    return LoadedDescription(
+        node=node,
+        contracts=loaded.node_contracts[node.node],
+        plans=loaded.plans[node.node],
+        warnings=loaded.warnings,
+    )

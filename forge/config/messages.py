@@ -11,9 +11,11 @@ import pydantic
 
 # Patterns of the models, said in words.
 PATTERN_WORDS = {
-    r"^[A-Za-z0-9][A-Za-z0-9._-]*$": "a name: letters, digits, '.', '_' or '-', starting with a letter or digit",
+    r"^[A-Za-z0-9][A-Za-z0-9._-]*$": "a name: letters, digits, '.', '_' or '-', starting with a "
+                                     "letter or digit",
     r"^[0-9]{1,2}\.[0-9]$": 'a compute capability such as "12.0" (major.minor)',
-    r"^\s*[0-9]+(\.[0-9]+)?\s*([KMGT]i?B|B)?\s*$": 'a size: a number of bytes, or a string such as "8GiB"',
+    r"^\s*[0-9]+(\.[0-9]+)?\s*([KMGT]i?B|B)?\s*$": 'a size: a number of bytes, or a string such as '
+                                                   '"8GiB"',
     r"^[A-Za-z_][A-Za-z0-9_]*$": "an environment variable name",
 }
 # Why a missing key is never filled in for you.
@@ -61,8 +63,15 @@ def describe(value) -> str:
     return type(value).__name__
 
 
-_TYPE_WORDS = {"integer": "an integer", "number": "a number", "string": "a string", "boolean": "true or false",
-               "object": "a mapping", "array": "a list", "null": "null"}
+_TYPE_WORDS = {
+    "integer": "an integer",
+    "number": "a number",
+    "string": "a string",
+    "boolean": "true or false",
+    "object": "a mapping",
+    "array": "a list",
+    "null": "null",
+}
 
 
 def _types(t) -> str:
@@ -80,10 +89,18 @@ def _schema_messages(err: jsonschema.ValidationError) -> list[tuple[tuple, str]]
     path, v, inst, val = tuple(err.absolute_path), err.validator, err.instance, err.validator_value
     if v == "additionalProperties" and isinstance(inst, dict):
         allowed = list(err.schema.get("properties", {}))
-        return [(path + (k,), f"unknown key {k!r}{did_you_mean(k, allowed)}") for k in inst if k not in allowed]
+        return [
+            (path + (k,), f"unknown key {k!r}{did_you_mean(k, allowed)}")
+            for k in inst
+            if k not in allowed
+        ]
     if v == "required" and isinstance(inst, dict):
         why = MISSING_WHY.get(str(path[-1]) if path else "", "")
-        return [(path + (k,), "missing required key" + (f" ({why})" if why else "")) for k in val if k not in inst]
+        return [
+            (path + (k,), "missing required key" + (f" ({why})" if why else ""))
+            for k in val
+            if k not in inst
+        ]
     if v == "type":
         return [(path, f"expected {_types(val)}, got {describe(inst)}")]
     if v in ("anyOf", "oneOf"):
@@ -93,13 +110,23 @@ def _schema_messages(err: jsonschema.ValidationError) -> list[tuple[tuple, str]]
             for sub in typed:
                 out.extend(_schema_messages(sub))
             return out
-        wanted = sorted({t for e in err.context
-                         for t in (e.validator_value if isinstance(e.validator_value, list) else [e.validator_value])
-                         if t != "null"})
+        wanted = sorted(
+            {
+                t
+                for e in err.context
+                for t in (
+                    e.validator_value
+                    if isinstance(e.validator_value, list)
+                    else [e.validator_value]
+                )
+                if t != "null"
+            }
+        )
         return [(path, f"expected {_types(wanted)}, got {describe(inst)}")]
     if v in ("enum", "const"):
         choices = [str(c) for c in (val if v == "enum" else [val])]
-        if isinstance(inst, (dict, list)):      # described, never quoted: an alias bomb quoted is megabytes
+        # described, never quoted: an alias bomb quoted is megabytes
+        if isinstance(inst, (dict, list)):
             listed = f" (expected one of: {', '.join(choices)})" if 0 < len(choices) <= 12 else ""
             return [(path, f"unknown value: got {describe(inst)}{listed}")]
         shown = repr(inst) if len(repr(inst)) <= 80 else repr(inst)[:77] + "..."
@@ -119,7 +146,8 @@ def _schema_messages(err: jsonschema.ValidationError) -> list[tuple[tuple, str]]
     if v == "minItems":
         return [(path, f"needs at least {val} item{'s' if val != 1 else ''}")]
     if v == "pattern":
-        return [(path, f"{describe(inst)} is not {PATTERN_WORDS.get(val, 'in the form ' + repr(val))}")]
+        return [(path, f"{describe(inst)} is not "
+                       f"{PATTERN_WORDS.get(val, 'in the form ' + repr(val))}")]
     return [(path, err.message)]
 
 

@@ -1,5 +1,5 @@
-"""The typed form of the two user file formats. These pydantic models are the single source of truth:
-the JSON Schemas in docs/schemas/ are generated from them, and the loader builds them after
+"""The typed form of the two user file formats. These pydantic models are the single source of
+truth: the JSON Schemas in docs/schemas/ are generated from them, and the loader builds them after
 validating. Every model forbids unknown keys. Fields of `limits` and `kv_cache` have NO defaults:
 forge refuses a contract that leaves the token budget or the cache sizing to an engine's default."""
 from __future__ import annotations
@@ -12,13 +12,14 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator,
 from forge.config.units import parse_bytes
 
 PositiveInt = Annotated[int, Field(gt=0)]
-# What every engine represents for a count of sequences or tokens (int32): past it a limit validated and failed
-# only when the engine loaded.
+# What every engine represents for a count of sequences or tokens (int32): past it a limit validated
+# and failed only when the engine loaded.
 EngineCount = Annotated[int, Field(gt=0, le=2**31 - 1)]
 MAX_REPLICAS = 16          # engine processes of one tier on one card (cards[].replicas)
 Name = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
 ComputeCapability = Annotated[str, Field(pattern=r"^[0-9]{1,2}\.[0-9]$")]
-PathText = Annotated[str, Field(min_length=1)]      # "" would name the contract's own folder (or nothing at all)
+# "" would name the contract's own folder (or nothing at all)
+PathText = Annotated[str, Field(min_length=1)]
 
 
 class Strict(BaseModel):
@@ -29,7 +30,8 @@ class Strict(BaseModel):
 class ModelGeometry(Strict):
     """The model's shape: what the KV math and the engine cross-checks read."""
 
-    architecture: str = Field(min_length=1, description="HF architecture name, e.g. LlamaForCausalLM")
+    architecture: str = Field(min_length=1, description="HF architecture name, e.g. "
+                                                        "LlamaForCausalLM")
     num_layers: PositiveInt
     num_kv_heads: PositiveInt
     head_dim: PositiveInt
@@ -40,11 +42,15 @@ class ModelGeometry(Strict):
 class Artifact(Strict):
     """Where the engine comes from. Paths are relative to the contract file."""
 
-    engine_dir: Optional[PathText] = Field(None, description="TensorRT-LLM engine directory (config.json + rank*.engine)")
-    checkpoint: Optional[PathText] = Field(None, description="HF-style checkpoint directory (config.json [+ weights])")
-    tokenizer: Optional[PathText] = Field(None, description="tokenizer directory; defaults to the checkpoint directory")
+    engine_dir: Optional[PathText] = Field(None, description="TensorRT-LLM engine directory "
+                                                             "(config.json + rank*.engine)")
+    checkpoint: Optional[PathText] = Field(None, description="HF-style checkpoint directory "
+                                                             "(config.json [+ weights])")
+    tokenizer: Optional[PathText] = Field(None, description="tokenizer directory; defaults to the "
+                                                            "checkpoint directory")
     random_weights: bool = Field(
-        False, description="build random ('dummy') weights from the checkpoint's config.json — throughput work only; "
+        False, description="build random ('dummy') weights from the checkpoint's config.json — "
+                           "throughput work only; "
         "never a fallback for missing weights")
 
     @model_validator(mode="after")
@@ -65,12 +71,16 @@ class Limits(Strict):
     """The engine's token geometry. None of these has a default."""
 
     max_batch_size: EngineCount = Field(description="sequences in flight (slots)")
-    max_num_tokens: EngineCount = Field(description="THE TOKEN BUDGET: tokens the engine may process per step")
+    max_num_tokens: EngineCount = Field(description="THE TOKEN BUDGET: tokens the engine may "
+                                                    "process per step")
     max_input_len: EngineCount
     max_output_len: EngineCount
 
 
-ByteSize = Union[Annotated[int, Field(ge=0)], Annotated[str, Field(pattern=r"^\s*[0-9]+(\.[0-9]+)?\s*([KMGT]i?B|B)?\s*$")]]
+ByteSize = Union[
+    Annotated[int, Field(ge=0)],
+    Annotated[str, Field(pattern=r"^\s*[0-9]+(\.[0-9]+)?\s*([KMGT]i?B|B)?\s*$")],
+]
 
 
 class KvCache(Strict):
@@ -79,7 +89,8 @@ class KvCache(Strict):
     tokens_per_block: PositiveInt
     free_gpu_memory_fraction: Optional[float] = Field(None, gt=0, le=1)
     max_tokens: Optional[PositiveInt] = None
-    host_cache_size: ByteSize = Field(description='bytes, or a size such as "8GiB"; 0 means no host offload')
+    host_cache_size: ByteSize = Field(description='bytes, or a size such as "8GiB"; 0 means no '
+                                                  'host offload')
     block_reuse: bool
 
     @field_validator("tokens_per_block")
@@ -155,16 +166,20 @@ class Host(Strict):
 class Card(Strict):
     index: Annotated[int, Field(ge=0)]
     kind: Literal["gpu", "cpu"]
-    model: str = Field(min_length=1, description="as NVML reports it, e.g. 'NVIDIA H200'; 'cpu' for a CPU card")
+    model: str = Field(min_length=1, description="as NVML reports it, e.g. 'NVIDIA H200'; 'cpu' "
+                                                 "for a CPU card")
     memory_gib: float = Field(gt=0)
     compute_capability: Optional[ComputeCapability] = None
     engine: Name = Field(description="the contract this card runs")
     replicas: int = Field(
-        1, ge=1, le=MAX_REPLICAS, description="engines of this card's contract on the card, each its own process "
+        1, ge=1, le=MAX_REPLICAS, description="engines of this card's contract on the card, each "
+                                              "its own process "
         "with its own weights and KV pool (see docs/node-descriptions.md); default 1")
     cores: Optional[list[Annotated[int, Field(ge=0)]]] = Field(
-        None, min_length=1, description="host core ids this card's engine processes run on (its card worker and "
-        "every process its engine starts); default: every core the node may use. On a CPU host this is what makes "
+        None, min_length=1, description="host core ids this card's engine processes run on (its "
+                                        "card worker and "
+        "every process its engine starts); default: every core the node may use. On a CPU host "
+        "this is what makes "
         "two CPU cards two devices instead of two processes on the same cores")
 
     @model_validator(mode="after")
@@ -177,7 +192,8 @@ class Card(Strict):
 
 
 class Metrics(Strict):
-    port: Annotated[int, Field(ge=0, le=65535)] = Field(description="Prometheus /metrics port; 0 picks a free one")
+    port: Annotated[int, Field(ge=0, le=65535)] = Field(description="Prometheus /metrics port; 0 "
+                                                                    "picks a free one")
     host: str = "127.0.0.1"
 
 
@@ -194,7 +210,8 @@ class NodeDescription(Strict):
     """A node description: node_descriptions/<name>.yaml."""
 
     node: Name
-    contracts: Union[PathText, list[PathText]] = Field(description="a folder of contracts, or a list of contract files")
+    contracts: Union[PathText, list[PathText]] = Field(description="a folder of contracts, or a "
+                                                                   "list of contract files")
     host: Host
     cards: list[Card] = Field(min_length=1)
     metrics: Metrics

@@ -11,7 +11,13 @@ import pydantic
 
 from forge.config import schema as schemas
 from forge.config.files import FileRefused, decode_text, read_bytes, shown
-from forge.config.messages import describe, did_you_mean, json_path, pydantic_findings, schema_findings
+from forge.config.messages import (
+    describe,
+    did_you_mean,
+    json_path,
+    pydantic_findings,
+    schema_findings,
+)
 from forge.config.models import Contract, NodeDescription
 from forge.config.placeholders import find_placeholders, placeholder_message
 from forge.config.registry import Registry
@@ -27,11 +33,13 @@ class ParsedFile:
     path: Path                       # absolute, as given (relative paths inside resolve against it)
     display: str                     # as the user reads it
     kind: Optional[str] = None       # "node" | "contract" once the top key is known
-    name: Optional[str] = None       # the top key's value when it is a string, even if the file is invalid
+    # the top key's value when it is a string, even if the file is invalid
+    name: Optional[str] = None
     model: Union[NodeDescription, Contract, None] = None
     problems: list[Problem] = field(default_factory=list)
-    # A node's `contracts:` as written, when it is a path or a list of paths: its contracts are read and checked
-    # even when the node itself has errors (their problems are independent of the node's).
+    # A node's `contracts:` as written, when it is a path or a list of paths: its contracts are read
+    # and checked even when the node itself has errors (their problems are independent of the
+    # node's).
     contracts_named: Union[str, list, None] = None
 
     def add(self, path: str, message: str, severity: str = "error") -> None:
@@ -65,7 +73,11 @@ def _normalize(kind: str, data: dict, pf: ParsedFile) -> None:
             pf.add(json_path(parts), f"unsupported YAML value of type {type(value).__name__}")
 
     walk(data, ())
-    if kind == "contract" and isinstance(data.get("target"), dict) and "compute_capability" in data["target"]:
+    if (
+        kind == "contract"
+        and isinstance(data.get("target"), dict)
+        and "compute_capability" in data["target"]
+    ):
         data["target"]["compute_capability"] = _normalize_cc(data["target"]["compute_capability"])
     if kind == "node" and isinstance(data.get("cards"), list):
         for card in data["cards"]:
@@ -98,7 +110,9 @@ def _top(data, pf: ParsedFile) -> Optional[str]:
         return None
     if not kinds:
         keys = [k for k in data if isinstance(k, str)]
-        hint = next((did_you_mean(k, KINDS) for k in keys if "did you mean" in did_you_mean(k, KINDS)), "")
+        hint = next(
+            (did_you_mean(k, KINDS) for k in keys if "did you mean" in did_you_mean(k, KINDS)), ""
+        )
         pf.add("$", f"neither top key 'node' nor 'contract'{hint}: a file is {WHAT}")
         return None
     return kinds[0]
@@ -122,8 +136,10 @@ def _build(kind: str, data: dict, reg: Registry, schema_found: bool):
         backend = data.get("backend")
         if isinstance(backend, str) and backend not in reg.backends:
             known = sorted(reg.backends)
-            findings.append(("$.backend", f"unknown backend {backend!r}{did_you_mean(backend, known)}" if known
-                             else f"unknown backend {backend!r} (no engine backend plugin is installed)"))
+            findings.append(("$.backend", "unknown backend "
+                                          f"{backend!r}{did_you_mean(backend, known)}" if known
+                             else f"unknown backend {backend!r} (no engine backend plugin is "
+                                  "installed)"))
     model = None
     try:
         model = model_cls.model_validate(payload)
@@ -155,7 +171,7 @@ def parse_file(path: Path, reg: Registry) -> ParsedFile:
     holes = find_placeholders(data)
     for path_, asks in holes:
         pf.add(path_, placeholder_message(asks))
-    hole_paths = {path_ for path_, _ in holes}          # a placeholder's type error is said by its own line
+    hole_paths = {path_ for path_, _ in holes}  # a placeholder's type error is said by its own line
     schema_found = schema_findings(schemas.validator_for(kind, reg), data)
     model, rule_findings = _build(kind, data, reg, schema_found=bool(schema_found))
     found = [item for item in schema_found if item[0] not in hole_paths]

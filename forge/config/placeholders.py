@@ -1,6 +1,7 @@
-"""Values a user must state before a file is used: `forge contract new` writes them into the node it drafts (the
-host's memory and cores, a GPU's NVML name), each a string beginning with FILL IN:. Validation refuses each one by
-name, with what it asks for, instead of a type error about a string where a number belongs."""
+"""Values a user must state before a file is used: `forge contract new` writes them into the node it
+drafts (the host's memory and cores, a GPU's NVML name), each a string beginning with FILL IN:.
+Validation refuses each one by name, with what it asks for, instead of a type error about a string
+where a number belongs."""
 from __future__ import annotations
 
 from forge.config.messages import json_path
@@ -14,7 +15,8 @@ def placeholder(what: str) -> str:
 
 
 def find_placeholders(data) -> list[tuple[str, str]]:
-    """(JSON path, what it asks for) for every placeholder in a parsed YAML document, in document order."""
+    """(JSON path, what it asks for) for every placeholder in a parsed YAML document, in document
+    order."""
     found: list[tuple[str, str]] = []
 
     def walk(value, parts: tuple) -> None:
@@ -32,4 +34,5 @@ def find_placeholders(data) -> list[tuple[str, str]]:
 
 
 def placeholder_message(asks: str) -> str:
-    return f"not filled in yet: `forge contract new` left a placeholder here for you to state {asks}"
+    return ("not filled in yet: `forge contract new` left a placeholder here for you to state "
+            f"{asks}")

@@ -1,11 +1,13 @@
-"""Parameters in a checkpoint's *.safetensors files, read from their headers only (never the weights).
+"""Parameters in a checkpoint's *.safetensors files, read from their headers only (never the
+weights).
 
-A safetensors file is an 8-byte little-endian header length, a JSON header {tensor name: {dtype, shape,
-data_offsets}} (plus an optional __metadata__), then the data. Every part of a header is checked before it is
-believed: a header that is not an object, an entry that is not a tensor, a shape that is not a list of whole
-non-negative numbers, offsets outside the file, or a shape whose size disagrees with its bytes is refused with the
-file and the JSON path (`model.safetensors::$['lm_head.weight'].shape[0]: ...`). A file that is not a regular file
-(a FIFO, a device, a folder) is refused without blocking on it."""
+A safetensors file is an 8-byte little-endian header length, a JSON header {tensor name: {dtype,
+shape, data_offsets}} (plus an optional __metadata__), then the data. Every part of a header is
+checked before it is believed: a header that is not an object, an entry that is not a tensor, a
+shape that is not a list of whole non-negative numbers, offsets outside the file, or a shape whose
+size disagrees with its bytes is refused with the file and the JSON path
+(`model.safetensors::$['lm_head.weight'].shape[0]: ...`). A file that is not a regular file (a FIFO,
+a device, a folder) is refused without blocking on it."""
 from __future__ import annotations
 
 import json
@@ -23,9 +25,28 @@ from forge.errors import ForgeError
 MAX_HEADER_BYTES = 100 << 20        # the safetensors format's own limit
 MAX_FILES = 10_000
 MAX_DIMS = 16
-DTYPE_BITS = {"F64": 64, "F32": 32, "F16": 16, "BF16": 16, "I64": 64, "I32": 32, "I16": 16, "I8": 8, "U64": 64,
-              "U32": 32, "U16": 16, "U8": 8, "BOOL": 8, "F8_E4M3": 8, "F8_E5M2": 8, "F8_E8M0": 8, "C64": 64,
-              "F6_E2M3": 6, "F6_E3M2": 6, "F4": 4}
+DTYPE_BITS = {
+    "F64": 64,
+    "F32": 32,
+    "F16": 16,
+    "BF16": 16,
+    "I64": 64,
+    "I32": 32,
+    "I16": 16,
+    "I8": 8,
+    "U64": 64,
+    "U32": 32,
+    "U16": 16,
+    "U8": 8,
+    "BOOL": 8,
+    "F8_E4M3": 8,
+    "F8_E5M2": 8,
+    "F8_E8M0": 8,
+    "C64": 64,
+    "F6_E2M3": 6,
+    "F6_E3M2": 6,
+    "F4": 4,
+}
 
 
 @dataclass(frozen=True)
@@ -36,12 +57,14 @@ class HeaderCount:
 
 
 def count_safetensors(ckpt: Path) -> Optional[HeaderCount]:
-    """The parameters the checkpoint's *.safetensors headers declare; None when it has no such file."""
+    """The parameters the checkpoint's *.safetensors headers declare; None when it has no such
+    file."""
     files = sorted(ckpt.glob("*.safetensors"))
     if not files:
         return None
     if len(files) > MAX_FILES:
-        raise ForgeError(f"{shown(ckpt)}: more than {MAX_FILES:,} *.safetensors files; forge reads at most that many")
+        raise ForgeError(f"{shown(ckpt)}: more than {MAX_FILES:,} *.safetensors files; forge reads "
+                         "at most that many")
     total = sum(_count_file(f) for f in files)
     label = f"{files[0].name} header" if len(files) == 1 else f"{len(files)} *.safetensors headers"
     return HeaderCount(total, len(files), label)
@@ -64,24 +87,29 @@ def _count_file(file: Path) -> int:
 
 
 def _read_header(file: Path) -> tuple[object, int]:
-    """The parsed header and the bytes of data after it. Opened non-blocking and checked to be a regular file
-    before anything is read (open() of a FIFO without O_NONBLOCK waits for a writer forever)."""
+    """The parsed header and the bytes of data after it. Opened non-blocking and checked to be a
+    regular file before anything is read (open() of a FIFO without O_NONBLOCK waits for a writer
+    forever)."""
     try:
         if not stat.S_ISREG(os.stat(file).st_mode):
-            raise _refuse(file, (), "not a regular file (a FIFO, a device or a folder); forge reads the header of a "
+            raise _refuse(file, (), "not a regular file (a FIFO, a device or a folder); forge "
+                                    "reads the header of a "
                           "safetensors file only")
         fd = os.open(file, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except OSError as e:
         raise _refuse(file, (), f"cannot open: {e.strerror}") from None
     try:
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):        # swapped for something else between the stat and the open
-            raise _refuse(file, (), "not a regular file; forge reads the header of a safetensors file only")
+        if not stat.S_ISREG(st.st_mode):  # swapped for something else between the stat and the open
+            raise _refuse(file, (), "not a regular file; forge reads the header of a safetensors "
+                                    "file only")
         prefix = _read_exactly(fd, 8, file)
         length = int.from_bytes(prefix, "little")
         if length > min(MAX_HEADER_BYTES, st.st_size - 8):
-            raise _refuse(file, (), f"declares a header of {length:,} bytes in a file of {st.st_size:,} bytes "
-                          f"(at most {MAX_HEADER_BYTES:,}): not a safetensors file, or a truncated one")
+            raise _refuse(file, (), f"declares a header of {length:,} bytes in a file of "
+                                    f"{st.st_size:,} bytes "
+                          f"(at most {MAX_HEADER_BYTES:,}): not a safetensors file, or a truncated "
+                          "one")
         raw = _read_exactly(fd, length, file)
     except OSError as e:
         raise _refuse(file, (), f"cannot read: {e.strerror}") from None
@@ -91,8 +119,10 @@ def _read_header(file: Path) -> tuple[object, int]:
         return json.loads(raw.decode("utf-8")), st.st_size - 8 - length
     except RecursionError:
         raise _refuse(file, (), "the header is JSON nested too deeply") from None
-    except ValueError as e:                 # not UTF-8, not JSON, or an integer of more digits than Python reads
-        raise _refuse(file, (), f"the header is not readable JSON: {' '.join(str(e).split())[:160]}") from None
+    except ValueError as e:  # not UTF-8, not JSON, or an integer of more digits than Python reads
+        raise _refuse(
+            file, (), f"the header is not readable JSON: {' '.join(str(e).split())[:160]}"
+        ) from None
 
 
 def _read_exactly(fd: int, n: int, file: Path) -> bytes:
@@ -100,7 +130,8 @@ def _read_exactly(fd: int, n: int, file: Path) -> bytes:
     while left:
         chunk = os.read(fd, min(left, 1 << 20))
         if not chunk:
-            raise _refuse(file, (), f"ends before its {n:,}-byte header does: a truncated safetensors file")
+            raise _refuse(file, (), f"ends before its {n:,}-byte header does: a truncated "
+                                    "safetensors file")
         chunks.append(chunk)
         left -= len(chunk)
     return b"".join(chunks)
@@ -126,30 +157,39 @@ def _whole(value) -> bool:
 def _tensor_elements(file: Path, at: tuple, entry, data_bytes: int) -> int:
     """Elements of one tensor entry, after checking it against the bytes it claims in the file."""
     if not isinstance(entry, dict):
-        raise _refuse(file, at, f"a {_kind(entry)}, not a tensor entry {{dtype, shape, data_offsets}}")
+        raise _refuse(file, at, f"a {_kind(entry)}, not a tensor entry {{dtype, shape, "
+                                f"data_offsets}}")
     shape, offsets, dtype = entry.get("shape"), entry.get("data_offsets"), entry.get("dtype")
     if not isinstance(shape, list) or len(shape) > MAX_DIMS:
-        raise _refuse(file, at + ("shape",), f"a {_kind(shape)}, not a list of at most {MAX_DIMS} dimensions")
+        raise _refuse(file, at + ("shape",), f"a {_kind(shape)}, not a list of at most {MAX_DIMS} "
+                                             "dimensions")
     for i, dim in enumerate(shape):
         if not _whole(dim):
-            raise _refuse(file, at + ("shape", i), f"{_value(dim)} is not a whole non-negative number")
+            raise _refuse(file, at + ("shape", i), f"{_value(dim)} is not a whole non-negative "
+                                                   "number")
     if not (isinstance(offsets, list) and len(offsets) == 2 and all(map(_whole, offsets))
             and offsets[0] <= offsets[1] <= data_bytes):
-        raise _refuse(file, at + ("data_offsets",), f"not [begin, end] within the file's {data_bytes:,} bytes of "
+        raise _refuse(file, at + ("data_offsets",), "not [begin, end] within the file's "
+                                                    f"{data_bytes:,} bytes of "
                       "data: a damaged or truncated safetensors file")
     elements = math.prod(shape)
     span = offsets[1] - offsets[0]
     bits = DTYPE_BITS.get(dtype) if isinstance(dtype, str) else None
     if bits is not None and -(-elements * bits // 8) != span:
-        raise _refuse(file, at + ("shape",), f"{_dims(shape)} {dtype} is {_size(-(-elements * bits // 8))} but its "
+        raise _refuse(file, at + ("shape",), f"{_dims(shape)} {dtype} is "
+                                             f"{_size(-(-elements * bits // 8))} but its "
                       f"data_offsets hold {span:,} bytes")
-    if bits is None and elements > span * 8:     # a dtype forge does not know: still no element under one bit
-        raise _refuse(file, at + ("shape",), f"{_dims(shape)} has more elements than bits in its {span:,} bytes")
+    # a dtype forge does not know: still no element under one bit
+    if bits is None and elements > span * 8:
+        raise _refuse(file, at + ("shape",), f"{_dims(shape)} has more elements than bits in its "
+                                             f"{span:,} bytes")
     return elements
 
 
 def _dims(shape: list) -> str:
-    return "shape [" + ", ".join(str(d) if d < 10**12 else f"{len(str(d))}-digit" for d in shape) + "]"
+    return (
+        "shape [" + ", ".join(str(d) if d < 10**12 else f"{len(str(d))}-digit" for d in shape) + "]"
+    )
 
 
 def _size(n: int) -> str:

@@ -36,7 +36,8 @@ def _add_section(schema: dict, key: str, model: type[BaseModel]) -> None:
 @lru_cache(maxsize=8)
 def _contract_schema(section_items: tuple) -> dict:
     schema = _base(Contract, "forge engine contract",
-                   "One engine tier: its model, artifact, precision, token limits and KV-cache sizing. "
+                   "One engine tier: its model, artifact, precision, token limits and KV-cache "
+                   "sizing. "
                    "No limit and no cache size has a default.")
     # `sections` is where plugin sections are stored after loading; users write the section keys.
     schema["properties"].pop("sections", None)
@@ -61,7 +62,10 @@ def _sections(registry: Optional[Registry]) -> tuple:
 
 def json_schemas(registry: Optional[Registry] = None) -> dict[str, dict]:
     """{"node": schema, "contract": schema}; plugin sections come from `registry` (default: plugins)."""
-    return {"node": copy.deepcopy(_node_schema()), "contract": copy.deepcopy(_contract_schema(_sections(registry)))}
+    return {
+        "node": copy.deepcopy(_node_schema()),
+        "contract": copy.deepcopy(_contract_schema(_sections(registry))),
+    }
 
 
 @lru_cache(maxsize=8)

@@ -32,6 +32,7 @@ def fmt_bytes(n: float) -> str:
         if abs(n) >= size:
             try:
                 return f"{n / size:.2f} {unit}"
-            except OverflowError:       # beyond floats (a description may say anything): order of magnitude
+            # beyond floats (a description may say anything): order of magnitude
+            except OverflowError:
                 return f"about 10^{len(str(abs(int(n)) // size)) - 1} {unit}"
     return f"{int(n)} B"

@@ -1,6 +1,6 @@
-"""Memory an engine allocates beside its weights and KV pool, as its backend computes it from the plan (the
-Backend's working_memory): the plan shows it per engine and counts it in the card's memory. Read lazily,
-so importing forge.config never loads plugins."""
+"""Memory an engine allocates beside its weights and KV pool, as its backend computes it from the
+plan (the Backend's working_memory): the plan shows it per engine and counts it in the card's
+memory. Read lazily, so importing forge.config never loads plugins."""
 from __future__ import annotations
 
 from forge.config.plan import CardPlan

@@ -54,13 +54,16 @@ class BoundedLoader(yaml.SafeLoader):
             if isinstance(key_node, ScalarNode) and key_node.tag != "tag:yaml.org,2002:merge":
                 ident = (key_node.tag, key_node.value)
                 if ident in seen:
-                    raise YamlRefused(f"duplicate key {key_node.value!r}{_where(key_node.start_mark)}")
+                    raise YamlRefused("duplicate key "
+                                      f"{key_node.value!r}{_where(key_node.start_mark)}")
                 seen.add(ident)
         return super().construct_mapping(node, deep=deep)
 
 
 # JSON Schema (and our formats) want strings, not datetime objects (as check-jsonschema does).
-BoundedLoader.add_constructor("tag:yaml.org,2002:timestamp", lambda loader, node: loader.construct_scalar(node))
+BoundedLoader.add_constructor(
+    "tag:yaml.org,2002:timestamp", lambda loader, node: loader.construct_scalar(node)
+)
 
 
 def _measure(root) -> None:
@@ -90,7 +93,8 @@ def _measure(root) -> None:
                 raise YamlRefused(f"expands to more than {MAX_EXPANDED_NODES} values (alias bomb?)")
         depth += 1
         if depth > constants.MAX_CONFIG_DEPTH:
-            raise YamlRefused(f"nested deeper than {constants.MAX_CONFIG_DEPTH} levels once aliases are expanded")
+            raise YamlRefused(f"nested deeper than {constants.MAX_CONFIG_DEPTH} levels once "
+                              "aliases are expanded")
         active.discard(key)
         memo[key] = (size, depth)
         return size, depth
@@ -99,10 +103,11 @@ def _measure(root) -> None:
 
 
 def load_yaml(text: str):
-    """One YAML document from text, as plain Python data; raises YamlRefused with a one-line reason."""
+    """One YAML document from text, as plain Python data; raises YamlRefused with a one-line
+    reason."""
     loader = None
     try:
-        loader = BoundedLoader(text)      # the reader checks every character here (control characters)
+        loader = BoundedLoader(text)  # the reader checks every character here (control characters)
         node = loader.get_single_node()
         if node is None:
             return None
@@ -114,19 +119,27 @@ def load_yaml(text: str):
         line = text.count("\n", 0, e.position) + 1
         column = e.position - (text.rfind("\n", 0, e.position) + 1) + 1
         char = e.character if isinstance(e.character, str) else chr(e.character)
-        raise YamlRefused(f"character U+{ord(char):04X} is not allowed in YAML (line {line}, column {column})") \
+        raise YamlRefused(f"character U+{ord(char):04X} is not allowed in YAML (line {line}, "
+                          f"column {column})") \
             from None
     except yaml.MarkedYAMLError as e:
         parts = [x.strip() for x in (e.context, e.problem) if x]
-        problem = (", " if len(parts) == 2 and parts[1].startswith("but") else ": ").join(parts) or "invalid YAML"
-        raise YamlRefused(f"YAML syntax error: {problem}{_where(e.problem_mark or e.context_mark)}") from None
+        problem = (", " if len(parts) == 2 and parts[1].startswith("but") else ": ").join(
+            parts
+        ) or "invalid YAML"
+        raise YamlRefused(
+            f"YAML syntax error: {problem}{_where(e.problem_mark or e.context_mark)}"
+        ) from None
     except yaml.YAMLError as e:
         raise YamlRefused(f"YAML error: {' '.join(str(e).split())}") from None
     except RecursionError:
         raise YamlRefused("YAML structure too deep") from None
-    except ValueError as e:   # an integer of more digits than Python converts (sys.get_int_max_str_digits)
+    # an integer of more digits than Python converts (sys.get_int_max_str_digits)
+    except ValueError as e:
         if "integer string conversion" in str(e):
-            raise YamlRefused(f"a number with more than {sys.get_int_max_str_digits()} digits") from None
+            raise YamlRefused(
+                f"a number with more than {sys.get_int_max_str_digits()} digits"
+            ) from None
         raise YamlRefused(f"YAML value not readable: {' '.join(str(e).split())[:160]}") from None
     finally:
         if loader is not None:

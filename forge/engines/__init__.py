@@ -1,1 +1,2 @@
-"""Engine backends. Each backend is one module registered as a pluggy plugin (see forge/plugins.py)."""
+"""Engine backends. Each backend is one module registered as a pluggy plugin (see
+forge/plugins.py)."""

@@ -1,8 +1,9 @@
-"""A guided choice as the tokens each choice is in the model's own tokenizer: one canonical token sequence per
-choice, held in a trie. Both engines guide a choice with it (transformers: forge/engines/transformers/guided.py; vLLM:
-forge/engines/vllm/choice.py), so a choice costs the same tokens on every card: the tokens the tokenizer gives
-its text, never a longer spelling of the same text that a character-level grammar would also accept (vLLM's own
-`choice` lets a model spell "electronics" in 11 one-letter tokens and run out of max_tokens before it ends).
+"""A guided choice as the tokens each choice is in the model's own tokenizer: one canonical token
+sequence per choice, held in a trie. Both engines guide a choice with it (transformers:
+forge/engines/transformers/guided.py; vLLM: forge/engines/vllm/choice.py), so a choice costs the
+same tokens on every card: the tokens the tokenizer gives its text, never a longer spelling of the
+same text that a character-level grammar would also accept (vLLM's own `choice` lets a model spell
+"electronics" in 11 one-letter tokens and run out of max_tokens before it ends).
 
 Pure Python: no torch, no engine library."""
 from __future__ import annotations
@@ -12,7 +13,8 @@ from typing import Callable, Optional, Sequence, Union
 
 def encode_choices(choices: Sequence[str], encode: Callable[[str], Sequence[int]],
                    decode: Callable[[list[int]], str]) -> Union["ChoiceTrie", str]:
-    """The trie of `choices` as `encode` tokenizes each (special tokens left out), or why they cannot guide."""
+    """The trie of `choices` as `encode` tokenizes each (special tokens left out), or why they
+    cannot guide."""
     if not choices or not all(isinstance(c, str) and c for c in choices):
         return "choice must be a non-empty list of non-empty strings"
     encoded = []
@@ -25,9 +27,11 @@ def encode_choices(choices: Sequence[str], encode: Callable[[str], Sequence[int]
 
 
 def budget_problem(trie: "ChoiceTrie", max_new_tokens: int) -> Optional[str]:
-    """Why `max_new_tokens` cannot hold any choice, or None (the guide then fits every answer in the budget)."""
+    """Why `max_new_tokens` cannot hold any choice, or None (the guide then fits every answer in the
+    budget)."""
     if trie.need[0] > max_new_tokens:
-        return (f"max_tokens {max_new_tokens} cannot hold the shortest choice ({trie.need[0]} tokens with this "
+        return (f"max_tokens {max_new_tokens} cannot hold the shortest choice ({trie.need[0]} "
+                "tokens with this "
                 f"tokenizer)")
     return None
 
@@ -50,9 +54,13 @@ class ChoiceTrie:
                 node = nxt
             self.terminal[node] = True
         self.need = [0] * len(self.children)
-        for n in reversed(range(len(self.children))):     # children always have higher ids than their parent
-            self.need[n] = 0 if self.terminal[n] else 1 + min(self.need[c] for c in self.children[n].values())
-        self.sequences = [tuple(ids) for ids in encoded]      # each choice's tokens, in the choices' order
+        # children always have higher ids than their parent
+        for n in reversed(range(len(self.children))):
+            self.need[n] = (
+                0 if self.terminal[n] else 1 + min(self.need[c] for c in self.children[n].values())
+            )
+        # each choice's tokens, in the choices' order
+        self.sequences = [tuple(ids) for ids in encoded]
         self.members = set(self.sequences)
 
 
@@ -76,5 +84,8 @@ class ChoiceState:
     def finish(self, tokens: Sequence[int]) -> Optional[str]:
         if tuple(tokens) in self.trie.members:
             return None
-        return self.error or "the output is not one of the choices (max_tokens ran out before a choice completed)"
+        return (
+            self.error
+            or "the output is not one of the choices (max_tokens ran out before a choice completed)"
+        )
 

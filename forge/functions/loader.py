@@ -1,4 +1,5 @@
-"""Load `FILE.py[:name]` as a forge function. Function files are trusted user code: they run as you."""
+"""Load `FILE.py[:name]` as a forge function. Function files are trusted user code: they run as
+you."""
 from __future__ import annotations
 
 import hashlib
@@ -18,7 +19,8 @@ def parse_target(target: str) -> tuple[Path, str | None]:
 
 
 def load_function(target: str) -> FunctionSpec:
-    """The function's spec (the ledger hashes the function's file itself: forge/ledger/resume.py)."""
+    """The function's spec (the ledger hashes the function's file itself:
+    forge/ledger/resume.py)."""
     path, name = parse_target(target)
     if not path.is_file():
         raise ForgeError(f"{path}: no such function file")
@@ -53,7 +55,8 @@ def load_function(target: str) -> FunctionSpec:
     elif not found:
         raise ForgeError(f"{path}: no @forge.function in this file")
     else:
-        raise ForgeError(f"{path}: several functions ({', '.join(sorted(found))}); name one as {path}:NAME")
+        raise ForgeError(f"{path}: several functions ({', '.join(sorted(found))}); name one as "
+                         f"{path}:NAME")
     return chosen
 
 

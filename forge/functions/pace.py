@@ -1,18 +1,20 @@
 """How many records a job keeps started and unfinished: about what the cards finish in HORIZON_S.
 
-Every record started is marked started in the ledger and holds its function's work so far in memory: a kill loses
-all of it, and with --concurrency's 1,024 records started at once each record's next call waits behind a thousand
-others. By Little's law, records in flight = the rate they finish x the time each spends in flight; holding them to
-(the finish rate measured over the last WINDOW_S) x HORIZON_S keeps each record's time in flight near HORIZON_S
-once the cards are busy, and lets the pool grow (by that same rule) while they are not.
+Every record started is marked started in the ledger and holds its function's work so far in memory:
+a kill loses all of it, and with --concurrency's 1,024 records started at once each record's next
+call waits behind a thousand others. By Little's law, records in flight = the rate they finish x the
+time each spends in flight; holding them to (the finish rate measured over the last WINDOW_S) x
+HORIZON_S keeps each record's time in flight near HORIZON_S once the cards are busy, and lets the
+pool grow (by that same rule) while they are not.
 
-Never below FLOOR_PER_SLOT x the slots of the node's cards, so the cards never wait on this gate: a record
-alternates between a call on a card and its function's own code between calls, each card's link keeps the next
-batch waiting in its host (credit over the slots), a vLLM card holds a queue as long as its slots, and the broker
-needs a pool to group by prefix and serve longer outputs first (docs/broker.md); on a 256-slot card that is 1,024,
-the default --concurrency. Before the node reports its cards, UNKNOWN_FLOOR. Never above the ceiling
-(--concurrency). Pure bookkeeping on the job's loop: `enter` waits (no timeout of its own: it waits on
-records the runner bounds), `leave` and `adjust` never block."""
+Never below FLOOR_PER_SLOT x the slots of the node's cards, so the cards never wait on this gate: a
+record alternates between a call on a card and its function's own code between calls, each card's
+link keeps the next batch waiting in its host (credit over the slots), a vLLM card holds a queue as
+long as its slots, and the broker needs a pool to group by prefix and serve longer outputs first
+(docs/broker.md); on a 256-slot card that is 1,024, the default --concurrency. Before the node
+reports its cards, UNKNOWN_FLOOR. Never above the ceiling (--concurrency). Pure bookkeeping on the
+job's loop: `enter` waits (no timeout of its own: it waits on records the runner bounds), `leave`
+and `adjust` never block."""
 from __future__ import annotations
 
 import asyncio
@@ -34,7 +36,8 @@ class RecordPace:
         self.floor = min(UNKNOWN_FLOOR, ceiling)
         self.limit = self.floor
         self.open = 0                       # records entered and not yet left
-        self._samples: deque[tuple[float, int]] = deque(maxlen=_SAMPLES_MAX)     # (monotonic time, settled)
+        # (monotonic time, settled)
+        self._samples: deque[tuple[float, int]] = deque(maxlen=_SAMPLES_MAX)
         self._waiters: deque[asyncio.Future] = deque()
         self._unbounded = False
 
@@ -49,7 +52,7 @@ class RecordPace:
                 if fut in self._waiters:
                     self._waiters.remove(fut)
                 elif fut.done() and not fut.cancelled():
-                    self._wake()            # it was woken for a place it will not take: hand that on
+                    self._wake()  # it was woken for a place it will not take: hand that on
                 raise
         self.open += 1
 
@@ -63,8 +66,8 @@ class RecordPace:
         self._wake()
 
     def adjust(self, now: float, settled: int, slots: Optional[int]) -> int:
-        """Set the limit from the records settled so far (a count that only grows) and the cards' slots (None:
-        not reported yet); returns it."""
+        """Set the limit from the records settled so far (a count that only grows) and the cards'
+        slots (None: not reported yet); returns it."""
         if slots:
             self.floor = min(max(FLOOR_PER_SLOT * slots, 1), self.ceiling)
         self._samples.append((now, settled))

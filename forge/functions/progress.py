@@ -14,7 +14,11 @@ BAR_WIDTH = 12
 def _rates(stats: RunStats) -> tuple[float, float, float]:
     """Generated tokens/s, prompt tokens/s and records settled/s since the run started."""
     elapsed = max(time.time() - stats.started_at, 1e-9)
-    return stats.output_tokens / elapsed, stats.input_tokens / elapsed, (stats.done + stats.failed) / elapsed
+    return (
+        stats.output_tokens / elapsed,
+        stats.input_tokens / elapsed,
+        (stats.done + stats.failed) / elapsed,
+    )
 
 
 def _eta(stats: RunStats) -> str:
@@ -31,7 +35,8 @@ def _clock(seconds: float) -> str:
 
 
 def token_rates(stats: RunStats) -> str:
-    """Generated tokens/s first (what engines and their benchmarks call tok/s), prompt tokens/s beside it."""
+    """Generated tokens/s first (what engines and their benchmarks call tok/s), prompt tokens/s
+    beside it."""
     gen, prompt, _ = _rates(stats)
     return f"generated {gen:,.0f} tok/s · prompt {prompt:,.0f} tok/s"
 
@@ -39,7 +44,8 @@ def token_rates(stats: RunStats) -> str:
 def status_line(stats: RunStats) -> str:
     settled = stats.done + stats.failed + stats.skipped
     total = stats.total or "?"
-    return (f"{token_rates(stats)} | records {settled}/{total} done (failed {stats.failed}, resumed {stats.skipped}) "
+    return (f"{token_rates(stats)} | records {settled}/{total} done (failed {stats.failed}, "
+            f"resumed {stats.skipped}) "
             f"| in flight {stats.in_flight} records, {stats.calls_in_flight} calls | "
             f"elapsed {_clock(time.time() - stats.started_at)} | ETA {_eta(stats)}")
 
@@ -59,19 +65,32 @@ class Progress:
     def __enter__(self) -> "Progress":
         if self.mode == "bar":
             from rich.console import Console
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress as RichProgress, TextColumn
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress as RichProgress,
+                TextColumn,
+            )
             from rich.table import Column
 
-            # One text after the records done, most telling first: a narrow terminal cuts it at its end, and keeps
-            # the name, the bar and the records whole (rich squeezes every column alike unless told a width).
+            # One text after the records done, most telling first: a narrow terminal cuts it at its
+            # end, and keeps the name, the bar and the records whole (rich squeezes every column
+            # alike unless told a width).
             console = Console(file=self.stream)
             done_width = 2 * len(f"{self.stats.total or 0:,}") + 1
             room = max(20, console.width - len(self.label) - BAR_WIDTH - done_width - 3)
-            self._bar = RichProgress(TextColumn("[bold]{task.description}"), BarColumn(bar_width=BAR_WIDTH),
-                                     MofNCompleteColumn(),
-                                     TextColumn("{task.fields[info]}",
-                                                table_column=Column(no_wrap=True, overflow="ellipsis", max_width=room)),
-                                     console=console, refresh_per_second=4, transient=False)
+            self._bar = RichProgress(
+                TextColumn("[bold]{task.description}"),
+                BarColumn(bar_width=BAR_WIDTH),
+                MofNCompleteColumn(),
+                TextColumn(
+                    "{task.fields[info]}",
+                    table_column=Column(no_wrap=True, overflow="ellipsis", max_width=room),
+                ),
+                console=console,
+                refresh_per_second=4,
+                transient=False,
+            )
             self._bar.__enter__()
             self._task = self._bar.add_task(self.label, total=self.stats.total or None, info="")
         return self
@@ -84,8 +103,10 @@ class Progress:
             settled = st.done + st.failed + st.skipped
             failed = f" · failed {st.failed}" if st.failed else ""
             self._bar.update(self._task, completed=settled, total=st.total or None,
-                             info=f"generated {gen:,.0f} tok/s · {st.calls_in_flight} calls in flight · elapsed "
-                                  f"{_clock(time.time() - st.started_at)}{failed} · ETA {_eta(st)} · "
+                             info=f"generated {gen:,.0f} tok/s · {st.calls_in_flight} calls in "
+                                  "flight · elapsed "
+                                  f"{_clock(time.time() - st.started_at)}{failed} · ETA {_eta(st)} "
+                                  "· "
                                   f"{st.in_flight} records in flight · prompt {prompt:,.0f} tok/s")
         elif self.mode == "lines" and now - self._last_line >= LINE_INTERVAL_S:
             self._last_line = now

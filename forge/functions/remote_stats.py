@@ -1,10 +1,11 @@
-"""A provisioned node seen from `forge deploy`, with its engine and broker stats: the job's report gets
-per-card data and plots as `forge run`'s does.
+"""A provisioned node seen from `forge deploy`, with its engine and broker stats: the job's report
+gets per-card data and plots as `forge run`'s does.
 
-A background task polls the node's GET /v1/stats (bounded timeout, fixed interval); `engine_stats()` and
-`broker_stats()` return the latest answer at once, as the sampler needs. The node's counters run since it
-was provisioned; the report is about this job, so counters are taken relative to their values when the
-job started (other jobs on the same node at the same time are counted too: the node cannot tell them apart)."""
+A background task polls the node's GET /v1/stats (bounded timeout, fixed interval); `engine_stats()`
+and `broker_stats()` return the latest answer at once, as the sampler needs. The node's counters run
+since it was provisioned; the report is about this job, so counters are taken relative to their
+values when the job started (other jobs on the same node at the same time are counted too: the node
+cannot tell them apart)."""
 from __future__ import annotations
 
 import asyncio
@@ -19,12 +20,32 @@ from forge.stats import BrokerStats, EngineStats
 
 POLL_INTERVAL_S = 0.25
 POLL_TIMEOUT_S = 2.0
-# Fields that only go up while the node lives: the job's share is the difference from the job's start.
-ENGINE_COUNTERS = ("input_tokens", "output_tokens", "requests_ok", "requests_failed", "requests_cancelled",
-                   "requests_requeued", "admission_refusals", "retries", "stalls", "progress_only_steps",
-                   "engine_steps", "prefix_hit_tokens")
-BROKER_COUNTERS = ("dispatched", "affinity_hits", "affinity_spills", "prompt_tokens", "shared_prefix_tokens",
-                   "padded_tokens", "batch_tokens", "no_fit")
+# Fields that only go up while the node lives: the job's share is the difference from the job's
+# start.
+ENGINE_COUNTERS = (
+    "input_tokens",
+    "output_tokens",
+    "requests_ok",
+    "requests_failed",
+    "requests_cancelled",
+    "requests_requeued",
+    "admission_refusals",
+    "retries",
+    "stalls",
+    "progress_only_steps",
+    "engine_steps",
+    "prefix_hit_tokens",
+)
+BROKER_COUNTERS = (
+    "dispatched",
+    "affinity_hits",
+    "affinity_spills",
+    "prompt_tokens",
+    "shared_prefix_tokens",
+    "padded_tokens",
+    "batch_tokens",
+    "no_fit",
+)
 
 
 def _build(cls, data: dict):
@@ -35,7 +56,9 @@ def _build(cls, data: dict):
 def _since(now, base, counters: tuple[str, ...]):
     if base is None:
         return now
-    return dataclasses.replace(now, **{k: max(0, getattr(now, k) - getattr(base, k)) for k in counters})
+    return dataclasses.replace(
+        now, **{k: max(0, getattr(now, k) - getattr(base, k)) for k in counters}
+    )
 
 
 class StatsRemoteNode(RemoteNode):
@@ -69,7 +92,8 @@ class StatsRemoteNode(RemoteNode):
             body = r.json() if r.status_code == 200 else None
             engines = [_build(EngineStats, e) for e in body["engines"]]
             broker = _build(BrokerStats, body["broker"])
-        except (httpx.HTTPError, ValueError, TypeError, KeyError) as e:   # the report says so; the job goes on
+        # the report says so; the job goes on
+        except (httpx.HTTPError, ValueError, TypeError, KeyError) as e:
             self.stats_error = f"GET /v1/stats: {type(e).__name__}: {e}"
             return False
         self._engines, self._broker = engines, broker
@@ -88,4 +112,8 @@ class StatsRemoteNode(RemoteNode):
         return [_since(s, self._base_engines.get(s.card), ENGINE_COUNTERS) for s in self._engines]
 
     def broker_stats(self) -> Optional[BrokerStats]:
-        return None if self._broker is None else _since(self._broker, self._base_broker, BROKER_COUNTERS)
+        return (
+            None
+            if self._broker is None
+            else _since(self._broker, self._base_broker, BROKER_COUNTERS)
+        )

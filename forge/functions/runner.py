@@ -5,10 +5,10 @@ record's function at a time (its generate calls go to the node's broker, which b
 workers); finished rows go to the sink (ledger first, then the output file). Every queue is bounded,
 so a slow engine back-pressures the reader and memory stays flat however large the input.
 
-Of those workers, only as many start records as the cards finish soon (pace.py: the rate records finish x a few
-seconds, never fewer than the cards' slots need), and each record's later calls go ahead of other records' first
-ones (llm.py, CURRENT_RECORD): rows reach the ledger in a steady stream, and a kill loses only the few records in
-flight."""
+Of those workers, only as many start records as the cards finish soon (pace.py: the rate records
+finish x a few seconds, never fewer than the cards' slots need), and each record's later calls go
+ahead of other records' first ones (llm.py, CURRENT_RECORD): rows reach the ledger in a steady
+stream, and a kill loses only the few records in flight."""
 from __future__ import annotations
 
 import asyncio
@@ -38,9 +38,9 @@ DRAIN_GRACE_S = 30.0        # on SIGINT/SIGTERM: let in-flight records finish th
 class RunOutcome:
     stats: RunStats
     interrupted: Optional[str] = None     # the signal name, when stopped by one
-    fatal: Optional[str] = None           # why the run stopped early (node down, --max-errors): unfinished records
-                                          # stay pending
-    returned: int = 0                     # records in flight when stopped, cut short: pending in the ledger
+    # why the run stopped early (node down, --max-errors): unfinished records stay pending
+    fatal: Optional[str] = None
+    returned: int = 0  # records in flight when stopped, cut short: pending in the ledger
     wall_s: float = 0.0
 
 
@@ -70,20 +70,33 @@ def _tell(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-async def run_records(*, spec: FunctionSpec, node: Node, records, sink, stats: RunStats, concurrency: int,
-                      on_tick: Callable[[], None] = lambda: None, tick_s: float = 0.25,
-                      install_signals: bool = True, notice: Callable[[str], None] = _tell,
-                      max_errors: Optional[MaxErrors] = None) -> RunOutcome:
-    """records: iterable of (index, dict | InputError). sink: started/result/error coroutines (bounded).
-    max_errors: stop starting records once this run's error rows pass it (outcome.fatal says so)."""
+async def run_records(
+    *,
+    spec: FunctionSpec,
+    node: Node,
+    records,
+    sink,
+    stats: RunStats,
+    concurrency: int,
+    on_tick: Callable[[], None] = lambda: None,
+    tick_s: float = 0.25,
+    install_signals: bool = True,
+    notice: Callable[[str], None] = _tell,
+    max_errors: Optional[MaxErrors] = None,
+) -> RunOutcome:
+    """records: iterable of (index, dict | InputError). sink: started/result/error coroutines
+    (bounded). max_errors: stop starting records once this run's error rows pass it (outcome.fatal
+    says so)."""
     tune_for_throughput()
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue = asyncio.Queue(maxsize=max(2 * concurrency, 16))
     llm = NodeLLM(node, spec, stats=stats)
     pace = RecordPace(concurrency)
     stop = asyncio.Event()          # start no new record
-    hurry = asyncio.Event()         # stop waiting for the records in flight (a second signal, a broken sink)
-    broken: list[BaseException] = []   # the sink (ledger / output) failed: nothing more can be settled
+    # stop waiting for the records in flight (a second signal, a broken sink)
+    hurry = asyncio.Event()
+    # the sink (ledger / output) failed: nothing more can be settled
+    broken: list[BaseException] = []
     outcome = RunOutcome(stats=stats)
     t0 = time.monotonic()
 
@@ -92,15 +105,19 @@ async def run_records(*, spec: FunctionSpec, node: Node, records, sink, stats: R
         if outcome.interrupted is None:
             outcome.interrupted = name
             stop.set()
-            notice(f"forge: {name}: stopping — no new record starts; waiting up to {DRAIN_GRACE_S:g} s for the "
-                   f"{stats.in_flight:,} record(s) in flight to finish; {again} to stop now (they stay in the "
+            notice(f"forge: {name}: stopping — no new record starts; waiting up to "
+                   f"{DRAIN_GRACE_S:g} s for the "
+                   f"{stats.in_flight:,} record(s) in flight to finish; {again} to stop now (they "
+                   "stay in the "
                    "ledger and run next time)")
-        else:                           # a second Ctrl-C: in-flight records go back to the ledger now
+        else:  # a second Ctrl-C: in-flight records go back to the ledger now
             hurry.set()
-            notice(f"forge: {name} again: stopping now; {stats.in_flight:,} record(s) in flight go back to the ledger")
+            notice(f"forge: {name} again: stopping now; {stats.in_flight:,} record(s) in flight go "
+                   "back to the ledger")
 
-    # Signals are read by a watchdog thread, not by loop callbacks: a function blocking the loop in synchronous
-    # code must not make Ctrl-C wait for it (forge/watchdogs/loopwatch.py); it also names such a function.
+    # Signals are read by a watchdog thread, not by loop callbacks: a function blocking the loop in
+    # synchronous code must not make Ctrl-C wait for it (forge/watchdogs/loopwatch.py); it also
+    # names such a function.
     watch = LoopWatch(loop, on_signal) if install_signals else None
     if watch is not None and not watch.start():
         watch = None
@@ -133,16 +150,19 @@ async def run_records(*, spec: FunctionSpec, node: Node, records, sink, stats: R
             raise
 
     def check_budget() -> None:
-        """Whenever a record settles, success or failure: a share needs MAX_ERRORS_MIN_SAMPLE settled, and when
-        every record starts at once the failures (which return at once) may all settle before that; a check made
-        only on a failure would then never come. Past the limit the function is judged broken: no record starts
-        and the ones in flight go back to the ledger now (like a second Ctrl-C), the same command resumes."""
+        """Whenever a record settles, success or failure: a share needs MAX_ERRORS_MIN_SAMPLE
+        settled, and when every record starts at once the failures (which return at once) may all
+        settle before that; a check made only on a failure would then never come. Past the limit the
+        function is judged broken: no record starts and the ones in flight go back to the ledger now
+        (like a second Ctrl-C), the same command resumes."""
         if max_errors is None or outcome.fatal is not None:
             return
         settled = stats.done + stats.failed
-        started = settled + stats.in_flight - 1          # in flight: the others (this record is counted settled)
+        # in flight: the others (this record is counted settled)
+        started = settled + stats.in_flight - 1
         if max_errors.exceeded(stats.failed, settled, started):
-            outcome.fatal = f"{max_errors.describe(stats.failed, started)}; the function looks broken: see its error rows"
+            outcome.fatal = (f"{max_errors.describe(stats.failed, started)}; the function looks "
+                             "broken: see its error rows")
             stop.set()
             hurry.set()
 
@@ -167,10 +187,11 @@ async def run_records(*, spec: FunctionSpec, node: Node, records, sink, stats: R
             if not isinstance(record, dict):          # an input line that could not be read
                 stats.failed += 1
                 await sink.error(index, record.type, record.message)
-                check_budget()                        # after its row is handed to the sink: it is kept
+                check_budget()  # after its row is handed to the sink: it is kept
                 return True
             await sink.started(index)
-            calls = CURRENT_RECORD.set(RecordCalls())     # this worker task's context: the function's calls
+            # this worker task's context: the function's calls
+            calls = CURRENT_RECORD.set(RecordCalls())
             try:
                 result = await spec.fn(record, llm)
             except asyncio.CancelledError:
@@ -180,12 +201,14 @@ async def run_records(*, spec: FunctionSpec, node: Node, records, sink, stats: R
                     outcome.fatal = str(e)
                 stop.set()
                 return True
-            except BaseException as e:  # the record fails, the run goes on (even sys.exit in user code)
+            # the record fails, the run goes on (even sys.exit in user code)
+            except BaseException as e:
                 row = error_row(index, e)["error"]
                 stats.failed += 1
                 await sink.error(index, row["type"], row["message"])
             else:
-                if await sink.result(index, result) is False:   # not serialisable: an error row went in
+                # not serialisable: an error row went in
+                if await sink.result(index, result) is False:
                     stats.failed += 1
                 else:
                     stats.done += 1
@@ -198,7 +221,9 @@ async def run_records(*, spec: FunctionSpec, node: Node, records, sink, stats: R
 
     async def ticker() -> None:
         while True:
-            stats.records_limit = pace.adjust(time.monotonic(), stats.done + stats.failed, card_slots(node))
+            stats.records_limit = pace.adjust(
+                time.monotonic(), stats.done + stats.failed, card_slots(node)
+            )
             on_tick()
             await asyncio.sleep(tick_s)
 
@@ -230,8 +255,10 @@ async def run_records(*, spec: FunctionSpec, node: Node, records, sink, stats: R
             while not queue.empty():
                 queue.get_nowait()
             for _ in workers:
-                queue.put_nowait(None)      # wakes idle workers; room: the queue holds 2 x concurrency
-            await asyncio.wait({finished, hurry_wait}, timeout=DRAIN_GRACE_S, return_when=asyncio.FIRST_COMPLETED)
+                queue.put_nowait(None)  # wakes idle workers; room: the queue holds 2 x concurrency
+            await asyncio.wait(
+                {finished, hurry_wait}, timeout=DRAIN_GRACE_S, return_when=asyncio.FIRST_COMPLETED
+            )
         outcome.returned = stats.in_flight if not finished.done() else 0
         for w in workers:
             w.cancel()
@@ -245,8 +272,15 @@ async def run_records(*, spec: FunctionSpec, node: Node, records, sink, stats: R
         for t in (tick, read, stop_wait, hurry_wait, closer, *workers):
             if t is not None:
                 t.cancel()
-        await asyncio.gather(tick, read, stop_wait, hurry_wait, *([closer] if closer else []), *workers,
-                             return_exceptions=True)
+        await asyncio.gather(
+            tick,
+            read,
+            stop_wait,
+            hurry_wait,
+            *([closer] if closer else []),
+            *workers,
+            return_exceptions=True,
+        )
         if watch is not None:
             watch.close()
         elif install_signals:

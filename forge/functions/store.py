@@ -20,34 +20,51 @@ class JobStore:
         _say_skipped(opts.input_path, getattr(self.source, "skipped", ()))
         if shards is not None and not self.is_pipe:
             _refuse_output_among_shards(self.source, opts)
-        if getattr(opts, "report", False):     # the report is written beside the output: never onto the input
+        # the report is written beside the output: never onto the input
+        if getattr(opts, "report", False):
             from forge.report import report_paths
 
             json_path, md_path = report_paths(opts.output_path)
-            refuse_overlaps({"--input": opts.input_path, "the report": json_path, "the Markdown report": md_path})
+            refuse_overlaps(
+                {
+                    "--input": opts.input_path,
+                    "the report": json_path,
+                    "the Markdown report": md_path,
+                }
+            )
         if self.is_pipe:
             _refuse_pipe_over_earlier_run(opts)
-            print(f"forge: --input {opts.input_path} is a pipe: read once as it comes, so this run cannot resume "
+            print(f"forge: --input {opts.input_path} is a pipe: read once as it comes, so this run "
+                  "cannot resume "
                   "(stopped early, it starts over with --restart)", file=sys.stderr)
         for what, path in (("output", opts.output_path), ("ledger", opts.ledger_path)):
             try:
                 path.parent.mkdir(parents=True, exist_ok=True)
-            except OSError as e:    # a file where a folder is needed (existing_file/x.jsonl), no permission
+            # a file where a folder is needed (existing_file/x.jsonl), no permission
+            except OSError as e:
                 raise ForgeError(f"{display_path(path.parent)}: cannot make the {what}'s folder: "
                                  f"{e.strerror or e}") from None
         total = PIPE_TOTAL if self.is_pipe else self.source.count()
         if shards is not None and not self.is_pipe:
-            print(f"forge: --input {opts.input_path}: {len(shards):,} shard(s), {total:,} records, read in path "
-                  "order (a row's index counts records across the shards in that order)", file=sys.stderr)
-        key = make_run_key(function_file=function_file, function_name=function_name, source=self.source)
+            print(
+                f"forge: --input {opts.input_path}: {len(shards):,} shard(s), {total:,} records, "
+                "read in path "
+                "order (a row's index counts records across the shards in that order)",
+                file=sys.stderr,
+            )
+        key = make_run_key(
+            function_file=function_file, function_name=function_name, source=self.source
+        )
         self.shards_gone: tuple[str, ...] = ()
         if shards is not None and not self.is_pipe and not opts.restart:
             finished = finished_with_shards_gone(opts.ledger_path, key, self.source.shard_ids)
-            if finished is not None:    # a complete run, its shards only fewer since: it stays complete
+            # a complete run, its shards only fewer since: it stays complete
+            if finished is not None:
                 key, total, self.shards_gone = finished.run_key, finished.total, finished.gone
                 _say_gone(opts.input_path, self.shards_gone)
         accept = ("function_sha256",) if getattr(opts, "accept_changed_function", False) else ()
-        self._fingerprint = self.source.fingerprint()      # what the run was counted on (a change is noticed)
+        # what the run was counted on (a change is noticed)
+        self._fingerprint = self.source.fingerprint()
         where = dict(total=total, info={"node": node, "input": str(opts.input_path)},
                      input_path=None if shards is not None else opts.input_path)
         retry = None
@@ -57,48 +74,72 @@ class JobStore:
             retry = open_retry(opts.output_path, ledger_path=opts.ledger_path, run_key=key, **where)
             self.run = retry.run
         else:
-            self.run = open_run(opts.output_path, run_key=key, ledger_path=opts.ledger_path, restart=opts.restart,
-                                accept_changes=accept, **where)
+            self.run = open_run(
+                opts.output_path,
+                run_key=key,
+                ledger_path=opts.ledger_path,
+                restart=opts.restart,
+                accept_changes=accept,
+                **where,
+            )
         if shards is not None and not self.is_pipe and not self.shards_gone:
             record_shards(self.run.ledger, self.source.shard_ids())
         rep = self.run.report
-        self.run_id = self.run.ledger.get_meta("created")      # the run's identity (a --restart makes a new one)
-        self.retried_before = self.run.counts().retried        # records invoked more than once, before this start
+        # the run's identity (a --restart makes a new one)
+        self.run_id = self.run.ledger.get_meta("created")
+        # records invoked more than once, before this start
+        self.retried_before = self.run.counts().retried
         self.total = 0 if self.is_pipe else total
         stats.total = self.total
         stats.skipped = len(self.run.settled)
-        # records invoked once before and never settled (in flight when a start stopped): invoking one again makes
-        # it retried (the ledger's attempts > 1), so this start's live count ends equal to the ledger's growth
-        self._once = (self.run.ledger.indices("pending", attempts=1) if rep.resumed and not rep.complete
-                      else None)
+        # records invoked once before and never settled (in flight when a start stopped): invoking
+        # one again makes it retried (the ledger's attempts > 1), so this start's live count ends
+        # equal to the ledger's growth
+        self._once = (
+            self.run.ledger.indices("pending", attempts=1)
+            if rep.resumed and not rep.complete
+            else None
+        )
         self.stats = stats
         if retry is not None and retry.error_rows:
-            print(f"forge: --retry-errors: {retry.error_rows:,} error row(s) taken out of "
-                  f"{display_path(opts.output_path)} to be made again; its {retry.kept:,} good row(s) are kept as they "
-                  "are" + (f" ({retry.function_changed})" if retry.function_changed else ""), file=sys.stderr)
+            print(
+                f"forge: --retry-errors: {retry.error_rows:,} error row(s) taken out of "
+                f"{display_path(opts.output_path)} to be made again; its {retry.kept:,} good "
+                "row(s) are kept as they "
+                "are" + (f" ({retry.function_changed})" if retry.function_changed else ""),
+                file=sys.stderr,
+            )
         if self.run.ledger.accepted:
-            print(f"forge: {display_path(opts.output_path)}: the function file changed; keeping the {stats.skipped:,} "
+            print(f"forge: {display_path(opts.output_path)}: the function file changed; keeping "
+                  f"the {stats.skipped:,} "
                   "record(s) already settled, as --accept-changed-function asks", file=sys.stderr)
         if rep.rebuilt:
             print(f"forge: {rep.rebuilt}", file=sys.stderr)
         if rep.resumed and not rep.complete:
-            print(f"forge: resuming {display_path(opts.output_path)}: {stats.skipped} of {total} records already "
-                  f"settled ({rep.recovered} written now from the ledger, {rep.truncated_bytes} torn bytes cut)",
+            print(f"forge: resuming {display_path(opts.output_path)}: {stats.skipped} of {total} "
+                  "records already "
+                  f"settled ({rep.recovered} written now from the ledger, {rep.truncated_bytes} "
+                  "torn bytes cut)",
                   file=sys.stderr)
         if rep.regenerated and rep.lost_why:
             from forge.ledger.resume import staging_path
 
-            print(f"forge: {display_path(staging_path(opts.output_path))}: an earlier start stopped because it "
-                  f"{rep.lost_why}; the {rep.regenerated:,} row(s) it lost are made again (every row still in it is "
+            print(f"forge: {display_path(staging_path(opts.output_path))}: an earlier start "
+                  "stopped because it "
+                  f"{rep.lost_why}; the {rep.regenerated:,} row(s) it lost are made again (every "
+                  "row still in it is "
                   "kept)", file=sys.stderr)
         elif rep.regenerated:
-            print(f"forge: {display_path(opts.output_path)} was cut short: {rep.regenerated:,} row(s) the ledger had "
-                  "written were lost with its end; they are made again (every row before the cut is kept)",
+            print(f"forge: {display_path(opts.output_path)} was cut short: {rep.regenerated:,} "
+                  "row(s) the ledger had "
+                  "written were lost with its end; they are made again (every row before the cut "
+                  "is kept)",
                   file=sys.stderr)
 
     def only_shards_gone(self) -> tuple[str, ...]:
-        """The shards deleted since this start counted them, when that is the input's only change (else ()): the rows
-        of a complete run were made from what was read, and its rerun still finds it complete."""
+        """The shards deleted since this start counted them, when that is the input's only change
+        (else ()): the rows of a complete run were made from what was read, and its rerun still
+        finds it complete."""
         if self.is_pipe or not hasattr(self.source, "shard_ids"):
             return ()
         then = [tuple(x) for x in self.source.shard_ids()]
@@ -107,9 +148,10 @@ class JobStore:
         return gone if gone and now <= set(then) else ()
 
     def records(self) -> Iterator:
-        """The records still to do, never past the line count the run was opened with (an input that grows while
-        it is read does not get rows the ledger cannot place)."""
-        # `settled` is fixed when the run opens: a fresh run has nothing to skip, so no check per record.
+        """The records still to do, never past the line count the run was opened with (an input that
+        grows while it is read does not get rows the ledger cannot place)."""
+        # `settled` is fixed when the run opens: a fresh run has nothing to skip, so no check per
+        # record.
         skip = self.run.is_settled if len(self.run.settled) else None
         if self.is_pipe:        # counted as it is read; its total is known once it ends
             for index, record in self.source.records():
@@ -129,7 +171,8 @@ class JobStore:
         return "run the same command again to resume"
 
     def input_changed(self) -> Optional[str]:
-        """How the input differs from when the run opened it (size, or its first/last MiB), or None."""
+        """How the input differs from when the run opened it (size, or its first/last MiB), or
+        None."""
         if self.is_pipe:
             return None
         try:
@@ -139,7 +182,11 @@ class JobStore:
         if now == self._fingerprint:
             return None
         was, size = self._fingerprint["input_size"], now["input_size"]
-        return f"it was {was:,} bytes, now {size:,}" if was != size else "its first or last MiB changed"
+        return (
+            f"it was {was:,} bytes, now {size:,}"
+            if was != size
+            else "its first or last MiB changed"
+        )
 
     async def started(self, index: int) -> None:
         if self._once is not None and index in self._once:
@@ -169,37 +216,46 @@ class JobStore:
         self.run.close()
 
 
-# A pipe's length is unknown until it ends: the run opens on a bound no input reaches and learns its total at the end.
+# A pipe's length is unknown until it ends: the run opens on a bound no input reaches and learns its
+# total at the end.
 PIPE_TOTAL = 1 << 62
 
 
 def _refuse_pipe_over_earlier_run(opts) -> None:
     if opts.restart:
         return
-    for path, what in ((opts.ledger_path, "the ledger of an earlier run"), (opts.output_path, "an earlier output")):
+    for path, what in (
+        (opts.ledger_path, "the ledger of an earlier run"),
+        (opts.output_path, "an earlier output"),
+    ):
         try:
             there = path.stat().st_size > 0
         except OSError:
             there = False
         if there:
-            raise ForgeError(f"{display_path(path)}: {what} is there, and --input {opts.input_path} is a pipe: a run "
-                             "from a pipe cannot resume (the pipe cannot be read again from where the run stopped); "
+            raise ForgeError(f"{display_path(path)}: {what} is there, and --input "
+                             f"{opts.input_path} is a pipe: a run "
+                             "from a pipe cannot resume (the pipe cannot be read again from where "
+                             "the run stopped); "
                              "pass --restart to start over, or choose another --output")
 
 
 def _say_gone(given, gone: tuple[str, ...]) -> None:
     named = ", ".join(gone[:3]) + (f" and {len(gone) - 3:,} more" if len(gone) > 3 else "")
-    print(f"forge: --input {given}: shard(s) {named} deleted since the run read them; the output keeps their rows",
+    print(f"forge: --input {given}: shard(s) {named} deleted since the run read them; the output "
+          "keeps their rows",
           file=sys.stderr)
 
 
 def _say_skipped(given, skipped) -> None:
-    """One line for forge's own files a folder or glob held and the input left out (at most three named)."""
+    """One line for forge's own files a folder or glob held and the input left out (at most three
+    named)."""
     if not skipped:
         return
     named = ", ".join(f"{display_path(path)} ({what})" for path, what in skipped[:3])
     more = f" and {len(skipped) - 3:,} more" if len(skipped) > 3 else ""
-    print(f"forge: --input {given}: left out {named}{more}: forge never reads its own files as input",
+    print(f"forge: --input {given}: left out {named}{more}: forge never reads its own files as "
+          "input",
           file=sys.stderr)
 
 
@@ -211,11 +267,17 @@ def _refuse_output_among_shards(source, opts) -> None:
                        (opts.ledger_path, "--ledger")):
         if source.would_read(path) or any(same_file(path, s.path) for s in source.shards):
             if getattr(source, "single", False):
-                raise ForgeError(f"{display_path(path)}: {flag} is the input file --input {opts.input_path}; forge "
+                raise ForgeError(f"{display_path(path)}: {flag} is the input file --input "
+                                 f"{opts.input_path}; forge "
                                  f"would overwrite it: choose another {flag}")
-            raise ForgeError(f"{display_path(path)}: {flag} lies among the input shards of --input {opts.input_path}; "
+            raise ForgeError(f"{display_path(path)}: {flag} lies among the input shards of --input "
+                             f"{opts.input_path}; "
                              "the next run would read it as a shard: write it outside them")
 
 
-def open_store(opts, *, function_name: str, function_file: str, node: str, stats: RunStats) -> JobStore:
-    return JobStore(opts, function_name=function_name, function_file=function_file, node=node, stats=stats)
+def open_store(
+    opts, *, function_name: str, function_file: str, node: str, stats: RunStats
+) -> JobStore:
+    return JobStore(
+        opts, function_name=function_name, function_file=function_file, node=node, stats=stats
+    )

@@ -33,7 +33,7 @@ class ProbedCard:
     index: int
     kind: str                                 # "gpu" | "cpu"
     model: str                                # NVML's name, or "cpu"
-    memory_gib: float                         # total memory (GPU memory, or host RAM for the cpu card)
+    memory_gib: float  # total memory (GPU memory, or host RAM for the cpu card)
     compute_capability: Optional[str] = None  # "M.m" for a GPU
     cores: Optional[int] = None               # cpu card: cores this process may run on
     core_ids: Optional[frozenset[int]] = None  # cpu card: their ids (the affinity mask)
@@ -47,7 +47,8 @@ def forge_register_probes(register):
 
 
 def probe_nvml() -> list[ProbedCard]:
-    """One ProbedCard per GPU NVML reports; [] where nvidia-ml-py, the driver or a GPU is missing."""
+    """One ProbedCard per GPU NVML reports; [] where nvidia-ml-py, the driver or a GPU is
+    missing."""
     try:
         import pynvml
     except ImportError:
@@ -67,18 +68,27 @@ def probe_nvml() -> list[ProbedCard]:
                                     memory_gib=pynvml.nvmlDeviceGetMemoryInfo(handle).total / GIB,
                                     compute_capability=f"{major}.{minor}"))
         return cards
-    except pynvml.NVMLError as e:   # a driver that answers but cannot describe a GPU is not "no GPU"
+    except pynvml.NVMLError as e:  # a driver that answers but cannot describe a GPU is not "no GPU"
         raise ForgeError(f"NVML could not describe this machine's GPUs: {e}") from None
     finally:
         pynvml.nvmlShutdown()
 
 
 def probe_cpu() -> list[ProbedCard]:
-    """The host as one cpu card: RAM (total and available, within any cgroup limit) and usable cores."""
+    """The host as one cpu card: RAM (total and available, within any cgroup limit) and usable
+    cores."""
     total, available = _host_memory_bytes()
-    return [ProbedCard(index=0, kind="cpu", model="cpu", memory_gib=total / GIB, cores=_usable_cores(),
-                       core_ids=_allowed_cores(),
-                       available_gib=available / GIB)]
+    return [
+        ProbedCard(
+            index=0,
+            kind="cpu",
+            model="cpu",
+            memory_gib=total / GIB,
+            cores=_usable_cores(),
+            core_ids=_allowed_cores(),
+            available_gib=available / GIB,
+        )
+    ]
 
 
 def parse_meminfo(text: str) -> tuple[int, int]:
@@ -100,7 +110,8 @@ def _host_memory_bytes() -> tuple[int, int]:
     except (OSError, ValueError):
         total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
         available = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
-    limit = _cgroup_number(Path("/sys/fs/cgroup/memory.max"))    # a container may own less than the host
+    # a container may own less than the host
+    limit = _cgroup_number(Path("/sys/fs/cgroup/memory.max"))
     if limit is not None and limit < total:
         used = _cgroup_number(Path("/sys/fs/cgroup/memory.current")) or 0
         total, available = limit, min(available, max(limit - used, 0))
@@ -125,7 +136,9 @@ def _ranges(cores: frozenset[int]) -> str:
 
 
 def _usable_cores() -> int:
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cores = (
+        len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    )
     try:   # cgroup v2 "quota period", e.g. "200000 100000" = 2 cores
         quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
         if quota != "max":
@@ -144,7 +157,8 @@ def _cgroup_number(path: Path) -> Optional[int]:
 
 
 def probe_all() -> list[ProbedCard]:
-    """Every registered probe's cards, merged in registration order. A probe that crashes is an error."""
+    """Every registered probe's cards, merged in registration order. A probe that crashes is an
+    error."""
     from forge import plugins   # here, not at import: plugins imports this module
 
     cards: list[ProbedCard] = []
@@ -159,19 +173,22 @@ def probe_all() -> list[ProbedCard]:
 
 
 def check_node_against_hardware(node: NodeDescription, probed: Sequence[ProbedCard]) -> list[str]:
-    """One line per way the node description differs from the probed machine (rules: module docstring)."""
+    """One line per way the node description differs from the probed machine (rules: module
+    docstring)."""
     where = display_path(node.source) if node.source else f"<node {node.node}>"
     gpus = {c.index: c for c in probed if c.kind == "gpu"}
     cpu = next((c for c in probed if c.kind == "cpu"), None)
     out: list[str] = []
     declared = [(pos, c) for pos, c in enumerate(node.cards) if c.kind == "gpu"]
     if len(declared) > len(gpus):
-        out.append(f"{where}::$.cards: declares {len(declared)} GPU card(s); this machine has {len(gpus)} (NVML)")
+        out.append(f"{where}::$.cards: declares {len(declared)} GPU card(s); this machine has "
+                   f"{len(gpus)} (NVML)")
     for pos, card in declared:
         at, real = f"{where}::$.cards[{pos}]", gpus.get(card.index)
         if real is None:
             seen = ", ".join(str(i) for i in sorted(gpus)) or "none"
-            out.append(f"{at}.index: GPU {card.index} does not exist on this machine (NVML indices: {seen})")
+            out.append(f"{at}.index: GPU {card.index} does not exist on this machine (NVML "
+                       f"indices: {seen})")
             continue
         if card.model.strip() != real.model:
             out.append(f"{at}.model: declared {card.model!r}; GPU {card.index} is {real.model!r}")
@@ -180,10 +197,12 @@ def check_node_against_hardware(node: NodeDescription, probed: Sequence[ProbedCa
             out.append(f"{at}.memory_gib: declared {card.memory_gib:g} GiB; GPU {card.index} has "
                        f"{real.memory_gib:.2f} GiB (accepted: {low:.2f} to {high:g})")
         if card.compute_capability != real.compute_capability:
-            out.append(f"{at}.compute_capability: declared {card.compute_capability}; GPU {card.index} is "
+            out.append(f"{at}.compute_capability: declared {card.compute_capability}; GPU "
+                       f"{card.index} is "
                        f"{real.compute_capability}")
     if cpu is None:
-        out.append(f"{where}::$.host: no cpu probe reported this host; its memory and cores cannot be checked")
+        out.append(f"{where}::$.host: no cpu probe reported this host; its memory and cores cannot "
+                   "be checked")
         return out
     cpu_cards = [c for c in node.cards if c.kind == "cpu"]
     cpu_gib = sum(c.memory_gib for c in cpu_cards)
@@ -191,16 +210,19 @@ def check_node_against_hardware(node: NodeDescription, probed: Sequence[ProbedCa
         out.append(f"{where}::$.cards: cpu cards declare {cpu_gib:g} GiB together; "
                    f"{cpu.available_gib:.2f} GiB of RAM is available now")
     if node.host.memory_gib > _whole_gib_above(cpu.memory_gib):
-        out.append(f"{where}::$.host.memory_gib: declared {node.host.memory_gib:g} GiB; this host has "
+        out.append(f"{where}::$.host.memory_gib: declared {node.host.memory_gib:g} GiB; this host "
+                   "has "
                    f"{cpu.memory_gib:.2f} GiB of RAM")
     allowed = cpu.core_ids
     for i, card in enumerate(node.cards):
         outside = sorted(set(card.cores or ()) - allowed) if allowed is not None else []
         if outside:
-            out.append(f"{where}::$.cards[{i}].cores: core {outside[0]} is not one this process may run on "
+            out.append(f"{where}::$.cards[{i}].cores: core {outside[0]} is not one this process "
+                       "may run on "
                        f"(allowed: {_ranges(allowed)})")
     if cpu.cores is not None and node.host.cpu_cores > cpu.cores:
-        out.append(f"{where}::$.host.cpu_cores: declared {node.host.cpu_cores}; this process may use "
+        out.append(f"{where}::$.host.cpu_cores: declared {node.host.cpu_cores}; this process may "
+                   "use "
                    f"{cpu.cores} core(s)")
     return out
 

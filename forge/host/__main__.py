@@ -1,4 +1,5 @@
-"""forge.host FD: a card worker process (forge/host/worker.py); its node starts it (forge/link/worker_argv.py)."""
+"""forge.host FD: a card worker process (forge/host/worker.py); its node starts it
+(forge/link/worker_argv.py)."""
 import sys
 
 from forge.host.worker import main

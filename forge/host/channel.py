@@ -1,10 +1,11 @@
 """Calls over one connected Unix stream socket between a node and a worker process: pickle frames.
 
-A frame is a 4-byte big-endian length and a pickle (protocol 5). The node sends (call id, method, args); the
-worker answers (call id, ok, value), in any order, so a long poll (collect) and a submit share one socket.
-Both ends run on asyncio streams: a write never blocks the loop (a worker that stops reading costs the node
-buffered bytes bounded by the link's credit, and the call's timeout), and end of file is seen at once.
-Why this and not multiprocessing's Pipe: docs/benchmarks.md ("Control plane", the card transport) has the measurement."""
+A frame is a 4-byte big-endian length and a pickle (protocol 5). The node sends (call id, method,
+args); the worker answers (call id, ok, value), in any order, so a long poll (collect) and a submit
+share one socket. Both ends run on asyncio streams: a write never blocks the loop (a worker that
+stops reading costs the node buffered bytes bounded by the link's credit, and the call's timeout),
+and end of file is seen at once. Why this and not multiprocessing's Pipe: docs/benchmarks.md
+("Control plane", the card transport) has the measurement."""
 from __future__ import annotations
 
 import asyncio
@@ -39,9 +40,16 @@ async def open_socket(sock) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]
 
 
 class CallChannel:
-    """The node's end: call(method, *args) -> the worker's answer. EOF fails every call still waiting."""
+    """The node's end: call(method, *args) -> the worker's answer. EOF fails every call still
+    waiting."""
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, *, on_eof: Callable[[str], None]):
+    def __init__(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        *,
+        on_eof: Callable[[str], None],
+    ):
         self._reader, self._writer = reader, writer
         self._calls: dict[int, asyncio.Future] = {}
         self._ids = itertools.count()
@@ -56,8 +64,8 @@ class CallChannel:
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
         self._calls[cid] = fut
-        # A timer, not asyncio.wait_for: on Python 3.11 wait_for swallows a cancellation that arrives as the
-        # answer does, and a link being closed would then keep polling forever.
+        # A timer, not asyncio.wait_for: on Python 3.11 wait_for swallows a cancellation that
+        # arrives as the answer does, and a link being closed would then keep polling forever.
         timer = _CallTimer(loop, fut, method, timeout_s)
         try:
             self._writer.write(frame((cid, method, args)))
@@ -101,10 +109,13 @@ class CallChannel:
 
 
 class _CallTimer:
-    """Fails a call unanswered for `timeout_s` of this process's running time: a node stopped (SIGSTOP) longer
-    than that and woken finds its workers' answers waiting, not late (forge/watchdogs/awake.py)."""
+    """Fails a call unanswered for `timeout_s` of this process's running time: a node stopped
+    (SIGSTOP) longer than that and woken finds its workers' answers waiting, not late
+    (forge/watchdogs/awake.py)."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, fut: asyncio.Future, method: str, timeout_s: float):
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, fut: asyncio.Future, method: str, timeout_s: float
+    ):
         self._loop, self._fut, self._method, self._timeout_s = loop, fut, method, timeout_s
         self._clock, self._since = pause_clock(loop), time.monotonic()
         self._handle = loop.call_later(timeout_s, self._expire)
@@ -116,7 +127,8 @@ class _CallTimer:
         if left > 0:                    # part of the wait passed while this process was stopped
             self._handle = self._loop.call_later(left, self._expire)
             return
-        self._fut.set_exception(asyncio.TimeoutError(f"no answer to {self._method} within {self._timeout_s:g} s"))
+        self._fut.set_exception(asyncio.TimeoutError(f"no answer to {self._method} within "
+                                                     f"{self._timeout_s:g} s"))
 
     def cancel(self) -> None:
         self._handle.cancel()
@@ -124,7 +136,8 @@ class _CallTimer:
 
 async def serve_calls(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                       dispatch: Callable[[str, tuple], Awaitable[Any]]) -> str:
-    """The worker's end: answer every call with dispatch(method, args) until the node's end closes; returns why."""
+    """The worker's end: answer every call with dispatch(method, args) until the node's end closes;
+    returns why."""
     tasks: set[asyncio.Task] = set()
 
     async def answer(cid: int, method: str, args: tuple) -> None:
@@ -139,7 +152,8 @@ async def serve_calls(reader: asyncio.StreamReader, writer: asyncio.StreamWriter
         try:
             data = frame(reply)
         except Exception as e:  # noqa: BLE001 - an answer that cannot be pickled is still answered
-            data = frame((cid, False, (type(e).__name__, f"the answer to {method} cannot be sent: {e}")))
+            data = frame((cid, False, (type(e).__name__, f"the answer to {method} cannot be sent: "
+                                                         f"{e}")))
         writer.write(data)
 
     try:
@@ -149,7 +163,11 @@ async def serve_calls(reader: asyncio.StreamReader, writer: asyncio.StreamWriter
             tasks.add(task)
             task.add_done_callback(tasks.discard)
     except (asyncio.IncompleteReadError, ConnectionError, OSError) as e:
-        return "the node closed its end" if isinstance(e, asyncio.IncompleteReadError) else f"{type(e).__name__}: {e}"
+        return (
+            "the node closed its end"
+            if isinstance(e, asyncio.IncompleteReadError)
+            else f"{type(e).__name__}: {e}"
+        )
     finally:
         for t in tasks:
             t.cancel()

@@ -2,8 +2,8 @@
 
 The event loop never calls the engine (a slow or hung engine call would freeze every card). It puts
 commands on a bounded inbox; this thread submits, cancels and polls with a timeout, and hands events
-back through a bounded outbox, waking the loop with call_soon_threadsafe. Commands are Submit and Cancel; events
-are the NamedTuples below (the loop tells them apart by type):
+back through a bounded outbox, waking the loop with call_soon_threadsafe. Commands are Submit and
+Cancel; events are the NamedTuples below (the loop tells them apart by type):
 
     Submitted(keys)              the engine accepted the requests with these keys
     Busy(keys)                   the engine refused them (EngineBusy); the loop decides about retries
@@ -12,8 +12,9 @@ are the NamedTuples below (the loop tells them apart by type):
     Sampled(stats)               a periodic snapshot of the engine (IterationStats)
     Failed(message)              the engine raised EngineFailed or anything unexpected; the thread ends
 
-`busy_in_engine_since` is when the thread entered its current engine call (None between calls), so the loop
-can tell an engine call that broke its timeout from an engine that is merely slow (see trouble())."""
+`busy_in_engine_since` is when the thread entered its current engine call (None between calls), so
+the loop can tell an engine call that broke its timeout from an engine that is merely slow (see
+trouble())."""
 from __future__ import annotations
 
 import asyncio
@@ -24,17 +25,27 @@ import time
 from typing import Callable, Hashable, NamedTuple, Optional, Sequence, Union
 
 from forge import constants
-from forge.engines.interface import Engine, EngineBusy, EngineFailed, EngineRequest, IterationStats, Progress
+from forge.engines.interface import (
+    Engine,
+    EngineBusy,
+    EngineFailed,
+    EngineRequest,
+    IterationStats,
+    Progress,
+)
 from forge.host.protocol import STATS_INTERVAL_S
 
 log = logging.getLogger("forge.host.driver")
 
-COMMAND_LATENCY_S = 0.005       # a poll lasts at most this long, so a submit waits at most this for the engine
-PROGRESS_EVERY_S = 0.05         # token progress without results reaches the loop this often (liveness only)
-# An engine holding requests in a queue of its own beyond its slots (Engine.queues_beyond_slots) needs no refill
-# while that queue is not empty: its results are held up to this long and handed over together, so the event loop,
-# which shares the engine's interpreter lock and its core, wakes once a batch, not once a step (docs/benchmarks.md,
-# "vLLM on the CPU"); once the engine holds no more than its slots, results go at once.
+# a poll lasts at most this long, so a submit waits at most this for the engine
+COMMAND_LATENCY_S = 0.005
+# token progress without results reaches the loop this often (liveness only)
+PROGRESS_EVERY_S = 0.05
+# An engine holding requests in a queue of its own beyond its slots (Engine.queues_beyond_slots)
+# needs no refill while that queue is not empty: its results are held up to this long and handed
+# over together, so the event loop, which shares the engine's interpreter lock and its core, wakes
+# once a batch, not once a step (docs/benchmarks.md, "vLLM on the CPU"); once the engine holds no
+# more than its slots, results go at once.
 HOLD_RESULTS_S = 0.03
 OUTBOX_PUT_SLICE_S = 0.05       # a full outbox is retried in slices, checking for stop between
 
@@ -75,11 +86,19 @@ DriverEvent = Union[Submitted, Busy, Progressed, Partials, Sampled, Failed]
 
 
 class EngineDriver:
-    def __init__(self, engine: Engine, *, name: str, poll_timeout_s: float, inbox_size: int, outbox_size: int,
-                 shutdown_timeout_s: float = constants.ENGINE_SHUTDOWN_TIMEOUT_S,
-                 hold_results_above: Optional[int] = None):
-        """hold_results_above: the engine's slots where it queues requests beyond them (HOLD_RESULTS_S); None
-        hands every result over at once."""
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        name: str,
+        poll_timeout_s: float,
+        inbox_size: int,
+        outbox_size: int,
+        shutdown_timeout_s: float = constants.ENGINE_SHUTDOWN_TIMEOUT_S,
+        hold_results_above: Optional[int] = None,
+    ):
+        """hold_results_above: the engine's slots where it queues requests beyond them
+        (HOLD_RESULTS_S); None hands every result over at once."""
         self.engine = engine
         self.hold_results_above = hold_results_above
         self.poll_timeout_s = poll_timeout_s
@@ -96,7 +115,9 @@ class EngineDriver:
         self._thread = threading.Thread(target=self._main, name=f"forge-engine-{name}", daemon=True)
 
     # ------------------------------------------------------------------ loop side
-    def start(self, loop: asyncio.AbstractEventLoop, on_events: Callable[[list[DriverEvent]], None]) -> None:
+    def start(
+        self, loop: asyncio.AbstractEventLoop, on_events: Callable[[list[DriverEvent]], None]
+    ) -> None:
         self._loop, self._on_events = loop, on_events
         self._thread.start()
 
@@ -108,7 +129,8 @@ class EngineDriver:
         return self._offer(Cancel(key))
 
     def stop(self) -> None:
-        """Ask the thread to leave its loop and shut the engine down (it does so within one poll)."""
+        """Ask the thread to leave its loop and shut the engine down (it does so within one
+        poll)."""
         self._stop.set()
 
     def alive(self) -> bool:
@@ -119,8 +141,9 @@ class EngineDriver:
         return not self._thread.is_alive()
 
     def trouble(self, now: float, limit_s: float) -> Optional[str]:
-        """Why the engine must be given up on, seen from the loop: the thread died, or one engine call has run
-        longer than `limit_s` (the interface promises every call returns within its timeout)."""
+        """Why the engine must be given up on, seen from the loop: the thread died, or one engine
+        call has run longer than `limit_s` (the interface promises every call returns within its
+        timeout)."""
         if not self._thread.is_alive():
             self.flush()                # its last word (Failed) reaches the loop first
             return "engine driver thread died"
@@ -159,7 +182,8 @@ class EngineDriver:
             try:
                 self._outbox.put(event, timeout=OUTBOX_PUT_SLICE_S)
                 break
-            except queue.Full:      # the loop is behind: wait for it (bounded slices), unless told to stop
+            # the loop is behind: wait for it (bounded slices), unless told to stop
+            except queue.Full:
                 if self._stop.is_set():
                     return False
         with self._wake_lock:
@@ -216,19 +240,27 @@ class EngineDriver:
                     except queue.Empty:
                         pass
                 else:
-                    # Short polls: a submit the loop queued meanwhile (a freed slot's refill) reaches the engine
-                    # within one slice, not at the next result; results go out as soon as they come, or within
-                    # HOLD_RESULTS_S while the engine still has a queue of its own to draw on.
+                    # Short polls: a submit the loop queued meanwhile (a freed slot's refill)
+                    # reaches the engine within one slice, not at the next result; results go out as
+                    # soon as they come, or within HOLD_RESULTS_S while the engine still has a queue
+                    # of its own to draw on.
                     progress = self._call(self.engine.poll, slice_s)
-                    if progress.partials:       # streamed requests only: their text goes out as it grows
+                    if progress.partials:  # streamed requests only: their text goes out as it grows
                         self._emit(Partials(progress.partials))
                     tokens += progress.new_tokens
                     self._active -= len(progress.results)
                     held += progress.results
                     now = time.monotonic()
-                    if held and (self.hold_results_above is None or self._active <= self.hold_results_above
-                                 or now - last_progress >= HOLD_RESULTS_S) \
-                            or tokens and now - last_progress >= PROGRESS_EVERY_S:
+                    if (
+                        held
+                        and (
+                            self.hold_results_above is None
+                            or self._active <= self.hold_results_above
+                            or now - last_progress >= HOLD_RESULTS_S
+                        )
+                        or tokens
+                        and now - last_progress >= PROGRESS_EVERY_S
+                    ):
                         progress.results, held = held, []
                         progress.new_tokens, tokens = tokens, 0
                         last_progress = now
@@ -237,7 +269,7 @@ class EngineDriver:
                 if now - last_stats >= STATS_INTERVAL_S:
                     last_stats = now
                     self._emit(Sampled(self._call(self.engine.stats)))
-            self._hand_over(held)               # told to stop: what the engine finished still reaches the loop
+            self._hand_over(held)  # told to stop: what the engine finished still reaches the loop
         except EngineFailed as e:
             self._hand_over(held)           # results the engine gave before it failed are results
             self._emit(Failed(f"engine failed: {e}"))
@@ -249,4 +281,6 @@ class EngineDriver:
             try:
                 self.engine.shutdown(self.shutdown_timeout_s)
             except Exception as e:  # noqa: BLE001 - shutting down a broken engine may fail too
-                log.warning("engine %s shutdown raised %s: %s", self._thread.name, type(e).__name__, e)
+                log.warning(
+                    "engine %s shutdown raised %s: %s", self._thread.name, type(e).__name__, e
+                )

@@ -1,5 +1,6 @@
-"""The in-flight table of one admission runtime: the requests it owns, the ones the engine still holds after
-they were given back, and the slot and KV-block reservation both add up to. Pure bookkeeping, no I/O."""
+"""The in-flight table of one admission runtime: the requests it owns, the ones the engine still
+holds after they were given back, and the slot and KV-block reservation both add up to. Pure
+bookkeeping, no I/O."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -14,22 +15,24 @@ class Flight:
     """A request this runtime owns: taken from its source, not yet delivered or given back."""
 
     req: HostRequest
-    key: RequestKey           # the request's key, its id inside the engine too: it carries the attempt, so a
-    blocks: int               # requeued copy never collides with an older copy the engine has not let go of yet
+    key: RequestKey  # the request's key, its id inside the engine too: it carries the attempt, so a
+    blocks: int  # requeued copy never collides with an older copy the engine has not let go of yet
     input_tokens: int
     seq: int                  # admission order; the highest is the youngest
     deadline: Optional[float]
-    state: str = "sending"    # sending (the driver has it) -> running (the engine has it) | waiting (backoff)
+    # sending (the driver has it) -> running (the engine has it) | waiting (backoff)
+    state: str = "sending"
     refusals: int = 0
 
 
 class FlightTable:
-    """Slots and blocks are held by live flights and by orphans (keys given back or failed whose engine
-    copy has not come back yet): the engine still spends its slot and KV blocks on them."""
+    """Slots and blocks are held by live flights and by orphans (keys given back or failed whose
+    engine copy has not come back yet): the engine still spends its slot and KV blocks on them."""
 
     def __init__(self, slots: int, kv_blocks: int, queue_slots: int = 0):
-        """slots: the engine's (max_batch_size); queue_slots: what it may hold beyond them in its own waiting queue
-        (EngineGeometry.queue_slots). Every held request, running or waiting there, reserves its KV blocks."""
+        """slots: the engine's (max_batch_size); queue_slots: what it may hold beyond them in its
+        own waiting queue (EngineGeometry.queue_slots). Every held request, running or waiting
+        there, reserves its KV blocks."""
         self.slots, self.kv_blocks, self.held = slots, kv_blocks, slots + queue_slots
         self.live: dict[RequestKey, Flight] = {}
         self.orphans: dict[RequestKey, int] = {}    # key -> blocks
@@ -43,13 +46,14 @@ class FlightTable:
         return len(self.live) + len(self.orphans)
 
     def occupancy(self) -> float:
-        """The share of the binding resource in use: slots (what waits in the engine's queue runs in none) or KV
-        blocks (reserved for waiting requests too), whichever is fuller."""
+        """The share of the binding resource in use: slots (what waits in the engine's queue runs in
+        none) or KV blocks (reserved for waiting requests too), whichever is fuller."""
         return max(min(self.in_flight(), self.slots) / self.slots if self.slots else 1.0,
                    self.reserved / self.kv_blocks if self.kv_blocks else 1.0)
 
     def free_slots(self) -> int:
-        """Requests admission may still hand the engine: its slots and its own queue's, less what it holds."""
+        """Requests admission may still hand the engine: its slots and its own queue's, less what it
+        holds."""
         return self.held - self.in_flight()
 
     def free_kv_blocks(self) -> int:
@@ -58,13 +62,23 @@ class FlightTable:
     def fits(self, blocks: int) -> bool:
         return self.free_slots() >= 1 and blocks <= self.free_kv_blocks()
 
-    def add(self, req: HostRequest, *, blocks: int, input_tokens: int, deadline: Optional[float]) -> Optional[Flight]:
-        """Reserve for a new flight under the request's key; None when it does not fit or the key is still in use."""
+    def add(
+        self, req: HostRequest, *, blocks: int, input_tokens: int, deadline: Optional[float]
+    ) -> Optional[Flight]:
+        """Reserve for a new flight under the request's key; None when it does not fit or the key is
+        still in use."""
         key = req.key
         if not self.fits(blocks) or key in self.live or key in self.orphans:
             return None
         self._seq += 1
-        f = Flight(req=req, key=key, blocks=blocks, input_tokens=input_tokens, seq=self._seq, deadline=deadline)
+        f = Flight(
+            req=req,
+            key=key,
+            blocks=blocks,
+            input_tokens=input_tokens,
+            seq=self._seq,
+            deadline=deadline,
+        )
         self.live[key] = f
         self.reserved += blocks
         return f
@@ -73,13 +87,15 @@ class FlightTable:
         return self.live.get(f.key) is f
 
     def returned(self, key: RequestKey) -> Optional[Flight]:
-        """The engine gave `key` back (a result): free its reservation; its flight if we still own it."""
+        """The engine gave `key` back (a result): free its reservation; its flight if we still own
+        it."""
         f = self.live.pop(key, None)
         self.reserved -= f.blocks if f is not None else self.orphans.pop(key, 0)
         return f
 
     def release(self, f: Flight, *, engine_holds: bool) -> None:
-        """We stop owning `f`. If the engine may still hold it, its slot and blocks stay reserved."""
+        """We stop owning `f`. If the engine may still hold it, its slot and blocks stay
+        reserved."""
         del self.live[f.key]
         if engine_holds:
             self.orphans[f.key] = f.blocks
@@ -100,4 +116,8 @@ class FlightTable:
 
     def expired(self, now: float) -> list[Flight]:
         """Flights past their deadline whose place is known (not on their way to the engine)."""
-        return [f for f in self.live.values() if f.deadline is not None and now >= f.deadline and f.state != "sending"]
+        return [
+            f
+            for f in self.live.values()
+            if f.deadline is not None and now >= f.deadline and f.state != "sending"
+        ]

@@ -1,14 +1,15 @@
-"""The engine host's side of its links: one engine's queue (forge/host/queue.py), filled by the links, which is
-what its admission runtime takes from (LinkSessions is its AdmissionSource, forge/host/source.py).
+"""The engine host's side of its links: one engine's queue (forge/host/queue.py), filled by the
+links, which is what its admission runtime takes from (LinkSessions is its AdmissionSource,
+forge/host/source.py).
 
-A node (or a cluster job's driver) holds the broker that sees every card (grouping, affinity, balancing) and sends
-each engine host batches within that engine's credit. Here they wait in the host's queue until admission takes them
-to fit the engine's own token budget, slots and KV blocks. What admission gives back (refusals, stall take-backs,
-stop) goes back to the link it came on, which requeues it in the node's broker. Results wait per link session until
-the link collects them.
+A node (or a cluster job's driver) holds the broker that sees every card (grouping, affinity,
+balancing) and sends each engine host batches within that engine's credit. Here they wait in the
+host's queue until admission takes them to fit the engine's own token budget, slots and KV blocks.
+What admission gives back (refusals, stall take-backs, stop) goes back to the link it came on, which
+requeues it in the node's broker. Results wait per link session until the link collects them.
 
-Sessions: one per link. A session not collected for `lease_s` is ended (its node died): its queued work is
-dropped when taken and its results are discarded, so a dead node costs bounded work."""
+Sessions: one per link. A session not collected for `lease_s` is ended (its node died): its queued
+work is dropped when taken and its results are discarded, so a dead node costs bounded work."""
 from __future__ import annotations
 
 import asyncio
@@ -32,12 +33,13 @@ class Session:
         self.seen = now
         self.results: list[WireResult] = []
         self.returned: list[tuple[str, int]] = []
-        self.given_up: list[tuple[str, int, str]] = []     # turned away at the attempt limit: the link fails them
+        # turned away at the attempt limit: the link fails them
+        self.given_up: list[tuple[str, int, str]] = []
         self.tokens = 0
         self.elapsed_s = 0.0
         self.occupied_s = 0.0              # elapsed_s x occupancy, summed
         self.partials: list[tuple[str, int, str]] = []      # streamed text not yet collected
-        self.streamed: dict[RequestKey, int] = {}           # characters of each streamed request's text sent
+        self.streamed: dict[RequestKey, int] = {}  # characters of each streamed request's text sent
         self.ready = asyncio.Event()
 
     def wake(self) -> None:
@@ -66,7 +68,8 @@ class LinkSessions:
         return s
 
     def put(self, sid: str, reqs: list[HostRequest]) -> int:
-        """Queue a link's batch; what cannot be queued goes straight back to it. Returns the count queued."""
+        """Queue a link's batch; what cannot be queued goes straight back to it. Returns the count
+        queued."""
         s = self.session(sid)
         if s is None:
             return 0
@@ -81,7 +84,7 @@ class LinkSessions:
                 queued += 1
             except QueueFull:
                 _turn_away(s, r)
-            except NoEngineFits as e:          # the node measured against this geometry; say so if not
+            except NoEngineFits as e:  # the node measured against this geometry; say so if not
                 s.results.append(wire_result(r.key, "error", [], "", None, str(e), 0))
         if s.returned or s.results or s.given_up:
             s.wake()
@@ -101,8 +104,8 @@ class LinkSessions:
         return gone
 
     def give_back_pending(self) -> None:
-        """Everything queued here returns to its link (the engine is unhealthy or draining); admission never had it,
-        so the attempt limit is applied here."""
+        """Everything queued here returns to its link (the engine is unhealthy or draining);
+        admission never had it, so the attempt limit is applied here."""
         for r in self.queue.drain():
             s = self.sessions.get(r.key.session)
             if s is not None:
@@ -111,7 +114,8 @@ class LinkSessions:
                 s.wake()
 
     def abandon(self, key: RequestKey) -> bool:
-        """The node's caller left: a request still queued here is dropped by admission when taken."""
+        """The node's caller left: a request still queued here is dropped by admission when
+        taken."""
         r = self.queue.queued(key)
         if r is None:
             return False
@@ -119,8 +123,12 @@ class LinkSessions:
         return True
 
     # ------------------------------------------------------------------ AdmissionSource
-    async def take(self, *, free_slots: int, free_kv_blocks: int, timeout_s: float) -> list[HostRequest]:
-        batch = await self.queue.take(free_slots=free_slots, free_kv_blocks=free_kv_blocks, timeout_s=timeout_s)
+    async def take(
+        self, *, free_slots: int, free_kv_blocks: int, timeout_s: float
+    ) -> list[HostRequest]:
+        batch = await self.queue.take(
+            free_slots=free_slots, free_kv_blocks=free_kv_blocks, timeout_s=timeout_s
+        )
         sessions = self.sessions
         live = [r for r in batch if r.key.session in sessions]
         if len(live) != len(batch):            # a job gone: nobody will collect these answers
@@ -139,8 +147,9 @@ class LinkSessions:
         self.queue.done(req)
 
     def record_delivery(self, tokens: int, elapsed_s: float, occupancy: float) -> None:
-        """Tokens delivered over elapsed_s busy seconds with `occupancy` of the slots in use on average: each
-        session passes the sum to its link's broker with the time-weighted mean occupancy."""
+        """Tokens delivered over elapsed_s busy seconds with `occupancy` of the slots in use on
+        average: each session passes the sum to its link's broker with the time-weighted mean
+        occupancy."""
         for s in self.sessions.values():
             s.tokens += tokens
             s.elapsed_s += elapsed_s
@@ -156,8 +165,9 @@ class LinkSessions:
 
     # ------------------------------------------------------------------ results
     def partial(self, req: HostRequest, ids: list[int], decode: Callable[[list[int]], str]) -> None:
-        """A streamed request's output so far: the text beyond what was sent goes out with the next collect. A
-        trailing U+FFFD is a character whose bytes are not all generated yet: it waits for them."""
+        """A streamed request's output so far: the text beyond what was sent goes out with the next
+        collect. A trailing U+FFFD is a character whose bytes are not all generated yet: it waits
+        for them."""
         s = self.sessions.get(req.key.session)
         if s is None:
             return
@@ -184,8 +194,8 @@ class LinkSessions:
             s.wake()
 
     async def collect(self, sid: str, wait_s: float, max_items: int) -> Optional[Collected]:
-        """What is ready for a session, waiting up to wait_s for something; None if the session has ended. The
-        host adds its health and stats."""
+        """What is ready for a session, waiting up to wait_s for something; None if the session has
+        ended. The host adds its health and stats."""
         s = self.session(sid)
         if s is None:
             return None
@@ -199,16 +209,21 @@ class LinkSessions:
         returned, s.returned = s.returned, []
         partials, s.partials = s.partials, []
         gone, s.given_up = s.given_up, []
-        delivered = Delivered(s.tokens, s.elapsed_s, s.occupied_s / s.elapsed_s if s.elapsed_s > 0 else 1.0)
+        delivered = Delivered(
+            s.tokens, s.elapsed_s, s.occupied_s / s.elapsed_s if s.elapsed_s > 0 else 1.0
+        )
         s.tokens, s.elapsed_s, s.occupied_s = 0, 0.0, 0.0
         s.seen = time.monotonic()
         if partials or gone:
-            return Collected(results, returned, delivered, bool(s.results), partials=partials, given_up=gone)
+            return Collected(
+                results, returned, delivered, bool(s.results), partials=partials, given_up=gone
+            )
         return Collected(results, returned, delivered, bool(s.results))
 
 
 def _turn_away(s: Session, r: HostRequest) -> None:
-    """A request that never reached admission goes back to its link, or is given up at the attempt limit."""
+    """A request that never reached admission goes back to its link, or is given up at the attempt
+    limit."""
     why = given_up("given back by the engine", r.key.attempt)
     if why is None:
         s.returned.append((r.key.rid, r.key.attempt))

@@ -1,5 +1,6 @@
-"""Where a request leaves an admission runtime: delivered with its result, failed with a reason, or given back to
-its source (until it has come back too often). Each request taken from the source leaves exactly once."""
+"""Where a request leaves an admission runtime: delivered with its result, failed with a reason, or
+given back to its source (until it has come back too often). Each request taken from the source
+leaves exactly once."""
 from __future__ import annotations
 
 import logging
@@ -16,12 +17,19 @@ OK_REASONS = frozenset({"eos", "length", "stop"})
 
 
 class Outcomes:
-    def __init__(self, *, engine_id: str, source: AdmissionSource, deliver: Callable[[HostRequest, EngineResult], None],
-                 stats: EngineStats):
+    def __init__(
+        self,
+        *,
+        engine_id: str,
+        source: AdmissionSource,
+        deliver: Callable[[HostRequest, EngineResult], None],
+        stats: EngineStats,
+    ):
         self.engine_id, self.source, self.deliver, self.stats = engine_id, source, deliver, stats
 
     def delivered(self, req: HostRequest, result: EngineResult, input_tokens: int) -> int:
-        """The engine's answer (under the request's key, as the engine got it); returns the tokens it delivered."""
+        """The engine's answer (under the request's key, as the engine got it); returns the tokens
+        it delivered."""
         s = self.stats
         done = input_tokens + len(result.output_ids)
         if result.finish_reason in OK_REASONS:
@@ -30,15 +38,16 @@ class Outcomes:
             s.requests_cancelled += 1
         else:
             s.requests_failed += 1
-            done = 0        # a refused or failed request delivered nothing: it must not count as throughput
+            # a refused or failed request delivered nothing: it must not count as throughput
+            done = 0
         s.input_tokens += input_tokens if done else 0
         s.output_tokens += len(result.output_ids) if done else 0
         self.settle(req, result)
         return done
 
     def requeue(self, reqs: list[HostRequest], reason: str) -> None:
-        """Back to the source (to come again as attempt + 1); a request at the attempt limit fails instead, with
-        `reason` (given_up: the host applies the limit to what it gives back)."""
+        """Back to the source (to come again as attempt + 1); a request at the attempt limit fails
+        instead, with `reason` (given_up: the host applies the limit to what it gives back)."""
         back = []
         for req in reqs:
             why = given_up(reason, req.key.attempt)
@@ -57,7 +66,10 @@ class Outcomes:
 
     def fail(self, req: HostRequest, message: str) -> None:
         self.stats.requests_failed += 1
-        self.settle(req, EngineResult(request_id=req.key, output_ids=[], finish_reason="error", error=message))
+        self.settle(
+            req,
+            EngineResult(request_id=req.key, output_ids=[], finish_reason="error", error=message),
+        )
 
     def settle(self, req: HostRequest, result: EngineResult) -> None:
         """The one place a request leaves with an answer."""
@@ -76,4 +88,6 @@ class Outcomes:
         try:
             fn(*args)
         except Exception as e:  # noqa: BLE001
-            log.warning("card %s: source.%s failed: %s", self.engine_id, getattr(fn, "__name__", fn), e)
+            log.warning(
+                "card %s: source.%s failed: %s", self.engine_id, getattr(fn, "__name__", fn), e
+            )

@@ -1,5 +1,6 @@
-"""What an admission runtime reads from its engine's progress over time: whether it has stalled (StallWatch)
-and how fast it delivers (DeliveryRate). Pure state machines over a clock the caller passes in."""
+"""What an admission runtime reads from its engine's progress over time: whether it has stalled
+(StallWatch) and how fast it delivers (DeliveryRate). Pure state machines over a clock the caller
+passes in."""
 from __future__ import annotations
 
 from typing import Optional
@@ -8,9 +9,10 @@ from typing import Optional
 class StallWatch:
     """Work owed by the engine and no token for `window_s` = a stall.
 
-    First window without progress: "pause" (the progress-only step: admission stops). A second window
-    still without progress: "take_back" the youngest request, then one more every `takeback_interval_s`
-    while nothing moves. Nothing left to take back and still silent: "wedged". Any progress clears it."""
+    First window without progress: "pause" (the progress-only step: admission stops). A second
+    window still without progress: "take_back" the youngest request, then one more every
+    `takeback_interval_s` while nothing moves. Nothing left to take back and still silent: "wedged".
+    Any progress clears it."""
 
     def __init__(self, window_s: float, takeback_interval_s: float, now: float):
         self.window_s, self.takeback_interval_s = window_s, takeback_interval_s
@@ -43,8 +45,8 @@ class StallWatch:
         return "wedged"
 
     def skip(self, paused_s: float, now: float) -> None:
-        """The process was stopped for `paused_s` (before `now`): the engine's silence and the next take-back move
-        on by as much (a stop longer than the window is not a stall)."""
+        """The process was stopped for `paused_s` (before `now`): the engine's silence and the next
+        take-back move on by as much (a stop longer than the window is not a stall)."""
         if paused_s > 0:
             self._last_progress = min(self._last_progress + paused_s, now)
             self._next_takeback += paused_s
@@ -54,10 +56,11 @@ class StallWatch:
 
 
 class DeliveryRate:
-    """Delivered tokens per second: a time-weighted EWMA over the intervals between deliveries, counting
-    only time with work in flight (an idle engine is not a slow one). `tokens_per_s` counts prompt and
-    generated tokens (the broker's balancing signal: the work a card does); `generated_per_s` the generated
-    ones alone, with the same weights (what `forge status` shows as tok/s)."""
+    """Delivered tokens per second: a time-weighted EWMA over the intervals between deliveries,
+    counting only time with work in flight (an idle engine is not a slow one). `tokens_per_s` counts
+    prompt and generated tokens (the broker's balancing signal: the work a card does);
+    `generated_per_s` the generated ones alone, with the same weights (what `forge status` shows as
+    tok/s)."""
 
     def __init__(self, half_life_s: float):
         self.half_life_s = half_life_s
@@ -74,9 +77,11 @@ class DeliveryRate:
         self._busy_since = None
 
     def delivered(self, tokens: int, now: float, generated: int = 0) -> float:
-        """Record a delivery of `tokens` (prompt + generated), `generated` of them generated; returns the interval
-        it covers (what the broker's balancer is told)."""
-        elapsed = max(now - max(self._last, self._busy_since if self._busy_since is not None else now), 1e-6)
+        """Record a delivery of `tokens` (prompt + generated), `generated` of them generated;
+        returns the interval it covers (what the broker's balancer is told)."""
+        elapsed = max(
+            now - max(self._last, self._busy_since if self._busy_since is not None else now), 1e-6
+        )
         self._last = now
         # The first sample is taken as is: an EWMA starting at 0 would read low for many half-lives.
         weight = 1.0 - 0.5 ** (elapsed / self.half_life_s) if self.tokens_per_s else 1.0
@@ -86,9 +91,10 @@ class DeliveryRate:
 
 
 class Occupancy:
-    """The time-weighted share of the engine's binding resource in use between two deliveries (slots or KV
-    blocks, whichever is fuller), over busy time only. The broker divides a delivery by it: a batcher
-    delivers in proportion to what it holds, so a card measured half idle would read as half as fast."""
+    """The time-weighted share of the engine's binding resource in use between two deliveries (slots
+    or KV blocks, whichever is fuller), over busy time only. The broker divides a delivery by it: a
+    batcher delivers in proportion to what it holds, so a card measured half idle would read as half
+    as fast."""
 
     def __init__(self):
         self._share = 0.0

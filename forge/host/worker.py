@@ -1,11 +1,13 @@
-"""A card worker process: one engine host, spawned by its node (forge.host's main, forge/link/worker_argv.py: a fresh
-interpreter, nothing of the node's state inherited), answering the node's link over one socket (FD).
+"""A card worker process: one engine host, spawned by its node (forge.host's main,
+forge/link/worker_argv.py: a fresh interpreter, nothing of the node's state inherited), answering
+the node's link over one socket (FD).
 
-The process owns everything process-wide its engine touches (torch's default dtype, the CUDA context, lazy
-imports), so the cards of a node load at the same time without racing. It dies with its node: the kernel
-kills it when the node dies (PR_SET_PDEATHSIG), a watchdog exits it when its parent changes, and it exits
-when the node's end of the socket closes. SIGINT and SIGTERM are the node's to handle (a terminal's Ctrl-C
-reaches the whole process group): the node drains its workers and stops them through the link."""
+The process owns everything process-wide its engine touches (torch's default dtype, the CUDA
+context, lazy imports), so the cards of a node load at the same time without racing. It dies with
+its node: the kernel kills it when the node dies (PR_SET_PDEATHSIG), a watchdog exits it when its
+parent changes, and it exits when the node's end of the socket closes. SIGINT and SIGTERM are the
+node's to handle (a terminal's Ctrl-C reaches the whole process group): the node drains its workers
+and stops them through the link."""
 from __future__ import annotations
 
 import asyncio
@@ -36,9 +38,11 @@ class WorkerSpec:
     node: str
     parent_pid: int
     stall_window_s: float = constants.STALL_WINDOW_S
-    log_levels: dict[str, int] = field(default_factory=dict)     # the node's logger levels, kept here too
-    cpu_affinity: Optional[frozenset[int]] = None                # where the node wants its workers to run
-    engine_log: bool = True          # the engine library's output to $FORGE_HOME/logs/NODE/CARD.log (engine_log.py)
+    # the node's logger levels, kept here too
+    log_levels: dict[str, int] = field(default_factory=dict)
+    cpu_affinity: Optional[frozenset[int]] = None  # where the node wants its workers to run
+    # the engine library's output to $FORGE_HOME/logs/NODE/CARD.log (engine_log.py)
+    engine_log: bool = True
 
     @property
     def label(self) -> str:
@@ -46,12 +50,14 @@ class WorkerSpec:
 
 
 def main(fd: int) -> None:
-    """fd: this end of the node's socket pair. The node's first frame on it is this worker's WorkerSpec."""
+    """fd: this end of the node's socket pair. The node's first frame on it is this worker's
+    WorkerSpec."""
     pdeathsig = die_with_parent()
     sock = socket.socket(fileno=fd)
     spec = _read_spec(sock)
     if spec.cpu_affinity and hasattr(os, "sched_setaffinity"):
-        # Before any thread starts: the call binds the calling thread, and threads inherit it when they are made.
+        # Before any thread starts: the call binds the calling thread, and threads inherit it when
+        # they are made.
         os.sched_setaffinity(0, spec.cpu_affinity)
     watch_parent(spec.parent_pid, what=f"card worker {spec.label}")
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -61,19 +67,27 @@ def main(fd: int) -> None:
     if spec.engine_log:
         from forge.host.engine_log import divert
 
-        divert(spec.node, spec.label)       # before any engine library is imported: all it writes goes to the file
+        # before any engine library is imported: all it writes goes to the file
+        divert(spec.node, spec.label)
     host, error = None, None
     try:
         from forge.host.engine_host import EngineHost
         from forge.host.tokenizer import for_node
 
-        # No session lease: this worker's one peer is its parent over a socket pair, whose death is end of file
-        # here (and the lifeline); its silence is a busy loop (a function blocking it), not a lost link.
-        host = EngineHost(spec.plan, node=spec.node, stall_window_s=spec.stall_window_s, node_tokenizer=for_node,
-                          session_lease_s=None)
+        # No session lease: this worker's one peer is its parent over a socket pair, whose death is
+        # end of file here (and the lifeline); its silence is a busy loop (a function blocking it),
+        # not a lost link.
+        host = EngineHost(
+            spec.plan,
+            node=spec.node,
+            stall_window_s=spec.stall_window_s,
+            node_tokenizer=for_node,
+            session_lease_s=None,
+        )
         host.lifeline = {"pdeathsig": pdeathsig, "parent": spec.parent_pid}
-        # The engine is loaded: freeze it out of the cyclic collector, which otherwise walks the model's objects
-        # in every full pass while the generation thread waits for the GIL (docs/benchmarks.md, "Control plane").
+        # The engine is loaded: freeze it out of the cyclic collector, which otherwise walks the
+        # model's objects in every full pass while the generation thread waits for the GIL
+        # (docs/benchmarks.md, "Control plane").
         tune_for_throughput()
     except ForgeError as e:
         error = str(e)
@@ -82,11 +96,12 @@ def main(fd: int) -> None:
     rc = asyncio.run(_serve(host, error, sock))
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(rc)       # engine threads are done or abandoned: do not wait for them at interpreter exit
+    os._exit(rc)  # engine threads are done or abandoned: do not wait for them at interpreter exit
 
 
 def _read_spec(sock: socket.socket) -> WorkerSpec:
-    """The first frame, read before any event loop exists (blocking, bounded: the node sent it at spawn)."""
+    """The first frame, read before any event loop exists (blocking, bounded: the node sent it at
+    spawn)."""
     import pickle
 
     from forge.host.channel import HEADER
@@ -95,8 +110,12 @@ def _read_spec(sock: socket.socket) -> WorkerSpec:
     try:
         header = _recv_exactly(sock, HEADER.size)
         spec = pickle.loads(_recv_exactly(sock, HEADER.unpack(header)[0]))
-    except (OSError, EOFError) as e:        # the node died before we started: nothing to do
-        print(f"forge: card worker pid {os.getpid()}: no spec from the node ({e})", file=sys.stderr, flush=True)
+    except (OSError, EOFError) as e:  # the node died before we started: nothing to do
+        print(
+            f"forge: card worker pid {os.getpid()}: no spec from the node ({e})",
+            file=sys.stderr,
+            flush=True,
+        )
         os._exit(EXIT_ORPHANED)
     sock.settimeout(None)
     return spec
@@ -131,7 +150,8 @@ async def _serve(host: Any, error: Optional[str], sock: socket.socket) -> int:
     if error is not None:
         return EXIT_START_FAILED
     if not host.stopped:
-        # The node went away without stopping us (it died, or was killed): nobody will collect anything.
+        # The node went away without stopping us (it died, or was killed): nobody will collect
+        # anything.
         log.error("card worker %s exits: %s before it stopped the engine", host.plan.card_id, why)
         return EXIT_ORPHANED
     return 0

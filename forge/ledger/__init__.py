@@ -5,5 +5,15 @@ from forge.ledger.resume import (ResumeReport, Run, default_ledger_path, make_ru
 from forge.ledger.damage import LedgerDamaged, LedgerMismatch
 from forge.ledger.sqlite import Ledger, LedgerCounts
 
-__all__ = ["Ledger", "LedgerCounts", "LedgerDamaged", "LedgerMismatch", "ResumeReport", "Run", "default_ledger_path",
-           "make_run_key", "open_run", "staging_path"]
+__all__ = [
+    "Ledger",
+    "LedgerCounts",
+    "LedgerDamaged",
+    "LedgerMismatch",
+    "ResumeReport",
+    "Run",
+    "default_ledger_path",
+    "make_run_key",
+    "open_run",
+    "staging_path",
+]

@@ -1,9 +1,9 @@
 """The background committer: batches settled rows into one ledger transaction, then appends their
 output lines with one write + fsync, then marks them written in the next transaction.
 
-Producers hand rows over through a bounded queue (rows and bytes): when the disk is slower than
-the producers they wait (back-pressure) instead of growing memory. The order per batch is the
-durability protocol: ledger commit -> output write + fsync -> 'written' (committed with the next batch)."""
+Producers hand rows over through a bounded queue (rows and bytes): when the disk is slower than the
+producers they wait (back-pressure) instead of growing memory. The order per batch is the durability
+protocol: ledger commit -> output write + fsync -> 'written' (committed with the next batch)."""
 from __future__ import annotations
 
 import asyncio
@@ -18,19 +18,22 @@ from forge.records.writer import OutputWriter
 
 _ATTEMPT, _ROW = 0, 1
 _PUT_POLL_S = 0.1          # a blocked producer re-checks the committer's health this often
-# Ledger meta key: set (to why) when the output stopped being the file this run wrote (deleted, replaced, cut);
-# the next start then makes again the rows the ledger had marked written and the output lost (resume.py).
+# Ledger meta key: set (to why) when the output stopped being the file this run wrote (deleted,
+# replaced, cut); the next start then makes again the rows the ledger had marked written and the
+# output lost (resume.py).
 OUTPUT_LOST = "output_lost"
 
 
 class OutputLost(ForgeError):
-    """The output was deleted, replaced or cut short while the run wrote it: the run stops (exit 4)."""
+    """The output was deleted, replaced or cut short while the run wrote it: the run stops (exit
+    4)."""
 
     resume_note = "run the same command again: it makes again only the rows the output lost"
 
 
 class Committer:
-    """Owns the writer side of a run from one thread. `put_*` from threads, `aput_row` from asyncio."""
+    """Owns the writer side of a run from one thread. `put_*` from threads, `aput_row` from
+    asyncio."""
 
     def __init__(self, ledger: Ledger, writer: OutputWriter, *,
                  interval_s: float = constants.LEDGER_COMMIT_INTERVAL_S,
@@ -47,7 +50,9 @@ class Committer:
         self._cond = threading.Condition()
         self._stopping = False
         self._async_waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future]] = []
-        self._thread = threading.Thread(target=self._run, name="forge-ledger-committer", daemon=True)
+        self._thread = threading.Thread(
+            target=self._run, name="forge-ledger-committer", daemon=True
+        )
         self._thread.start()
 
     # --- producers -----------------------------------------------------------------------
@@ -64,7 +69,8 @@ class Committer:
     async def _aput(self, item: tuple) -> None:
         # Never block the event loop on a full queue: park on a future the committer resolves
         # when it takes a batch (and re-check at least every _PUT_POLL_S, so no wake-up is lost).
-        if self._try_put(item):         # the usual case, room in the queue: no future made (two per record)
+        # the usual case, room in the queue: no future made (two per record)
+        if self._try_put(item):
             return
         loop = asyncio.get_running_loop()
         while True:
@@ -77,7 +83,9 @@ class Committer:
         with self._cond:
             self._raise_if_failed()
             if self._stopping:
-                raise ForgeError("internal: a row was handed to the ledger after the run was closed")
+                raise ForgeError(
+                    "internal: a row was handed to the ledger after the run was closed"
+                )
             if self._full():
                 if waiter is not None:
                     self._async_waiters.append(waiter)
@@ -125,7 +133,8 @@ class Committer:
             return items, self._stopping and not self._queue
 
     def _run(self) -> None:
-        to_mark: list[tuple[int, bool]] = []   # durable in the output, not yet 'written' in the ledger
+        # durable in the output, not yet 'written' in the ledger
+        to_mark: list[tuple[int, bool]] = []
         try:
             while True:
                 items, last = self._take()
@@ -134,18 +143,20 @@ class Committer:
                 if to_mark:
                     self._check_output()        # the rows to mark are still in the output
                 if attempts or rows or to_mark:
-                    self.ledger.apply(attempts=attempts, settled=rows, written=to_mark)   # 1. commit
+                    self.ledger.apply(attempts=attempts, settled=rows, written=to_mark)  # 1. commit
                     to_mark = []
                 if rows:
-                    self._check_output()        # never append to a file cut short: its rows would follow a torn one
+                    # never append to a file cut short: its rows would follow a torn one
+                    self._check_output()
                     try:
-                        self.writer.append([line for _, line, _ in rows])                    # 2. write
-                        self.writer.sync()                                                   #    + fsync
+                        self.writer.append([line for _, line, _ in rows])  # 2. write
+                        self.writer.sync()                                 #    + fsync
                     except OSError as e:
-                        raise ForgeError(f"{self.writer.path}: cannot write the output: {e.strerror or e}") from None
-                    self._check_output()        # they went into the output, not a file deleted meanwhile
+                        raise ForgeError(f"{self.writer.path}: cannot write the output: "
+                                         f"{e.strerror or e}") from None
+                    self._check_output()  # they went into the output, not a file deleted meanwhile
                     self.rows_written += len(rows)
-                    to_mark = [(i, err) for i, _, err in rows]                              # 3. next txn
+                    to_mark = [(i, err) for i, _, err in rows]  # 3. next txn
                 if last:
                     if to_mark:
                         self._check_output()
@@ -158,19 +169,22 @@ class Committer:
                 self._wake_async_waiters()
 
     def _check_output(self) -> None:
-        """Stop (OutputLost) when the output is no longer the file written; the ledger keeps why, for the rerun."""
+        """Stop (OutputLost) when the output is no longer the file written; the ledger keeps why,
+        for the rerun."""
         why = self.writer.lost()
         if why is None:
             return
         try:
             self.ledger.set_meta(OUTPUT_LOST, why)
         except ForgeError:
-            pass                # the ledger cannot be written either: that rerun refuses, naming the lost rows
-        raise OutputLost(f"{display_path(self.writer.path)}: {why}; the rows written to it are not in the output "
+            pass  # the ledger cannot be written either: that rerun refuses, naming the lost rows
+        raise OutputLost(f"{display_path(self.writer.path)}: {why}; the rows written to it are not "
+                         "in the output "
                          "and no more rows go into it")
 
     def close(self, timeout_s: float = 300.0) -> None:
-        """Drain everything queued (commit, write, mark written) and stop. Raises the thread's error."""
+        """Drain everything queued (commit, write, mark written) and stop. Raises the thread's
+        error."""
         with self._cond:
             self._stopping = True
             self._cond.notify_all()

@@ -39,7 +39,8 @@ def default_ledger_path(output: str | os.PathLike) -> Path:
 
 
 def staging_path(output: Path) -> Path:
-    """Where rows go as they are made: the output itself (JSONL) or a JSONL beside a Parquet output."""
+    """Where rows go as they are made: the output itself (JSONL) or a JSONL beside a Parquet
+    output."""
     return output.with_name(output.name + ".staging.jsonl") if is_parquet(output) else output
 
 
@@ -59,12 +60,15 @@ class ResumeReport:
     adopted: int = 0               # of those, rows the ledger had not yet marked written
     recovered: int = 0             # rows from the ledger written now, without regenerating them
     truncated_bytes: int = 0       # torn tail cut off the output
-    regenerated: int = 0           # rows the ledger marked written that a cut end of the output lost: made again
-    lost_why: str = ""             # an earlier start found the output deleted, replaced or cut: why (regenerated)
+    # rows the ledger marked written that a cut end of the output lost: made again
+    regenerated: int = 0
+    # an earlier start found the output deleted, replaced or cut: why (regenerated)
+    lost_why: str = ""
     duplicates: int = 0            # rows present twice in the output (never expected)
     first_duplicates: tuple[int, ...] = ()
     complete: bool = False         # nothing left to do
-    rebuilt: str = ""              # the ledger was missing or damaged and was rebuilt from the output: what happened
+    # the ledger was missing or damaged and was rebuilt from the output: what happened
+    rebuilt: str = ""
 
 
 class Run:
@@ -115,8 +119,8 @@ class Run:
                 if self.report.complete:
                     self.ledger.compact()
         finally:
-            # Released either way: a second close (the job's own, on every exit) is a no-op, not the first
-            # one's failure (a full disk) raised again as an internal error.
+            # Released either way: a second close (the job's own, on every exit) is a no-op, not the
+            # first one's failure (a full disk) raised again as an internal error.
             self._closed = True
             if self._writer is not None:
                 self._writer.close()
@@ -152,9 +156,10 @@ def open_run(output: str | os.PathLike, *, run_key: dict[str, object], total: in
     match the ledger's (make_run_key) but for the keys in `accept_changes`; `info` is recorded only
     (node, input path, ...).
 
-    Nothing is written over a file forge did not write: the input (by path or through a link), a file
-    whose content is not forge rows, forge rows no ledger records writing (unless `restart`). A damaged or
-    lost ledger is rebuilt from the output when the output is complete (recovery.py); else refused, saying how."""
+    Nothing is written over a file forge did not write: the input (by path or through a link), a
+    file whose content is not forge rows, forge rows no ledger records writing (unless `restart`). A
+    damaged or lost ledger is rebuilt from the output when the output is complete (recovery.py);
+    else refused, saying how."""
     output = Path(output)
     ledger_path = Path(ledger_path) if ledger_path is not None else default_ledger_path(output)
     parquet = is_parquet(output)
@@ -164,21 +169,32 @@ def open_run(output: str | os.PathLike, *, run_key: dict[str, object], total: in
     if parquet:
         parquet_out.require_parquet()
         _check_parquet_target(output)
-    # locks the output: nothing else writes it from here. A Parquet run's staging file is forge's alone: never a link.
+    # locks the output: nothing else writes it from here. A Parquet run's staging file is forge's
+    # alone: never a link.
     writer = OutputWriter(staging_path(output), follow_links=not parquet)
     try:
         rec = writer.scan(total)
         if rec.foreign_at is not None:
             raise refuse_foreign(writer.path, f"byte {rec.foreign_at} is not a forge output row")
-        args = dict(output=output, ledger_path=ledger_path, run_key=run_key, total=total, restart=restart,
-                    info=info, accept_changes=accept_changes)
+        args = dict(
+            output=output,
+            ledger_path=ledger_path,
+            run_key=run_key,
+            total=total,
+            restart=restart,
+            info=info,
+            accept_changes=accept_changes,
+        )
         try:
             return _open(writer, rec, **args)
         except LedgerDamaged as damaged:
-            # Set aside (never deleted) when --restart discards it anyway or the output can replace it; else refused
-            # with what to do. Then a new ledger, rebuilt from the output by the lost-ledger path.
+            # Set aside (never deleted) when --restart discards it anyway or the output can replace
+            # it; else refused with what to do. Then a new ledger, rebuilt from the output by the
+            # lost-ledger path.
             rec = writer.scan(total)
-            why = recovery.set_aside_damaged(damaged, ledger_path, output, rec, total, restart=restart)
+            why = recovery.set_aside_damaged(
+                damaged, ledger_path, output, rec, total, restart=restart
+            )
             return _open(writer, rec, **args, rebuild_why=why)
     except BaseException:
         writer.close()
@@ -186,12 +202,28 @@ def open_run(output: str | os.PathLike, *, run_key: dict[str, object], total: in
         raise
 
 
-def _open(writer: OutputWriter, rec: Reconciliation, *, output: Path, ledger_path: Path, run_key: dict[str, object],
-          total: int, restart: bool, info: dict[str, object] | None, accept_changes: tuple[str, ...] = (),
-          rebuild_why: str = "") -> Run:
+def _open(
+    writer: OutputWriter,
+    rec: Reconciliation,
+    *,
+    output: Path,
+    ledger_path: Path,
+    run_key: dict[str, object],
+    total: int,
+    restart: bool,
+    info: dict[str, object] | None,
+    accept_changes: tuple[str, ...] = (),
+    rebuild_why: str = "",
+) -> Run:
     ledger_was_there = _nonempty(ledger_path)
-    ledger = Ledger(ledger_path, run_key=run_key, restart=restart, info=info, accept_changes=accept_changes,
-                    owner=_owner(output))
+    ledger = Ledger(
+        ledger_path,
+        run_key=run_key,
+        restart=restart,
+        info=info,
+        accept_changes=accept_changes,
+        owner=_owner(output),
+    )
     try:
         if ledger.get_meta("finalized"):
             writer.close()
@@ -204,12 +236,14 @@ def _open(writer: OutputWriter, rec: Reconciliation, *, output: Path, ledger_pat
             writer.truncate(0)
             rec = Reconciliation()
             if rebuild_why:
-                rebuilt = f"the ledger {display_path(ledger_path)} was {rebuild_why}; --restart starts over"
+                rebuilt = (f"the ledger {display_path(ledger_path)} was {rebuild_why}; --restart "
+                           "starts over")
         elif ledger.fresh and (rec.size or (is_parquet(output) and output.exists())):
-            # rows no ledger records: this run's only if they are all of it (a lost or damaged ledger)
+            # rows no ledger records: this run's only if they are all of it (a lost or damaged
+            # ledger)
             rebuilt = recovery.rebuild_or_refuse(ledger, writer.path, rec, output, total,
                                                  why=rebuild_why or "missing")
-            if ledger.get_meta("finalized"):        # a complete Parquet output: nothing left to write
+            if ledger.get_meta("finalized"):  # a complete Parquet output: nothing left to write
                 writer.close()
                 run = _finished_run(ledger, output, total)
                 run.report.rebuilt = rebuilt
@@ -218,7 +252,8 @@ def _open(writer: OutputWriter, rec: Reconciliation, *, output: Path, ledger_pat
         report.rebuilt = rebuilt
     except BaseException:
         ledger.close()
-        if not ledger_was_there:    # a ledger made here for a run refused here: a rerun must not find it
+        # a ledger made here for a run refused here: a rerun must not find it
+        if not ledger_was_there:
             _remove_ledger(ledger_path)
         raise
     report.complete = len(settled) == total
@@ -255,16 +290,17 @@ def _owner(output: Path) -> str:
 
 
 def _check_ledger_output(ledger: Ledger, output: Path) -> None:
-    """A ledger records which output it writes: another output's ledger (--ledger) is refused (the Ledger refuses
-    it before a --restart could reset it; here it is recorded on a new ledger)."""
+    """A ledger records which output it writes: another output's ledger (--ledger) is refused (the
+    Ledger refuses it before a --restart could reset it; here it is recorded on a new ledger)."""
     if ledger.get_meta("output") is None:
         ledger.set_meta("output", _owner(output))
 
 
 def _reconcile(ledger: Ledger, writer: OutputWriter, rec: Reconciliation,
                total: int) -> tuple[IndexBitmap, ResumeReport]:
-    """`rec`: the output's scan. Refuse what the ledger cannot explain, then (only then) cut the torn tail,
-    adopt rows the ledger had not marked and write the rows it settled but the output lacks."""
+    """`rec`: the output's scan. Refuse what the ledger cannot explain, then (only then) cut the
+    torn tail, adopt rows the ledger had not marked and write the rows it settled but the output
+    lacks."""
     shown = display_path(writer.path)
     report = ResumeReport(resumed=not ledger.fresh, already_written=rec.rows,
                           duplicates=rec.duplicates, first_duplicates=tuple(rec.first_duplicates))
@@ -276,17 +312,20 @@ def _reconcile(ledger: Ledger, writer: OutputWriter, rec: Reconciliation,
     lost = ledger_written.difference(rec.present)
     lost_why = ledger.get_meta(OUTPUT_LOST) or ""
     if lost and (lost_why or _cut_short(rec, lost)):
-        # The output ends in a torn row and lost rows the ledger marked written: it was cut short (a copy or a
-        # disk that lost its end); or an earlier start saw it deleted, replaced or cut while it wrote (the ledger
-        # says so). Those rows are no longer in the ledger either (it keeps a row only until it is written), so
-        # they are made again; every row still in the output is kept.
+        # The output ends in a torn row and lost rows the ledger marked written: it was cut short (a
+        # copy or a disk that lost its end); or an earlier start saw it deleted, replaced or cut
+        # while it wrote (the ledger says so). Those rows are no longer in the ledger either (it
+        # keeps a row only until it is written), so they are made again; every row still in the
+        # output is kept.
         ledger.forget(lost)
         report.regenerated, report.lost_why = len(lost), lost_why
         ledger_written = ledger_written.difference(lost)
         lost = IndexBitmap()
     if lost:
-        raise ForgeError(f"{shown}: {len(lost)} rows the ledger recorded as written are missing (first: index "
-                         f"{next(iter(lost))}); the output was changed outside forge; pass --restart to start over")
+        raise ForgeError(f"{shown}: {len(lost)} rows the ledger recorded as written are missing "
+                         "(first: index "
+                         f"{next(iter(lost))}); the output was changed outside forge; pass "
+                         "--restart to start over")
     writer.cut_tail(rec)
     report.truncated_bytes = rec.truncated_bytes
     if lost_why:
@@ -315,14 +354,20 @@ def _reconcile(ledger: Ledger, writer: OutputWriter, rec: Reconciliation,
 
 
 def _cut_short(rec: Reconciliation, lost: IndexBitmap) -> bool:
-    """Rows gone from the end only: a torn tail (the row cut mid-way), and that row one of those lost."""
-    return bool(rec.tail_bytes) and rec.foreign_at is None and (rec.torn_index is None or rec.torn_index in lost)
+    """Rows gone from the end only: a torn tail (the row cut mid-way), and that row one of those
+    lost."""
+    return (
+        bool(rec.tail_bytes)
+        and rec.foreign_at is None
+        and (rec.torn_index is None or rec.torn_index in lost)
+    )
 
 
 def _finished_run(ledger: Ledger, output: Path, total: int) -> Run:
     if not output.exists():
         raise ForgeError(f"{display_path(output)}: this run was completed by ledger "
-                         f"{display_path(ledger.path)} but the output is gone; pass --restart to redo it")
+                         f"{display_path(ledger.path)} but the output is gone; pass --restart to "
+                         "redo it")
     staging_path(output).unlink(missing_ok=True)  # left behind by a kill right after finalizing
     settled = ledger.indices("written")
     report = ResumeReport(resumed=True, already_written=len(settled), complete=True)

@@ -1,10 +1,10 @@
 """A complete output stays complete when shards it was made from are deleted afterwards.
 
-A run over a folder (or glob) of shards keeps each shard's identity (name, size, first/last MiB hash, records) in
-its ledger. A later start whose shards are only some of those, unchanged, over a ledger that holds every record
-written, is the same finished run: it answers "already complete" with the recorded input's identity and total (no
-record is read, no index moves). Anything else (a shard changed or added, an unfinished run) is a changed input,
-refused as before."""
+A run over a folder (or glob) of shards keeps each shard's identity (name, size, first/last MiB
+hash, records) in its ledger. A later start whose shards are only some of those, unchanged, over a
+ledger that holds every record written, is the same finished run: it answers "already complete" with
+the recorded input's identity and total (no record is read, no index moves). Anything else (a shard
+changed or added, an unfinished run) is a changed input, refused as before."""
 from __future__ import annotations
 
 import json
@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
-SHARD_IDS = "input_shard_ids"        # ledger meta key: JSON list of [name, size, sha256 head/tail, records]
+# ledger meta key: JSON list of [name, size, sha256 head/tail, records]
+SHARD_IDS = "input_shard_ids"
 INPUT_KEYS = ("input_size", "input_shards", "input_sha256_head_tail")
 
 
@@ -26,8 +27,9 @@ class FinishedShards:
 
 def finished_with_shards_gone(ledger_path: Path, run_key: dict,
                               shard_ids: Callable[[], list[list]]) -> Optional[FinishedShards]:
-    """The recorded run, when `shard_ids()` (this start's shards) are a strict subset of the ones the ledger recorded
-    and every recorded record is written; else None (the ordinary checks then decide)."""
+    """The recorded run, when `shard_ids()` (this start's shards) are a strict subset of the ones
+    the ledger recorded and every recorded record is written; else None (the ordinary checks then
+    decide)."""
     if not ledger_path.is_file():
         return None
     try:
@@ -35,7 +37,11 @@ def finished_with_shards_gone(ledger_path: Path, run_key: dict,
     except sqlite3.Error:
         return None
     try:
-        meta = dict(db.execute("SELECT key, value FROM meta WHERE key IN ('run_key', ?)", (SHARD_IDS,)).fetchall())
+        meta = dict(
+            db.execute(
+                "SELECT key, value FROM meta WHERE key IN ('run_key', ?)", (SHARD_IDS,)
+            ).fetchall()
+        )
         states = dict(db.execute("SELECT state, COUNT(*) FROM records GROUP BY state").fetchall())
         recorded = [tuple(x) for x in json.loads(meta[SHARD_IDS])]
         old_key = json.loads(meta["run_key"])

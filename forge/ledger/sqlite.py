@@ -43,12 +43,15 @@ _SETTLE = ("INSERT INTO records (idx, state, is_error, row) VALUES (?, ?, ?, ?) 
            "ON CONFLICT (idx) DO UPDATE SET state = excluded.state, is_error = excluded.is_error, "
            "row = excluded.row WHERE records.state != 'written'")
 _WRITTEN = ("INSERT INTO records (idx, state, is_error) VALUES (?, 'written', ?) "
-            "ON CONFLICT (idx) DO UPDATE SET state = 'written', is_error = excluded.is_error, row = NULL")
-# The same two writes as plain UPDATEs of rows that exist. In a running job they nearly always do (the attempt row
-# went in first), and an UPDATE by rowid costs SQLite about half of what the upsert's failed INSERT + UPDATE does
-# (docs/benchmarks.md, "Control plane"). Where fewer rows changed than were given (an input
-# error settled without an attempt row, a row already written), the upserts above run for the whole batch.
-_SETTLE_EXISTING = "UPDATE records SET state = ?, is_error = ?, row = ? WHERE idx = ? AND state != 'written'"
+            "ON CONFLICT (idx) DO UPDATE SET state = 'written', is_error = excluded.is_error, row "
+            "= NULL")
+# The same two writes as plain UPDATEs of rows that exist. In a running job they nearly always do
+# (the attempt row went in first), and an UPDATE by rowid costs SQLite about half of what the
+# upsert's failed INSERT + UPDATE does (docs/benchmarks.md, "Control plane"). Where fewer rows
+# changed than were given (an input error settled without an attempt row, a row already written),
+# the upserts above run for the whole batch.
+_SETTLE_EXISTING = ("UPDATE records SET state = ?, is_error = ?, row = ? WHERE idx = ? AND state "
+                    "!= 'written'")
 _WRITTEN_EXISTING = "UPDATE records SET state = 'written', is_error = ?, row = NULL WHERE idx = ?"
 
 
@@ -66,13 +69,21 @@ class LedgerCounts:
 class Ledger:
     """One run's ledger. Exclusively locked (flock) while open; safe to call from two threads."""
 
-    def __init__(self, path: str | os.PathLike, *, run_key: dict[str, object], restart: bool = False,
-                 info: dict[str, object] | None = None, accept_changes: Iterable[str] = (),
-                 owner: str | None = None) -> None:
-        """`run_key` must match on resume (else LedgerMismatch), except the keys in `accept_changes`, which the
-        user declared compatible: the ledger then takes them on and `accepted` lists them. `info` (node,
-        paths...) is only recorded, and `starts` counts how often the run was started. `owner`: the output this
-        ledger is opened for (its name as JSON); a ledger recording another output is refused, even on restart."""
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        *,
+        run_key: dict[str, object],
+        restart: bool = False,
+        info: dict[str, object] | None = None,
+        accept_changes: Iterable[str] = (),
+        owner: str | None = None,
+    ) -> None:
+        """`run_key` must match on resume (else LedgerMismatch), except the keys in
+        `accept_changes`, which the user declared compatible: the ledger then takes them on and
+        `accepted` lists them. `info` (node, paths...) is only recorded, and `starts` counts how
+        often the run was started. `owner`: the output this ledger is opened for (its name as JSON);
+        a ledger recording another output is refused, even on restart."""
         self.accepted: list[str] = []
         self._owner = owner
         self.path = Path(path)
@@ -106,9 +117,11 @@ class Ledger:
         except OSError as e:
             raise ForgeError(f"{self._shown}: cannot open the ledger: {e.strerror}") from None
         else:
-            # /dev/null, a FIFO, a folder: SQLite would write its -journal or -wal beside it (/dev/null-journal)
+            # /dev/null, a FIFO, a folder: SQLite would write its -journal or -wal beside it
+            # (/dev/null-journal)
             if not stat.S_ISREG(st.st_mode):
-                raise ForgeError(f"{self._shown}: is not a regular file; a ledger is an SQLite file forge creates: "
+                raise ForgeError(f"{self._shown}: is not a regular file; a ledger is an SQLite "
+                                 "file forge creates: "
                                  "point --ledger elsewhere")
         try:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -129,36 +142,49 @@ class Ledger:
 
     def _connect(self) -> sqlite3.Connection:
         try:
-            db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=5.0)
-            tables = {name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            db = sqlite3.connect(
+                self.path, isolation_level=None, check_same_thread=False, timeout=5.0
+            )
+            tables = {name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = "
+                                                     "'table'")}
             if tables and not {"meta", "records"} <= tables:
-                db.close()     # someone else's database: forge changes nothing in it, not even its journal mode
-                raise ForgeError(f"{self._shown}: not a forge ledger (an SQLite database with tables "
+                # someone else's database: forge changes nothing in it, not even its journal mode
+                db.close()
+                raise ForgeError(f"{self._shown}: not a forge ledger (an SQLite database with "
+                                 "tables "
                                  f"{', '.join(sorted(tables)[:5])}); point --ledger elsewhere")
             mode = db.execute("PRAGMA journal_mode=WAL").fetchone()[0]
             if mode.lower() != "wal":
-                raise ForgeError(f"{self._shown}: the ledger's file system does not support SQLite WAL")
+                raise ForgeError(f"{self._shown}: the ledger's file system does not support SQLite "
+                                 "WAL")
             db.execute("PRAGMA synchronous=FULL")       # until the identity is stored
             db.executescript(_SCHEMA)
             return db
-        except sqlite3.OperationalError as e:   # the file system's: a folder taking no new file (-wal), a lock
-            raise ForgeError(f"{self._shown}: cannot open the ledger: {e} (SQLite also needs to create "
+        # the file system's: a folder taking no new file (-wal), a lock
+        except sqlite3.OperationalError as e:
+            raise ForgeError(f"{self._shown}: cannot open the ledger: {e} (SQLite also needs to "
+                             "create "
                              f"{self.path.name}-wal beside it)") from None
         except sqlite3.DatabaseError as e:
             raise LedgerDamaged(self._shown, str(e)) from None
 
-    def _check_identity(self, run_key: dict[str, object], restart: bool, accept: frozenset[str]) -> bool:
+    def _check_identity(
+        self, run_key: dict[str, object], restart: bool, accept: frozenset[str]
+    ) -> bool:
         stored = dict(self._db.execute("SELECT key, value FROM meta").fetchall())
         fresh = not stored
         recorded = stored.get("output")
         if self._owner is not None and recorded is not None and recorded != self._owner:
-            # checked before a --restart resets it: --restart discards this output's run, never another's
-            raise ForgeError(f"{self._shown}: this ledger records the run writing {_unjson(recorded)}, not "
-                             f"{_unjson(self._owner)}; name this output's own ledger with --ledger PATH (not even "
+            # checked before a --restart resets it: --restart discards this output's run, never
+            # another's
+            raise ForgeError(f"{self._shown}: this ledger records the run writing "
+                             f"{_unjson(recorded)}, not "
+                             f"{_unjson(self._owner)}; name this output's own ledger with --ledger "
+                             "PATH (not even "
                              "--restart takes another output's ledger over)")
         if stored and not restart:
-            # A resumed ledger is read whole anyway (indices, counts): check its structure first, so damage is
-            # named here, with the file, rather than by whichever query meets it.
+            # A resumed ledger is read whole anyway (indices, counts): check its structure first, so
+            # damage is named here, with the file, rather than by whichever query meets it.
             found = [r[0] for r in self._db.execute("PRAGMA quick_check(3)").fetchall()]
             if found != ["ok"]:
                 raise LedgerDamaged(self._shown, "; ".join(str(f) for f in found))
@@ -169,14 +195,16 @@ class Ledger:
             fresh = True
         elif stored:
             if stored.get("schema_version") != str(SCHEMA_VERSION):
-                raise LedgerMismatch(f"{self._shown}: ledger schema {stored.get('schema_version')} is not "
+                raise LedgerMismatch(f"{self._shown}: ledger schema {stored.get('schema_version')} "
+                                     "is not "
                                      f"{SCHEMA_VERSION}; pass --restart to start over")
             old = json.loads(stored.get("run_key", "{}"))
             changed = [k for k in sorted(set(old) | set(run_key)) if old.get(k) != run_key.get(k)]
             if changed and set(changed) <= accept:
                 self.accepted = changed
                 with self._txn():
-                    self._db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('run_key', ?)",
+                    self._db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('run_key', "
+                                     "?)",
                                      (json.dumps(run_key, sort_keys=True),))
             elif changed:
                 raise LedgerMismatch(self._mismatch(old, run_key, changed))
@@ -186,14 +214,21 @@ class Ledger:
         return fresh and not self._has_records()
 
     def _mismatch(self, old: dict, new: dict, changed: list[str]) -> str:
-        diffs = "; ".join(f"{k} was {_short(old.get(k))}, now {_short(new.get(k))}" for k in changed)
+        diffs = "; ".join(
+            f"{k} was {_short(old.get(k))}, now {_short(new.get(k))}" for k in changed
+        )
         if changed == ["function_sha256"]:
-            done = self._db.execute("SELECT COUNT(*) FROM records WHERE state != 'pending'").fetchone()[0]
-            return (f"{self._shown}: the function file changed since this run started ({new.get('function')}: "
+            done = self._db.execute(
+                "SELECT COUNT(*) FROM records WHERE state != 'pending'"
+            ).fetchone()[0]
+            return (f"{self._shown}: the function file changed since this run started "
+                    f"({new.get('function')}: "
                     f"{diffs}); if the change leaves the {done:,} finished row(s) valid, pass "
-                    "--accept-changed-function to keep them and run the rest with the new code; --restart "
+                    "--accept-changed-function to keep them and run the rest with the new code; "
+                    "--restart "
                     "discards the output and starts over")
-        return (f"{self._shown}: this ledger belongs to another run ({diffs}); pass --restart to discard it and "
+        return (f"{self._shown}: this ledger belongs to another run ({diffs}); pass --restart to "
+                "discard it and "
                 "the output and start over, or write to another --output")
 
     def _write_meta(self, run_key: dict[str, object]) -> None:
@@ -229,7 +264,9 @@ class Ledger:
                 if attempts:
                     self._db.executemany(_ATTEMPT, attempts)
                 if settled:
-                    self._upsert(_SETTLE_EXISTING, _SETTLE, settled, lambda r: (r[1], r[2], r[3], r[0]))
+                    self._upsert(
+                        _SETTLE_EXISTING, _SETTLE, settled, lambda r: (r[1], r[2], r[3], r[0])
+                    )
                 if written:
                     self._upsert(_WRITTEN_EXISTING, _WRITTEN, written, lambda r: (r[1], r[0]))
             elapsed = time.perf_counter() - start
@@ -239,22 +276,27 @@ class Ledger:
         self.stats.total_commit_s += elapsed
 
     def _upsert(self, update: str, upsert: str, rows: list[tuple], update_args) -> None:
-        """UPDATE the rows that exist; if any did not change, the idempotent upsert for all (same end state)."""
+        """UPDATE the rows that exist; if any did not change, the idempotent upsert for all (same
+        end state)."""
         if self._db.executemany(update, [update_args(r) for r in rows]).rowcount != len(rows):
             self._db.executemany(upsert, rows)
 
     def forget(self, indices: Iterable[int]) -> None:
-        """Make these records pending again, as never settled (their output rows were lost outside forge)."""
+        """Make these records pending again, as never settled (their output rows were lost outside
+        forge)."""
         rows = [(i,) for i in indices]
         with self._mutex, self._txn():
-            self._db.executemany("UPDATE records SET state = 'pending', is_error = 0, row = NULL WHERE idx = ?", rows)
+            self._db.executemany("UPDATE records SET state = 'pending', is_error = 0, row = NULL "
+                                 "WHERE idx = ?", rows)
 
     def reopen(self, indices: Iterable[int], *, unfinalize: bool = False) -> None:
-        """One transaction: these written records become pending again, to be run again (--retry-errors); with
-        `unfinalize`, the run is no longer finalized (its Parquet file is made again when it completes)."""
+        """One transaction: these written records become pending again, to be run again
+        (--retry-errors); with `unfinalize`, the run is no longer finalized (its Parquet file is
+        made again when it completes)."""
         rows = [(i,) for i in indices]
         with self._mutex, self._txn():
-            self._db.executemany("UPDATE records SET state = 'pending', is_error = 0, row = NULL WHERE idx = ?", rows)
+            self._db.executemany("UPDATE records SET state = 'pending', is_error = 0, row = NULL "
+                                 "WHERE idx = ?", rows)
             if unfinalize:
                 self._db.execute("DELETE FROM meta WHERE key = 'finalized'")
 
@@ -281,7 +323,8 @@ class Ledger:
     def _unwritten_page(self, after: int, chunk: int) -> list[tuple[int, str, bool]]:
         with self._mutex:
             page = self._db.execute(
-                "SELECT idx, row, is_error FROM records WHERE state IN ('done', 'failed') AND idx > ? "
+                "SELECT idx, row, is_error FROM records WHERE state IN ('done', 'failed') AND idx "
+                "> ? "
                 "ORDER BY idx LIMIT ?", (after, chunk)).fetchall()
         for i, row, _ in page:
             if not isinstance(i, int) or not isinstance(row, str):
@@ -289,9 +332,11 @@ class Ledger:
         return [(i, row, bool(err)) for i, row, err in page]
 
     @reads
-    def indices(self, *states: str, attempts: int | None = None, errors: bool = False) -> IndexBitmap:
-        """Indices in the given states (with exactly `attempts` invocations, when given; only error rows, with
-        `errors`), streamed into a bitmap (never a list of 10M ints)."""
+    def indices(
+        self, *states: str, attempts: int | None = None, errors: bool = False
+    ) -> IndexBitmap:
+        """Indices in the given states (with exactly `attempts` invocations, when given; only error
+        rows, with `errors`), streamed into a bitmap (never a list of 10M ints)."""
         marks = ",".join("?" * len(states))
         query, args = f"SELECT idx FROM records WHERE state IN ({marks})", tuple(states)
         if attempts is not None:
@@ -307,18 +352,22 @@ class Ledger:
     @reads
     def counts(self) -> LedgerCounts:
         with self._mutex:
-            by_state = dict(self._db.execute("SELECT state, COUNT(*) FROM records GROUP BY state").fetchall())
+            by_state = dict(
+                self._db.execute("SELECT state, COUNT(*) FROM records GROUP BY state").fetchall()
+            )
             errs, attempts, retried = self._db.execute(
-                "SELECT COALESCE(SUM(state = 'written' AND is_error), 0), COALESCE(SUM(attempts), 0), "
+                "SELECT COALESCE(SUM(state = 'written' AND is_error), 0), COALESCE(SUM(attempts), "
+                "0), "
                 "COALESCE(SUM(attempts > 1), 0) FROM records").fetchone()
         return LedgerCounts(pending=by_state.get("pending", 0), done=by_state.get("done", 0),
                             failed=by_state.get("failed", 0), written=by_state.get("written", 0),
                             written_errors=errs, attempts=attempts, retried=retried)
 
     def compact(self) -> None:
-        """Give back the space of the output rows the ledger held until they were written (rows are set to NULL
-        in place, which leaves ~130 bytes per record in the file; compacted, a finished run keeps ~20). Best
-        effort: a failure (e.g. no room for the copy VACUUM makes) leaves a correct, larger ledger."""
+        """Give back the space of the output rows the ledger held until they were written (rows are
+        set to NULL in place, which leaves ~130 bytes per record in the file; compacted, a finished
+        run keeps ~20). Best effort: a failure (e.g. no room for the copy VACUUM makes) leaves a
+        correct, larger ledger."""
         with self._mutex:
             try:
                 self._db.execute("VACUUM")
@@ -332,7 +381,8 @@ class Ledger:
             with self._mutex:
                 self._db.close()      # checkpoints the WAL into the main file
         finally:
-            os.close(self._lock_fd)   # only now: releases the flock after SQLite is done (or failed to)
+            # only now: releases the flock after SQLite is done (or failed to)
+            os.close(self._lock_fd)
             self._lock_fd = -1
 
     # --- helpers -----------------------------------------------------------------------------

@@ -1,9 +1,11 @@
-"""Calls coalesced into batches: each call is an item and a future; the calls that arrive within `linger_s` of the
-first (or until `max_batch` of them wait) go out together, one `send(batch)` task per batch of at most `max_batch`.
-Used where one round trip per call would cap throughput: the texts a node tokenizes through its hosts
-(forge/link/encoder.py) and the bulk calls of a remote node's POSTs (forge/node/remote.py).
+"""Calls coalesced into batches: each call is an item and a future; the calls that arrive within
+`linger_s` of the first (or until `max_batch` of them wait) go out together, one `send(batch)` task
+per batch of at most `max_batch`. Used where one round trip per call would cap throughput: the texts
+a node tokenizes through its hosts (forge/link/encoder.py) and the bulk calls of a remote node's
+POSTs (forge/node/remote.py).
 
-`send` owns its batch: it must resolve every future of it, whatever happens. One event loop owns a Coalescer."""
+`send` owns its batch: it must resolve every future of it, whatever happens. One event loop owns a
+Coalescer."""
 from __future__ import annotations
 
 import asyncio
@@ -13,8 +15,13 @@ Item = TypeVar("Item")
 
 
 class Coalescer(Generic[Item]):
-    def __init__(self, send: Callable[[list[tuple[Item, asyncio.Future]]], Awaitable[None]], *, max_batch: int,
-                 linger_s: float):
+    def __init__(
+        self,
+        send: Callable[[list[tuple[Item, asyncio.Future]]], Awaitable[None]],
+        *,
+        max_batch: int,
+        linger_s: float,
+    ):
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         self._send, self.max_batch, self.linger_s = send, max_batch, linger_s
@@ -45,8 +52,8 @@ class Coalescer(Generic[Item]):
             task.add_done_callback(self.tasks.discard)
 
     async def cancel(self) -> None:
-        """No linger ends in a send any more (what waits stays unsent), and the batches being sent are cancelled
-        (their `send` resolves their futures as it ends)."""
+        """No linger ends in a send any more (what waits stays unsent), and the batches being sent
+        are cancelled (their `send` resolves their futures as it ends)."""
         if self._timer is not None:
             self._timer.cancel()
         for task in list(self.tasks):

@@ -1,5 +1,6 @@
-"""A link's numbers for its engine: engine counters are cumulative over the engine host's life (and start
-again at a restart; a Ray actor also outlives jobs); a link reports what happened since it attached."""
+"""A link's numbers for its engine: engine counters are cumulative over the engine host's life (and
+start again at a restart; a Ray actor also outlives jobs); a link reports what happened since it
+attached."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -7,9 +8,21 @@ from typing import Optional
 
 from forge.stats import EngineStats
 
-COUNTERS = ("input_tokens", "output_tokens", "requests_ok", "requests_failed", "requests_cancelled",
-            "requests_requeued", "admission_refusals", "retries", "stalls", "progress_only_steps", "engine_steps",
-            "prefix_hit_tokens", "preemptions")
+COUNTERS = (
+    "input_tokens",
+    "output_tokens",
+    "requests_ok",
+    "requests_failed",
+    "requests_cancelled",
+    "requests_requeued",
+    "admission_refusals",
+    "retries",
+    "stalls",
+    "progress_only_steps",
+    "engine_steps",
+    "prefix_hit_tokens",
+    "preemptions",
+)
 
 
 class JobCounters:
@@ -31,9 +44,11 @@ class JobCounters:
             self.base = s
         self.last = s
 
-    def view(self, extra_requeued: int, healthy: bool, extra_cancelled: int = 0) -> Optional[EngineStats]:
-        """extra_*: what the link itself did for this engine (requeued its lost work, dropped requests taken
-        for it whose callers had left)."""
+    def view(
+        self, extra_requeued: int, healthy: bool, extra_cancelled: int = 0
+    ) -> Optional[EngineStats]:
+        """extra_*: what the link itself did for this engine (requeued its lost work, dropped
+        requests taken for it whose callers had left)."""
         if self.last is None:
             return None
         job = {k: self.carried[k] + getattr(self.last, k) - getattr(self.base, k) for k in COUNTERS}

@@ -1,9 +1,10 @@
 """Tokenization by the engine hosts: prompts go, in batches, to a host that has the tokenizer.
 
-The broker measures every request in each engine's own tokens (geometry, prefix groups), and engines that
-share a tokenizer (the same files, see forge/host/wire.tokenizer_identity) share one tokenization. A node
-that has no usable copy of a tokenizer (a cluster job's driver; a local node whose copy did not encode the
-probe texts exactly as the engine does) sends texts in batches to any live host with that tokenizer."""
+The broker measures every request in each engine's own tokens (geometry, prefix groups), and engines
+that share a tokenizer (the same files, see forge/host/wire.tokenizer_identity) share one
+tokenization. A node that has no usable copy of a tokenizer (a cluster job's driver; a local node
+whose copy did not encode the probe texts exactly as the engine does) sends texts in batches to any
+live host with that tokenizer."""
 from __future__ import annotations
 
 import asyncio
@@ -15,7 +16,7 @@ from forge.link.coalesce import Coalescer
 MAX_BATCH = 512
 LINGER_S = 0.001
 MAX_CALLS_IN_FLIGHT = 8
-CALL_TIMEOUT_S = constants.STALL_WINDOW_S      # a tokenizing engine silent this long is tried no more
+CALL_TIMEOUT_S = constants.STALL_WINDOW_S  # a tokenizing engine silent this long is tried no more
 
 
 class EncodeFailed(ForgeError):
@@ -27,7 +28,9 @@ class Encoder:
         self.key, self.links = key, list(links)
         self._rr = itertools.count()
         self._calls = asyncio.Semaphore(MAX_CALLS_IN_FLIGHT)
-        self._batches: Coalescer[str] = Coalescer(self._call, max_batch=MAX_BATCH, linger_s=LINGER_S)
+        self._batches: Coalescer[str] = Coalescer(
+            self._call, max_batch=MAX_BATCH, linger_s=LINGER_S
+        )
 
     async def encode(self, text: str) -> tuple[int, ...]:
         return await self._batches.add(text)
@@ -58,7 +61,8 @@ class Encoder:
                         if not fut.done():
                             fut.set_result(one)
                     return
-        finally:    # whatever happened (a short answer, a cancel), every caller of this batch gets an answer
+        # whatever happened (a short answer, a cancel), every caller of this batch gets an answer
+        finally:
             for _, fut in batch:
                 if not fut.done():
                     fut.set_exception(EncodeFailed(f"tokenizer {self.key}: {why}"))

@@ -1,15 +1,16 @@
 """A node's link to one engine host: batches out, batches back, loss and return.
 
-Sender: takes from the node's broker what fits the engine's credit (credit.py) and submits it in one call.
-Collector: a long poll that returns finished requests, requests the engine gave back, the engine's
-delivered tokens (the broker's balancing signal), its health, state and stats.
+Sender: takes from the node's broker what fits the engine's credit (credit.py) and submits it in one
+call. Collector: a long poll that returns finished requests, requests the engine gave back, the
+engine's delivered tokens (the broker's balancing signal), its health, state and stats.
 
-Loss: any failed call, a reply from another incarnation, an ended session or a failed engine means the
-host may have lost what it held. Every request dispatched to it is requeued to the broker (or fails, past
-the attempt limit) and the engine is marked unhealthy; a dispatch is identified by (request id, attempt),
-so an answer that arrives later from the old incarnation (or an orphan) is ignored: each request is
-settled once. The transport then brings the host back (forge/link/transport.py) and the link takes it
-back when it answers with the same geometry, or gives it up for good (state "gone")."""
+Loss: any failed call, a reply from another incarnation, an ended session or a failed engine means
+the host may have lost what it held. Every request dispatched to it is requeued to the broker (or
+fails, past the attempt limit) and the engine is marked unhealthy; a dispatch is identified by
+(request id, attempt), so an answer that arrives later from the old incarnation (or an orphan) is
+ignored: each request is settled once. The transport then brings the host back
+(forge/link/transport.py) and the link takes it back when it answers with the same geometry, or
+gives it up for good (state "gone")."""
 from __future__ import annotations
 
 import asyncio
@@ -20,7 +21,14 @@ from typing import Callable, Optional
 
 from forge import constants
 from forge.broker import BrokerClosed, BrokerRequest
-from forge.host.protocol import STATS_INTERVAL_S, Collected, Hello, WireRequest, WireResult, given_up
+from forge.host.protocol import (
+    STATS_INTERVAL_S,
+    Collected,
+    Hello,
+    WireRequest,
+    WireResult,
+    given_up,
+)
 from forge.link.counters import JobCounters
 from forge.link.credit import Credit
 from forge.link.transport import LinkGone, Transport
@@ -30,11 +38,13 @@ from forge.stats import EngineStats
 log = logging.getLogger("forge.link")
 
 STATS_CALL_TIMEOUT_S = 5.0   # a stats read the link waits for at most this long
-# How old the host's counters may be when read: its driver samples the engine every STATS_INTERVAL_S.
+# How old the host's counters may be when read: its driver samples the engine every
+# STATS_INTERVAL_S.
 HOST_STATS_LAG_S = 2 * STATS_INTERVAL_S
 COLLECT_WAIT_S = 0.5         # long-poll length (a collect returns as soon as something is ready)
-CALL_TIMEOUT_S = constants.STALL_WINDOW_S   # beyond its own wait, any call to a host: silence this long is a
-                                            # lost engine, as a stalled card is in an embedded run
+# beyond its own wait, any call to a host: silence this long is a lost engine, as a stalled card is
+# in an embedded run
+CALL_TIMEOUT_S = constants.STALL_WINDOW_S
 TAKE_WAIT_S = 0.25
 MAX_ITEMS = 4096
 CLOSE_WAIT_S = 5.0
@@ -42,34 +52,46 @@ _sessions = itertools.count(1)
 
 
 class EngineLink:
-    def __init__(self, transport: Transport, info: Hello, *, broker, rid_prefix: str,
-                 settle: Callable[[BrokerRequest, str, WireResult], None], fail: Callable[[BrokerRequest, str], None],
-                 wanted: Optional[Callable[[BrokerRequest], bool]] = None,
-                 progress: Optional[Callable[[BrokerRequest, int, str], None]] = None):
-        """settle(request, engine id, result) and fail(request, why) answer the node's callers; wanted(request)
-        False means its caller left, so it is not sent (the broker still counts it done)."""
+    def __init__(
+        self,
+        transport: Transport,
+        info: Hello,
+        *,
+        broker,
+        rid_prefix: str,
+        settle: Callable[[BrokerRequest, str, WireResult], None],
+        fail: Callable[[BrokerRequest, str], None],
+        wanted: Optional[Callable[[BrokerRequest], bool]] = None,
+        progress: Optional[Callable[[BrokerRequest, int, str], None]] = None,
+    ):
+        """settle(request, engine id, result) and fail(request, why) answer the node's callers;
+        wanted(request) False means its caller left, so it is not sent (the broker still counts it
+        done)."""
         self.transport, self.info = transport, info
         self.geometry = info.geometry
         self.eid = self.geometry.engine_id
         self.key = self.geometry.tokenizer_key
         self.broker, self._settle, self._fail, self._wanted = broker, settle, fail, wanted
-        self.rid_prefix = rid_prefix       # the node's request-id prefix; this link's session ids begin with it too
-        self._progress = progress          # progress(request, attempt, text): a streamed request's next piece of output
+        # the node's request-id prefix; this link's session ids begin with it too
+        self.rid_prefix = rid_prefix
+        # progress(request, attempt, text): a streamed request's next piece of output
+        self._progress = progress
         self.credit = Credit(self.geometry)
-        self.out = self.credit.out                  # rid -> (request, attempt, blocks): dispatched, not answered
+        self.out = self.credit.out  # rid -> (request, attempt, blocks): dispatched, not answered
         self.session = self._new_session()
         self.incarnation = info.incarnation
         self.epoch = 0
-        self.state = "up"                 # up | down (being brought back) | gone (not used any more)
+        self.state = "up"  # up | down (being brought back) | gone (not used any more)
         self.down_since: Optional[float] = None
         self.healthy = True
-        self.engine_state = "running"     # the host's admission state (running, stalled, wedged, failed, ...)
+        # the host's admission state (running, stalled, wedged, failed, ...)
+        self.engine_state = "running"
         self.failure: Optional[str] = None          # why the engine is gone for good
         self.lost_reason = ""                       # why it was last lost
         self.unhealthy_since: Optional[float] = None
         self.draining = False
         self.lost_requeued = 0
-        self.dropped_cancelled = 0        # taken for this engine after their callers left: never sent
+        self.dropped_cancelled = 0  # taken for this engine after their callers left: never sent
         self.counters = JobCounters()
         self.counters.observe(info.stats)          # counted from here: a host may outlive a job
         self._cancels: list[tuple[str, int]] = []
@@ -94,7 +116,7 @@ class EngineLink:
         task.add_done_callback(self._tasks.discard)
 
     async def close(self) -> None:
-        self._closed = True                   # the loops end at their next turn even if a cancel is lost
+        self._closed = True  # the loops end at their next turn even if a cancel is lost
         self._up.set()
         self._credit.set()
         for t in list(self._tasks):
@@ -102,7 +124,12 @@ class EngineLink:
         if self._tasks:
             _, stuck = await asyncio.wait(list(self._tasks), timeout=CLOSE_WAIT_S)
             if stuck:
-                log.error("engine %s: %d link task(s) did not end within %g s", self.eid, len(stuck), CLOSE_WAIT_S)
+                log.error(
+                    "engine %s: %d link task(s) did not end within %g s",
+                    self.eid,
+                    len(stuck),
+                    CLOSE_WAIT_S,
+                )
         if self.state == "up":
             try:
                 await self.transport.end_session(self.session, timeout_s=5.0)
@@ -110,11 +137,14 @@ class EngineLink:
                 pass
 
     def stats(self) -> Optional[EngineStats]:
-        return self.counters.view(self.lost_requeued, self.state == "up" and self.healthy, self.dropped_cancelled)
+        return self.counters.view(
+            self.lost_requeued, self.state == "up" and self.healthy, self.dropped_cancelled
+        )
 
     async def read_stats(self) -> Optional[EngineStats]:
-        """stats(), with the host's counters read now (one call) instead of as its last collect reply carried them
-        (an idle link's replies come one long-poll apart); as last reported when the host does not answer."""
+        """stats(), with the host's counters read now (one call) instead of as its last collect
+        reply carried them (an idle link's replies come one long-poll apart); as last reported when
+        the host does not answer."""
         if self.state == "up":
             try:
                 self.counters.observe(await self.transport.stats(timeout_s=STATS_CALL_TIMEOUT_S))
@@ -141,14 +171,25 @@ class EngineLink:
                 continue
             epoch = self.epoch
             try:
-                batch = self._keep(await self.broker.take(self.eid, free_slots=self.credit.free_slots(),
-                                                          free_kv_blocks=self.credit.free_blocks(),
-                                                          timeout_s=TAKE_WAIT_S))
+                batch = self._keep(
+                    await self.broker.take(
+                        self.eid,
+                        free_slots=self.credit.free_slots(),
+                        free_kv_blocks=self.credit.free_blocks(),
+                        timeout_s=TAKE_WAIT_S,
+                    )
+                )
                 if not batch:
                     continue
-                while self._has_credit():     # top up: one call carries as much as the engine may hold
-                    more = self._keep(await self.broker.take(self.eid, free_slots=self.credit.free_slots(),
-                                                             free_kv_blocks=self.credit.free_blocks(), timeout_s=0))
+                while self._has_credit():  # top up: one call carries as much as the engine may hold
+                    more = self._keep(
+                        await self.broker.take(
+                            self.eid,
+                            free_slots=self.credit.free_slots(),
+                            free_kv_blocks=self.credit.free_blocks(),
+                            timeout_s=0,
+                        )
+                    )
                     if not more:
                         break
                     batch += more
@@ -168,7 +209,8 @@ class EngineLink:
                 self.lost(f"submit failed: {type(e).__name__}: {_first_line(e)}", epoch)
 
     def _to_wire(self, batch: list[BrokerRequest]) -> list[WireRequest]:
-        """The batch as it travels; a request that cannot be put on the wire fails alone (its future must end)."""
+        """The batch as it travels; a request that cannot be put on the wire fails alone (its future
+        must end)."""
         now, wire = time.monotonic(), []
         for r in batch:
             try:
@@ -176,7 +218,8 @@ class EngineLink:
             except Exception as e:  # noqa: BLE001 - that request's fault, not the link's
                 if self._release(r.request_id, r.attempt) is not None:
                     self.broker.on_done(self.eid, r)
-                    self._fail(r, f"request cannot be sent to engine {self.eid}: {type(e).__name__}: {e}")
+                    self._fail(r, f"request cannot be sent to engine {self.eid}: "
+                                  f"{type(e).__name__}: {e}")
         return wire
 
     def _keep(self, batch: list[BrokerRequest]) -> list[BrokerRequest]:
@@ -202,8 +245,9 @@ class EngineLink:
 
     # ------------------------------------------------------------------ cancelling
     def cancel(self, rid: str) -> bool:
-        """The caller of `rid` left. If it was dispatched here, the host stops it (batched with others); its
-        answer (cancelled) still comes back and frees the credit. False when it is not here."""
+        """The caller of `rid` left. If it was dispatched here, the host stops it (batched with
+        others); its answer (cancelled) still comes back and frees the credit. False when it is not
+        here."""
         attempt = self.credit.attempt_of(rid)
         if attempt is None or self.state != "up":
             return False
@@ -222,7 +266,9 @@ class EngineLink:
         try:
             await self.transport.cancel(session, keys, timeout_s=CALL_TIMEOUT_S)
         except Exception as e:  # noqa: BLE001 - a lost host gives everything back anyway
-            log.debug("engine %s: cancel of %d request(s) not delivered: %s", self.eid, len(keys), e)
+            log.debug(
+                "engine %s: cancel of %d request(s) not delivered: %s", self.eid, len(keys), e
+            )
 
     # ------------------------------------------------------------------ collecting
     async def _collect_loop(self) -> None:
@@ -252,14 +298,16 @@ class EngineLink:
         if reply.incarnation != self.incarnation:
             self.lost(f"the engine restarted (incarnation {reply.incarnation})", epoch)
             return
-        if reply.partials and self._progress is not None:     # before the results: a piece precedes its end
+        # before the results: a piece precedes its end
+        if reply.partials and self._progress is not None:
             out, progress = self.out, self._progress
             for rid, attempt, text in reply.partials:
                 held = out.get(rid)
-                if held is not None and held[1] == attempt:     # the dispatch the node waits on, not a lost one
+                # the dispatch the node waits on, not a lost one
+                if held is not None and held[1] == attempt:
                     progress(held[0], attempt, text)
         results = reply.results
-        if results:             # one collect's answers: the broker's books and the credit event once for all
+        if results:  # one collect's answers: the broker's books and the credit event once for all
             release, done = self.credit.release, []
             for res in results:
                 req = release(res.rid, res.attempt)
@@ -271,8 +319,12 @@ class EngineLink:
                 settle, eid = self._settle, self.eid
                 for req, res in done:
                     settle(req, eid, res)
-        back = [req for rid, attempt in reply.returned if (req := self._release(rid, attempt)) is not None]
-        if back:                # the host applied the attempt limit to what it gave back: these go again
+        back = [
+            req
+            for rid, attempt in reply.returned
+            if (req := self._release(rid, attempt)) is not None
+        ]
+        if back:  # the host applied the attempt limit to what it gave back: these go again
             self.broker.requeue(back)
         for rid, attempt, why in reply.given_up:
             req = self._release(rid, attempt)
@@ -281,7 +333,9 @@ class EngineLink:
                 self._fail(req, why)
         delivered = reply.delivered
         if delivered.tokens:
-            self.broker.record_delivery(self.eid, delivered.tokens, delivered.elapsed_s, delivered.occupancy)
+            self.broker.record_delivery(
+                self.eid, delivered.tokens, delivered.elapsed_s, delivered.occupancy
+            )
         if reply.stats is not None:
             self.counters.observe(reply.stats)
         self.engine_state = reply.state or self.engine_state
@@ -307,7 +361,12 @@ class EngineLink:
         reqs = self.credit.clear()
         self._cancels.clear()
         self.lost_requeued += len(reqs)
-        log.warning("engine %s lost (%s): %d in-flight request(s) go back to the broker", self.eid, reason, len(reqs))
+        log.warning(
+            "engine %s lost (%s): %d in-flight request(s) go back to the broker",
+            self.eid,
+            reason,
+            len(reqs),
+        )
         self._requeue(reqs, f"engine {self.eid} was lost ({reason})")
         self._spawn(self._reattach(reason, engine_failed, self.incarnation), f"reattach-{self.eid}")
 
@@ -316,7 +375,8 @@ class EngineLink:
         self._requeue(reqs, f"engine {self.eid} was lost")
 
     def _requeue(self, reqs: list[BrokerRequest], reason: str) -> None:
-        """Lost with the host (which can no longer say): back to the broker, or given up at the attempt limit."""
+        """Lost with the host (which can no longer say): back to the broker, or given up at the
+        attempt limit."""
         back = []
         for r in reqs:
             why = given_up(reason, r.attempt)
@@ -330,14 +390,18 @@ class EngineLink:
 
     async def _reattach(self, why: str, engine_failed: bool, incarnation: str) -> None:
         try:
-            info = await self.transport.reconnect(why, engine_failed=engine_failed, incarnation=incarnation)
+            info = await self.transport.reconnect(
+                why, engine_failed=engine_failed, incarnation=incarnation
+            )
         except LinkGone as e:
             self.state = "gone"
             self.failure = self.failure or str(e)
             log.error("engine %s is given up: %s", self.eid, e)
             return
         if info.geometry != self.geometry:
-            log.error("engine %s came back with a different contract geometry; it is not used", self.eid)
+            log.error(
+                "engine %s came back with a different contract geometry; it is not used", self.eid
+            )
             self.state, self.failure = "gone", "came back with a different contract geometry"
             return
         old, self.session = self.session, self._new_session()

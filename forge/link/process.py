@@ -1,13 +1,16 @@
-"""The process transport: the engine host in a worker process this node started (forge/host/worker.py).
+"""The process transport: the engine host in a worker process this node started
+(forge/host/worker.py).
 
-Spawned: `python -P -c BOOT FD` (forge/link/worker_argv.py: forge.host's main, of the node's own forge) is a fresh interpreter that inherits nothing of the node's state but its
-environment and one end of a Unix socket pair, over which it gets its WorkerSpec and answers the link's calls
-(forge/host/channel.py). Not multiprocessing's "spawn" start method: that one re-runs the parent's main
-module in every child (a user's script that starts a node without an `if __name__ == "__main__"` guard would
-start it again in each worker; a pytest or CLI main would be imported for nothing). A worker that dies (SIGKILL, a crash, the OOM killer) is started again, at most
-WORKER_RESTARTS times over the node's life; then the card is given up (the link's state "gone"). An engine
-that reports its own failure is not restarted: like a card whose engine failed in-process, the card has
-failed (the node goes down when no card is left)."""
+Spawned: `python -P -c BOOT FD` (forge/link/worker_argv.py: forge.host's main, of the node's own
+forge) is a fresh interpreter that inherits nothing of the node's state but its environment and one
+end of a Unix socket pair, over which it gets its WorkerSpec and answers the link's calls
+(forge/host/channel.py). Not multiprocessing's "spawn" start method: that one re-runs the parent's
+main module in every child (a user's script that starts a node without an `if __name__ ==
+"__main__"` guard would start it again in each worker; a pytest or CLI main would be imported for
+nothing). A worker that dies (SIGKILL, a crash, the OOM killer) is started again, at most
+WORKER_RESTARTS times over the node's life; then the card is given up (the link's state "gone"). An
+engine that reports its own failure is not restarted: like a card whose engine failed in-process,
+the card has failed (the node goes down when no card is left)."""
 from __future__ import annotations
 
 import asyncio
@@ -30,18 +33,31 @@ from forge.link.worker_argv import worker_argv
 log = logging.getLogger("forge.link.process")
 
 WORKER_RESTARTS = 3
-STOP_GRACE_S = 5.0           # after its engine stopped, a worker has this long to exit before it is killed
+STOP_GRACE_S = 5.0  # after its engine stopped, a worker has this long to exit before it is killed
 
 
 class ProcessTransport(Transport):
-    def __init__(self, plan: CardPlan, *, node: str, stall_window_s: float = constants.STALL_WINDOW_S,
-                 cpus: Optional[frozenset[int]] = None, restarts: int = WORKER_RESTARTS):
-        """cpus: the cores the worker may run on (default: wherever the node may). The worker keeps the node's
-        logger levels."""
+    def __init__(
+        self,
+        plan: CardPlan,
+        *,
+        node: str,
+        stall_window_s: float = constants.STALL_WINDOW_S,
+        cpus: Optional[frozenset[int]] = None,
+        restarts: int = WORKER_RESTARTS,
+    ):
+        """cpus: the cores the worker may run on (default: wherever the node may). The worker keeps
+        the node's logger levels."""
         levels = {name: lg.level for name, lg in logging.root.manager.loggerDict.items()
                   if isinstance(lg, logging.Logger) and lg.level != logging.NOTSET}
-        self.spec = WorkerSpec(plan=plan, node=node, parent_pid=os.getpid(), stall_window_s=stall_window_s,
-                               log_levels=levels, cpu_affinity=cpus)
+        self.spec = WorkerSpec(
+            plan=plan,
+            node=node,
+            parent_pid=os.getpid(),
+            stall_window_s=stall_window_s,
+            log_levels=levels,
+            cpu_affinity=cpus,
+        )
         self.max_restarts = restarts
         self.name = plan.engine_id
         self.restarts = 0
@@ -55,18 +71,22 @@ class ProcessTransport(Transport):
         return self.proc.pid if self.proc is not None else None
 
     def launch(self) -> None:
-        """Start the worker now (it loads its engine while the node goes on with its own setup). Call it from
-        the thread that runs the node's loop: the worker's parent-death signal follows that thread."""
+        """Start the worker now (it loads its engine while the node goes on with its own setup).
+        Call it from the thread that runs the node's loop: the worker's parent-death signal follows
+        that thread."""
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            argv = worker_argv(theirs.fileno())       # the node's own forge, wherever the user stands
-            self.proc = subprocess.Popen(argv, pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
+            argv = worker_argv(theirs.fileno())  # the node's own forge, wherever the user stands
+            self.proc = subprocess.Popen(
+                argv, pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL
+            )
         except BaseException:
             mine.close()
             raise
         finally:
             theirs.close()
-        mine.sendall(frame(self.spec))      # small, and the socket buffer holds it: the worker reads it first
+        # small, and the socket buffer holds it: the worker reads it first
+        mine.sendall(frame(self.spec))
         self._sock, self.loaded = mine, False
 
     async def start(self) -> Hello:
@@ -85,9 +105,15 @@ class ProcessTransport(Transport):
             raise
         except (ConnectionError, asyncio.TimeoutError) as e:
             await self._end()
-            what = (f"its worker process exited with code {self.proc.returncode}" if self.proc.returncode is not None
-                    else f"its worker did not answer within {constants.ENGINE_START_TIMEOUT_S:g} s ({type(e).__name__})")
-            raise engine_failed_to_start(self.name, self.spec.plan.contract.contract, what) from None
+            what = (
+                f"its worker process exited with code {self.proc.returncode}"
+                if self.proc.returncode is not None
+                else f"its worker did not answer within {constants.ENGINE_START_TIMEOUT_S:g} s "
+                f"({type(e).__name__})"
+            )
+            raise engine_failed_to_start(
+                self.name, self.spec.plan.contract.contract, what
+            ) from None
 
     async def call(self, method: HostMethod, *args: Any, timeout_s: float) -> Any:
         if self.channel is None:
@@ -104,8 +130,13 @@ class ProcessTransport(Transport):
             if self.restarts >= self.max_restarts:
                 raise LinkGone(f"{lost}; {self.max_restarts} restart(s) spent")
             self.restarts += 1
-            log.warning("card %s: worker lost (%s); starting it again (restart %d of %d)", self.name, lost,
-                        self.restarts, self.max_restarts)
+            log.warning(
+                "card %s: worker lost (%s); starting it again (restart %d of %d)",
+                self.name,
+                lost,
+                self.restarts,
+                self.max_restarts,
+            )
             self.launch()
             try:
                 return await self.start()
@@ -113,21 +144,28 @@ class ProcessTransport(Transport):
                 why = str(e)
 
     async def close(self, timeout_s: float) -> None:
-        """Stop the engine through the link (bounded), then make sure the process is gone (a worker still
-        loading its engine is killed at once: it holds nothing)."""
+        """Stop the engine through the link (bounded), then make sure the process is gone (a worker
+        still loading its engine is killed at once: it holds nothing)."""
         stopped = False
         if self.loaded and self.channel is not None and self.channel.closed is None:
             try:
                 await self.stop(timeout_s=timeout_s)
                 stopped = True
             except Exception as e:  # noqa: BLE001 - it is killed below
-                log.warning("card %s: worker did not stop cleanly (%s: %s)", self.name, type(e).__name__, e)
+                log.warning(
+                    "card %s: worker did not stop cleanly (%s: %s)", self.name, type(e).__name__, e
+                )
         await self._end()
         if stopped and self.proc is not None and self.proc.returncode != 0:
-            log.warning("card %s: worker did not stop cleanly (exit code %s)", self.name, self.proc.returncode)
+            log.warning(
+                "card %s: worker did not stop cleanly (exit code %s)",
+                self.name,
+                self.proc.returncode,
+            )
 
     async def _end(self) -> None:
-        """Close the channel (the worker sees end of file and exits); kill it if it lingers; reap it."""
+        """Close the channel (the worker sees end of file and exits); kill it if it lingers; reap
+        it."""
         if self.channel is not None:
             await self.channel.close()
             self.channel = None

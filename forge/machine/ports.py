@@ -1,5 +1,5 @@
-"""Is a port free to listen on? Asked before any engine loads, so a busy port costs no loading time and
-answers in one line instead of the web server's raw `[Errno 98]` after the engines are up."""
+"""Is a port free to listen on? Asked before any engine loads, so a busy port costs no loading time
+and answers in one line instead of the web server's raw `[Errno 98]` after the engines are up."""
 from __future__ import annotations
 
 import errno
@@ -14,7 +14,8 @@ def _holder(port: int) -> str:
 
     try:
         live = registry.nodes()
-    except ForgeError:          # a registry forge does not believe names no holder: the port's own message stands
+    # a registry forge does not believe names no holder: the port's own message stands
+    except ForgeError:
         return ""
     for n in live:
         for key in ("control_url", "metrics_url"):
@@ -25,8 +26,9 @@ def _holder(port: int) -> str:
 
 
 def check_free(host: str, port: int, what: str, flag: str) -> None:
-    """Refuse, in one line naming `flag`, a host:port that cannot be listened on. Port 0 (any free port) passes.
-    The probe binds like the servers do (SO_REUSEADDR), so a port in TIME_WAIT is not called busy."""
+    """Refuse, in one line naming `flag`, a host:port that cannot be listened on. Port 0 (any free
+    port) passes. The probe binds like the servers do (SO_REUSEADDR), so a port in TIME_WAIT is not
+    called busy."""
     if port == 0:
         return
     try:
@@ -40,6 +42,9 @@ def check_free(host: str, port: int, what: str, flag: str) -> None:
             s.bind(address)
         except OSError as e:
             if e.errno == errno.EADDRINUSE:
-                raise ForgeError(f"{what}: port {port} on {host} is already in use{_holder(port)}; pass {flag} "
-                                 "with another port (0 picks a free one), or stop what holds it") from None
+                raise ForgeError(
+                    f"{what}: port {port} on {host} is already in use{_holder(port)}; "
+                    f"pass {flag} "
+                    "with another port (0 picks a free one), or stop what holds it"
+                ) from None
             raise ForgeError(f"{what}: cannot listen on {host}:{port}: {e.strerror}") from None

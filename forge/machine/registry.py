@@ -7,14 +7,16 @@ so liveness is the lock, not the pid (which the OS reuses): an entry whose lock 
 dead process and is removed the next time anyone reads the registry. `unregister` only ever removes
 this process's own entry.
 
-Every entry records whose it is: the user (uid) and the checkout (the folder forge was imported from) that
-started it. On a machine shared by several users or several checkouts of forge, `forge status` marks the nodes
-that are not this checkout's, and a command that picks a node by itself (`forge deploy` without `--node`) never
-picks one of them: it names them and says how to choose one. $FORGE_HOME keeps one's nodes apart altogether.
+Every entry records whose it is: the user (uid) and the checkout (the folder forge was imported
+from) that started it. On a machine shared by several users or several checkouts of forge, `forge
+status` marks the nodes that are not this checkout's, and a command that picks a node by itself
+(`forge deploy` without `--node`) never picks one of them: it names them and says how to choose one.
+$FORGE_HOME keeps one's nodes apart altogether.
 
-What is believed of the folder and its files (this user's, writable by no one else, of the shape written here) is
-forge/machine/registry_files.py's; a node proves it is the node its entry names before anything is sent to it
-(forge/machine/node_proof.py, with the key `register` writes beside the entry, readable by this user alone)."""
+What is believed of the folder and its files (this user's, writable by no one else, of the shape
+written here) is forge/machine/registry_files.py's; a node proves it is the node its entry names
+before anything is sent to it (forge/machine/node_proof.py, with the key `register` writes beside
+the entry, readable by this user alone)."""
 from __future__ import annotations
 
 import contextlib
@@ -41,7 +43,11 @@ def origin() -> dict:
         user = pwd.getpwuid(os.getuid()).pw_name
     except (ImportError, KeyError):
         user = str(os.getuid())
-    return {"uid": os.getuid(), "user": user, "checkout": str(Path(forge.__file__).resolve().parent.parent)}
+    return {
+        "uid": os.getuid(),
+        "user": user,
+        "checkout": str(Path(forge.__file__).resolve().parent.parent),
+    }
 
 
 def whose(entry: dict) -> Optional[str]:
@@ -58,15 +64,20 @@ def whose(entry: dict) -> Optional[str]:
 
 def _read(dfd: int, name: str) -> Optional[dict]:
     """NAME's entry, if forge believes it (else None, said once)."""
-    return next((info for filename, info in files.read_entries(dfd) if filename == f"{name}.json"), None)
+    return next(
+        (info for filename, info in files.read_entries(dfd) if filename == f"{name}.json"), None
+    )
 
 
 def _lock_held(dfd: int, name: str) -> Optional[bool]:
-    """Whether a live process holds NAME.lock; None when there is no lock file (an entry of an older forge)."""
+    """Whether a live process holds NAME.lock; None when there is no lock file (an entry of an older
+    forge)."""
     if name in _claims:
         return True
     try:
-        fd = os.open(f"{name}.lock", os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
+        fd = os.open(
+            f"{name}.lock", os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd
+        )
     except FileNotFoundError:
         return None
     except OSError:             # not a file forge made: no live node of forge's holds it
@@ -81,15 +92,22 @@ def _lock_held(dfd: int, name: str) -> Optional[bool]:
 
 
 def claim(name: str) -> None:
-    """Take `name` on this machine for this process's life; refuse it, in one line, while another holds it."""
+    """Take `name` on this machine for this process's life; refuse it, in one line, while another
+    holds it."""
     check_name(name)
     if name in _claims:
         return
     with files.opened_folder() as dfd:
         try:
-            fd = os.open(f"{name}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dfd)
+            fd = os.open(
+                f"{name}.lock",
+                os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                0o600,
+                dir_fd=dfd,
+            )
         except OSError as e:
-            raise ForgeError(f"{files.folder() / (name + '.lock')}: cannot open the node's lock: {e.strerror}") from None
+            raise ForgeError(f"{files.folder() / (name + '.lock')}: cannot open the node's lock: "
+                             f"{e.strerror}") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
@@ -104,10 +122,12 @@ def _refuse_taken(name: str, info: dict) -> None:
     where = ", ".join(f"{k} {info[v]}" for k, v in (("pid", "pid"), ("control", "control_url"),
                                                       ("from", "source")) if info.get(v))
     theirs = whose(info) if info else None
-    apart = (f"; it is {theirs}: set FORGE_HOME to a folder of your own to keep your nodes apart (now "
+    apart = (f"; it is {theirs}: set FORGE_HOME to a folder of your own to keep your nodes apart "
+             "(now "
              f"{home()})") if theirs else ""
     raise ForgeError(f"a node named {name!r} is already provisioned on this machine"
-                     f"{f' ({where})' if where else ''}: stop it first, or give this node another name "
+                     f"{f' ({where})' if where else ''}: stop it first, or give this node another "
+                     "name "
                      f"(its description's `node:`){apart}") from None
 
 
@@ -118,14 +138,16 @@ def release(name: str) -> None:
 
 
 def register(name: str, info: dict, key: Optional[str] = None) -> Path:
-    """Write this process's entry for `name` (and first its key, readable by this user alone: what its node proves
-    itself with, forge/machine/node_proof.py)."""
+    """Write this process's entry for `name` (and first its key, readable by this user alone: what
+    its node proves itself with, forge/machine/node_proof.py)."""
     claim(name)
     with files.opened_folder() as dfd:
         if key is not None:
             files.write_private(dfd, f"{name}.key", key.encode("ascii"))
         entry = {**info, **origin(), "node": name, "pid": os.getpid()}
-        files.write_private(dfd, f"{name}.json", json.dumps(entry, indent=2, allow_nan=False).encode())
+        files.write_private(
+            dfd, f"{name}.json", json.dumps(entry, indent=2, allow_nan=False).encode()
+        )
     return files.folder() / f"{name}.json"
 
 
@@ -161,9 +183,9 @@ def pid_alive(pid: int) -> bool:
 
 
 def entries() -> list[dict]:
-    """Every entry forge believes (forge/machine/registry_files.py), each with "alive"; entries of processes that
-    are gone are removed from disk (the registry heals itself) but still returned once, so `forge status` can say
-    what happened."""
+    """Every entry forge believes (forge/machine/registry_files.py), each with "alive"; entries of
+    processes that are gone are removed from disk (the registry heals itself) but still returned
+    once, so `forge status` can say what happened."""
     out = []
     with files.opened_folder() as dfd:
         for _, info in files.read_entries(dfd):
@@ -193,25 +215,31 @@ def resolve(target: Optional[str]) -> dict:
                 return n
         for n in found:
             if n["node"] == target:
-                raise ForgeError(f"node {target!r} is not running: its process (pid {n.get('pid')}) ended without "
+                raise ForgeError(f"node {target!r} is not running: its process (pid "
+                                 f"{n.get('pid')}) ended without "
                                  f"stopping it (its entry is now removed); start it again with "
                                  f"`forge provision {n.get('source') or 'NODE.yaml'}`")
-        raise ForgeError(f"no node named {target!r} is provisioned on this machine (running: {running}); "
+        raise ForgeError(f"no node named {target!r} is provisioned on this machine (running: "
+                         f"{running}); "
                          "`forge provision NODE.yaml` starts one, or pass its URL")
     if not live:
         dead = [n["node"] for n in found]
         gone = f" ({', '.join(dead)} ended without stopping; entry removed)" if dead else ""
-        raise ForgeError(f"no node is provisioned on this machine{gone}: run `forge provision NODE.yaml` first, "
+        raise ForgeError(f"no node is provisioned on this machine{gone}: run `forge provision "
+                         "NODE.yaml` first, "
                          "or pass --node URL")
-    # Picked without being named: only a node this user started from this checkout (another's may run another
-    # model, or be stopped by its owner mid-job).
+    # Picked without being named: only a node this user started from this checkout (another's may
+    # run another model, or be stopped by its owner mid-job).
     mine = [n for n in live if whose(n) is None]
     if len(mine) == 1:
         return mine[0]
     if mine:
-        raise UsageError(f"several nodes are provisioned from this checkout ({', '.join(n['node'] for n in mine)}): "
+        raise UsageError("several nodes are provisioned from this checkout "
+                         f"({', '.join(n['node'] for n in mine)}): "
                          "pick one with --node")
     others = "; ".join(f"{n['node']} ({whose(n)})" for n in live)
-    raise UsageError(f"no node started from this checkout ({origin()['checkout']}) is provisioned; running here: "
-                     f"{others}: pass --node NAME to use one of them, or `forge provision NODE.yaml` to start "
+    raise UsageError(f"no node started from this checkout ({origin()['checkout']}) is provisioned; "
+                     "running here: "
+                     f"{others}: pass --node NAME to use one of them, or `forge provision "
+                     "NODE.yaml` to start "
                      "your own")

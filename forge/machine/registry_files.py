@@ -1,12 +1,14 @@
-"""The files of $FORGE_HOME/nodes that forge believes: only what it can prove it wrote for this user.
+"""The files of $FORGE_HOME/nodes that forge believes: only what it can prove it wrote for this
+user.
 
-A registry entry decides where a run sends its token and its records (forge/machine/warm_node.py), so nothing in
-one is taken on its word. The folder must be this user's and writable by no one else, or every command that reads
-or writes the registry refuses the home in one line (another user could otherwise plant or swap entries). Each
-file is opened through the folder's descriptor without following links, non-blocking (a FIFO cannot hang a
-read), and believed only when it is a regular file of this user's, writable by no one else, small, strict JSON
-(no NaN, no 1e400) and of the shape `forge provision` writes, its name the node's; anything else is skipped with
-one line naming the file. A node's key (NAME.key, for the proof of forge/machine/node_proof.py) must moreover be
+A registry entry decides where a run sends its token and its records (forge/machine/warm_node.py),
+so nothing in one is taken on its word. The folder must be this user's and writable by no one else,
+or every command that reads or writes the registry refuses the home in one line (another user could
+otherwise plant or swap entries). Each file is opened through the folder's descriptor without
+following links, non-blocking (a FIFO cannot hang a read), and believed only when it is a regular
+file of this user's, writable by no one else, small, strict JSON (no NaN, no 1e400) and of the shape
+`forge provision` writes, its name the node's; anything else is skipped with one line naming the
+file. A node's key (NAME.key, for the proof of forge/machine/node_proof.py) must moreover be
 readable by this user alone."""
 from __future__ import annotations
 
@@ -22,7 +24,8 @@ from typing import Any, Iterator, Optional
 
 from forge.errors import ForgeError, UsageError
 
-NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")    # a node's `node:` (forge/config/models.py Name)
+# a node's `node:` (forge/config/models.py Name)
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 MAX_FILE_BYTES = 64 * 1024
 KEY_HEX_CHARS = 64
 URL_MAX_CHARS = 2048
@@ -41,21 +44,25 @@ def folder() -> Path:
 def check_name(name: Any) -> str:
     """A node name that names a file in the registry's folder and nothing else (no `/`, no `..`)."""
     if not isinstance(name, str) or not NAME.fullmatch(name):
-        raise UsageError(f"node name {name!r}: a node's name is 1 to 128 letters, digits, '.', '_' or '-', "
+        raise UsageError(f"node name {name!r}: a node's name is 1 to 128 letters, digits, '.', '_' "
+                         "or '-', "
                          "starting with a letter or digit")
     return name
 
 
 @contextlib.contextmanager
 def opened_folder(create: bool = True) -> Iterator[int]:
-    """A descriptor of $FORGE_HOME/nodes, once it is proven this user's and writable by no one else; every file
-    of the registry is then reached through it (a folder swapped after the check is never the one used)."""
+    """A descriptor of $FORGE_HOME/nodes, once it is proven this user's and writable by no one else;
+    every file of the registry is then reached through it (a folder swapped after the check is never
+    the one used)."""
     path = folder()
     if create:
         try:
             path.mkdir(parents=True, exist_ok=True, mode=0o700)
         except OSError as e:
-            raise ForgeError(f"{path}: cannot create the node registry's folder: {e.strerror}") from None
+            raise ForgeError(
+                f"{path}: cannot create the node registry's folder: {e.strerror}"
+            ) from None
     try:
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError as e:
@@ -68,7 +75,8 @@ def opened_folder(create: bool = True) -> Iterator[int]:
         elif st.st_mode & 0o022:
             why = f"is writable by others (mode {stat.S_IMODE(st.st_mode):o})"
         if why is not None:
-            raise ForgeError(f"{path} {why}: forge trusts node entries only in a folder of yours that no one else "
+            raise ForgeError(f"{path} {why}: forge trusts node entries only in a folder of yours "
+                             "that no one else "
                              f"may write; set FORGE_HOME to a folder of your own (now {home()})")
         yield fd
     finally:
@@ -76,8 +84,8 @@ def opened_folder(create: bool = True) -> Iterator[int]:
 
 
 def _read_own(dfd: int, filename: str, private: bool) -> tuple[Optional[bytes], Optional[str]]:
-    """(bytes, None) from a regular file of this user's that no one else may write (with private, nor read);
-    (None, why not); (None, None) when there is no such file."""
+    """(bytes, None) from a regular file of this user's that no one else may write (with private,
+    nor read); (None, why not); (None, None) when there is no such file."""
     try:
         fd = os.open(filename, _OPEN_FLAGS, dir_fd=dfd)
     except FileNotFoundError:
@@ -118,9 +126,16 @@ def _is_int(value: Any, low: int, high: int) -> bool:
 _FIELDS = {
     "node": (lambda v: isinstance(v, str) and NAME.fullmatch(v) is not None, "a node name"),
     "pid": (lambda v: _is_int(v, 1, 2**31 - 1), "a process id"),
-    "control_url": (lambda v: isinstance(v, str) and v.startswith(("http://", "https://")) and len(v) <= URL_MAX_CHARS,
-                    "an http(s) URL"),
-    "metrics_url": (lambda v: v is None or (isinstance(v, str) and len(v) <= URL_MAX_CHARS), "a URL"),
+    "control_url": (
+        lambda v: (
+            isinstance(v, str) and v.startswith(("http://", "https://")) and len(v) <= URL_MAX_CHARS
+        ),
+        "an http(s) URL",
+    ),
+    "metrics_url": (
+        lambda v: v is None or (isinstance(v, str) and len(v) <= URL_MAX_CHARS),
+        "a URL",
+    ),
     "uid": (lambda v: _is_int(v, 0, 2**32 - 1), "a user id"),
     "user": (lambda v: isinstance(v, str), "a string"),
     "checkout": (lambda v: isinstance(v, str), "a folder"),
@@ -128,7 +143,10 @@ _FIELDS = {
     "started_at": (lambda v: type(v) in (int, float), "a time"),
     "description_digest": (lambda v: isinstance(v, str), "a digest"),
     "card_transport": (lambda v: isinstance(v, str), "a string"),
-    "cards": (lambda v: isinstance(v, list) and all(isinstance(c, str) for c in v), "a list of card names"),
+    "cards": (
+        lambda v: isinstance(v, list) and all(isinstance(c, str) for c in v),
+        "a list of card names",
+    ),
 }
 REQUIRED = ("node", "pid", "control_url")
 
@@ -159,8 +177,8 @@ def skipped(path: Path, why: str) -> None:
 
 
 def read_entries(dfd: int) -> list[tuple[str, dict]]:
-    """(file name, entry) of every entry forge believes, this user's uid in it; the others are skipped, each with
-    one line naming its file."""
+    """(file name, entry) of every entry forge believes, this user's uid in it; the others are
+    skipped, each with one line naming its file."""
     out = []
     for filename in sorted(os.listdir(dfd)):
         if not filename.endswith(".json"):
@@ -189,11 +207,14 @@ def read_key(dfd: int, name: str) -> tuple[Optional[str], Optional[str]]:
 
 
 def write_private(dfd: int, filename: str, data: bytes) -> None:
-    """Write a file of the registry whole (a temporary file, then a rename), readable by this user alone."""
+    """Write a file of the registry whole (a temporary file, then a rename), readable by this user
+    alone."""
     tmp = f".{filename}.{os.getpid()}.tmp"
     with contextlib.suppress(FileNotFoundError):
         os.unlink(tmp, dir_fd=dfd)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dfd)
+    fd = os.open(
+        tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dfd
+    )
     try:
         view = memoryview(data)
         while view:

@@ -1,5 +1,5 @@
-"""A node: every card of one node description behind one interface (interface.py: `Node`, `Node.submit` owning
-the whole request, its one typed `Answer`).
+"""A node: every card of one node description behind one interface (interface.py: `Node`,
+`Node.submit` owning the whole request, its one typed `Answer`).
 
     linked.py        what a local node and a cluster job share: one broker, one link per engine, callers' futures
     local.py         `LocalNode`, the node on this machine (a worker process per card)

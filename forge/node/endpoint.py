@@ -1,9 +1,11 @@
-"""The node's control endpoint (FastAPI on uvicorn): what `forge deploy` clients and `forge top` talk to.
+"""The node's control endpoint (FastAPI on uvicorn): what `forge deploy` clients and `forge top`
+talk to.
 
 Bound to 127.0.0.1 unless configured otherwise; on any other address a bearer token is required to
-start, and every /v1 request must carry it. Prometheus /metrics is served apart (read-only).
-A request whose client disconnects is cancelled: its generations are taken back from the broker or
-cancelled in their engines (Node.submit, forge/node/interface.py). `forge serve` reuses these routes and helpers."""
+start, and every /v1 request must carry it. Prometheus /metrics is served apart (read-only). A
+request whose client disconnects is cancelled: its generations are taken back from the broker or
+cancelled in their engines (Node.submit, forge/node/interface.py). `forge serve` reuses these routes
+and helpers."""
 from __future__ import annotations
 
 import asyncio
@@ -23,7 +25,8 @@ from forge.machine.node_proof import Prover, is_loopback_host
 from forge.web.errors import error_body, install_error_handlers, scrub_paths
 
 MAX_BATCH_REQUESTS = 1024        # requests in one POST /v1/generate
-MAX_BODY_BYTES = 32 * 2**20      # a bigger body is refused with 413 (from Content-Length, or while it streams in)
+# a bigger body is refused with 413 (from Content-Length, or while it streams in)
+MAX_BODY_BYTES = 32 * 2**20
 UTF8_MAX = 4                     # bytes per character, at most
 
 
@@ -35,21 +38,24 @@ def control_body_limit(node: Node) -> int:
 
 class GenerateItem(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    # The most prompt tokens any card of the node takes: longer token ids (or more choices than any engine takes)
-    # are that item's error from their length alone, before one of them is validated (4M ids took seconds of the
-    # node's loop, /health included).
+    # The most prompt tokens any card of the node takes: longer token ids (or more choices than any
+    # engine takes) are that item's error from their length alone, before one of them is validated
+    # (4M ids took seconds of the node's loop, /health included).
     max_prompt_tokens: ClassVar[int] = 2**31 - 1
     _refused: Optional[str] = PrivateAttr(None)
-    # Text or token ids; anything else reaches Node.submit's prompt check, which names it as it does in-process.
+    # Text or token ids; anything else reaches Node.submit's prompt check, which names it as it does
+    # in-process.
     prompt: Any = None
-    # instead of a prompt: chat messages, made a prompt with the node's chat template (llm.chat on forge deploy)
+    # instead of a prompt: chat messages, made a prompt with the node's chat template (llm.chat on
+    # forge deploy)
     messages: Optional[list[Any]] = Field(None, max_length=constants.MAX_CHAT_MESSAGES)
-    transcript_fallback: bool = False      # a model without a template gets the plain transcript (forge serve)
+    # a model without a template gets the plain transcript (forge serve)
+    transcript_fallback: bool = False
     max_tokens: int = Field(gt=0)
     temperature: float = Field(0.0, ge=0)
     top_p: float = Field(1.0, gt=0, le=1)
-    # Values past what an engine represents (top_k >= 2**31, a seed past 64 bits) are refused by GenerateParams,
-    # per item: one bad record of a deploy batch fails alone.
+    # Values past what an engine represents (top_k >= 2**31, a seed past 64 bits) are refused by
+    # GenerateParams, per item: one bad record of a deploy batch fails alone.
     top_k: int = Field(0, ge=0)
     seed: Optional[int] = None
     choice: Optional[list[str]] = None
@@ -57,7 +63,8 @@ class GenerateItem(BaseModel):
     embed: bool = False
     priority: int = 0
     deadline_s: Optional[float] = Field(None, gt=0)
-    stop: Optional[list[str]] = Field(None, max_length=constants.MAX_STOP_STRINGS)   # cut by the node's submit
+    # cut by the node's submit
+    stop: Optional[list[str]] = Field(None, max_length=constants.MAX_STOP_STRINGS)
     include_stop_str_in_output: bool = False
 
     @model_validator(mode="wrap")
@@ -74,11 +81,13 @@ class GenerateItem(BaseModel):
         messages = data.get("messages")
         if isinstance(messages, list) and len(messages) > constants.MAX_CHAT_MESSAGES:
             item = handler({**data, "messages": []})
-            item._refused = f"messages: {len(messages):,} chat messages; at most {constants.MAX_CHAT_MESSAGES:,} are taken"
+            item._refused = (f"messages: {len(messages):,} chat messages; at most "
+                             f"{constants.MAX_CHAT_MESSAGES:,} are taken")
             return item
         if isinstance(choice, list) and len(choice) > constants.MAX_GUIDE_CHOICES:
             item = handler({**data, "choice": None})
-            item._refused = f"choice has {len(choice):,} options; at most {constants.MAX_GUIDE_CHOICES:,} are taken"
+            item._refused = (f"choice has {len(choice):,} options; at most "
+                             f"{constants.MAX_GUIDE_CHOICES:,} are taken")
             return item
         return handler(data)
 
@@ -90,15 +99,20 @@ class GenerateBatch(BaseModel):
 
 def batch_for(node: Node) -> type:
     """GenerateBatch whose items refuse prompts longer than the node's largest max_input_len from their length."""
-    limit = max((int(c["limits"]["max_input_len"]) for c in node.describe().get("cards", [])), default=0)
+    limit = max(
+        (int(c["limits"]["max_input_len"]) for c in node.describe().get("cards", [])), default=0
+    )
     if limit <= 0:
         return GenerateBatch
-    item = type("GenerateItem", (GenerateItem,), {"__module__": __name__, "max_prompt_tokens": limit})
+    item = type(
+        "GenerateItem", (GenerateItem,), {"__module__": __name__, "max_prompt_tokens": limit}
+    )
     return create_model("GenerateBatch", __base__=GenerateBatch, __module__=__name__,
                         requests=(list[item], Field(min_length=1, max_length=MAX_BATCH_REQUESTS)))
 
 
-def require_token(host: str, token: Optional[str], token_env: str, what: str = "the control endpoint") -> None:
+def require_token(host: str, token: Optional[str], token_env: str, what: str = "the control "
+                                                                               "endpoint") -> None:
     """Refuse to expose a node beyond loopback without a token."""
     if not is_loopback_host(host) and not token:
         raise ForgeError(f"refusing to bind {what} to {host} without a token: "
@@ -122,9 +136,19 @@ class TokenAuth:
         if path.startswith(self.protected) and not path.startswith(self.public):
             got = dict(scope.get("headers") or []).get(b"authorization", b"")
             if not hmac.compare_digest(got, self.expected):
-                body = json.dumps(error_body(401, "Unauthorized", "missing or wrong bearer token")).encode()
-                await send({"type": "http.response.start", "status": 401,
-                            "headers": [(b"content-type", b"application/json"), (b"www-authenticate", b"Bearer")]})
+                body = json.dumps(
+                    error_body(401, "Unauthorized", "missing or wrong bearer token")
+                ).encode()
+                await send(
+                    {
+                        "type": "http.response.start",
+                        "status": 401,
+                        "headers": [
+                            (b"content-type", b"application/json"),
+                            (b"www-authenticate", b"Bearer"),
+                        ],
+                    }
+                )
                 await send({"type": "http.response.body", "body": body})
                 return
         await self.app(scope, receive, send)
@@ -169,7 +193,11 @@ def control_router(node: Node, prover: Optional[Prover] = None) -> APIRouter:
     @router.get("/health")
     async def health(challenge: Optional[str] = None) -> dict:
         cards = node.healthy_cards()
-        out = {"node": node.name, "status": "ok" if cards and not node.closed else "degraded", "healthy_cards": cards}
+        out = {
+            "node": node.name,
+            "status": "ok" if cards and not node.closed else "degraded",
+            "healthy_cards": cards,
+        }
         answer = prover.answer(challenge) if prover is not None else None
         if answer is not None:
             out["proof"] = answer
@@ -184,33 +212,55 @@ def control_router(node: Node, prover: Optional[Prover] = None) -> APIRouter:
         from dataclasses import asdict
 
         b = node.broker_stats()
-        return {"engines": [asdict(s) for s in node.engine_stats()],
-                "broker": {**asdict(b), "padding_ratio": b.padding_ratio, "prefix_reuse_ratio": b.prefix_reuse_ratio},
-                "open_requests": node.open_requests(), "abandoned": node.abandoned}
+        return {
+            "engines": [asdict(s) for s in node.engine_stats()],
+            "broker": {
+                **asdict(b),
+                "padding_ratio": b.padding_ratio,
+                "prefix_reuse_ratio": b.prefix_reuse_ratio,
+            },
+            "open_requests": node.open_requests(),
+            "abandoned": node.abandoned,
+        }
 
     async def generate(batch: GenerateBatch, request: Request) -> dict:
         async def one(item: GenerateItem) -> dict:
             if item._refused is not None:
                 return {"error": {"type": "RequestRejected", "message": item._refused}}
             try:
-                params = GenerateParams(max_tokens=item.max_tokens, temperature=item.temperature, top_p=item.top_p,
-                                        top_k=item.top_k, seed=item.seed,
-                                        choice=tuple(item.choice) if item.choice is not None else None,
-                                        json_schema=item.json_schema, embed=item.embed, priority=item.priority,
-                                        deadline_s=item.deadline_s, stop=tuple(item.stop or ()),
-                                        include_stop_str_in_output=item.include_stop_str_in_output)
+                params = GenerateParams(
+                    max_tokens=item.max_tokens,
+                    temperature=item.temperature,
+                    top_p=item.top_p,
+                    top_k=item.top_k,
+                    seed=item.seed,
+                    choice=tuple(item.choice) if item.choice is not None else None,
+                    json_schema=item.json_schema,
+                    embed=item.embed,
+                    priority=item.priority,
+                    deadline_s=item.deadline_s,
+                    stop=tuple(item.stop or ()),
+                    include_stop_str_in_output=item.include_stop_str_in_output,
+                )
                 if (item.prompt is None) == (item.messages is None):
                     raise ForgeError("give a prompt or messages, not both nor neither")
                 prompt: Prompt = item.prompt if item.messages is None else \
                     Chat.of(item.messages, transcript_fallback=item.transcript_fallback)
-            except (ValueError, ForgeError) as e:    # a value the parameters refuse: this item's mistake, not the batch's
+            # a value the parameters refuse: this item's mistake, not the batch's
+            except (ValueError, ForgeError) as e:
                 return {"error": {"type": "RequestRejected", "message": scrub_paths(str(e))}}
             try:
                 gen, hidden, matched = await node.submit(prompt, params)
             except ForgeError as e:
                 return {"error": {"type": type(e).__name__, "message": scrub_paths(str(e))}}
-            out = {"text": gen.text, "output_tokens": gen.output_tokens, "input_tokens": gen.input_tokens,
-                   "finish_reason": gen.finish_reason, "card": gen.card, "token_ids": list(gen.token_ids)}
+            out = {
+                "text": gen.text,
+                "output_tokens": gen.output_tokens,
+                "input_tokens": gen.input_tokens,
+                "finish_reason": gen.finish_reason,
+                "card": gen.card,
+                "token_ids": list(gen.token_ids),
+            }
             if item.stop:
                 out["stop_reason"] = matched
             if item.embed:
@@ -220,12 +270,15 @@ def control_router(node: Node, prover: Optional[Prover] = None) -> APIRouter:
         if node.closed:
             raise HTTPException(status_code=503, detail="node is draining")
         try:
-            results = await until_disconnected(request, asyncio.gather(*(one(i) for i in batch.requests)))
+            results = await until_disconnected(
+                request, asyncio.gather(*(one(i) for i in batch.requests))
+            )
         except ClientGone:
             raise HTTPException(status_code=499, detail="client disconnected") from None
         return {"results": results}
 
-    generate.__annotations__["batch"] = batch_for(node)     # a class made here: a string annotation could not name it
+    # a class made here: a string annotation could not name it
+    generate.__annotations__["batch"] = batch_for(node)
     router.post("/v1/generate")(generate)
     return router
 
@@ -233,8 +286,14 @@ def control_router(node: Node, prover: Optional[Prover] = None) -> APIRouter:
 def build_app(node: Node, *, token: Optional[str] = None, max_body_bytes: Optional[int] = None,
               prover: Optional[Prover] = None) -> FastAPI:
     """node: a Node (forge/node/interface.py); prover: the node's proof of itself (forge/machine/node_proof.py)."""
-    app = FastAPI(title=f"forge node {node.name}", version="1", docs_url=None, redoc_url=None, openapi_url=None,
-                  max_body_size=max_body_bytes or control_body_limit(node))
+    app = FastAPI(
+        title=f"forge node {node.name}",
+        version="1",
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+        max_body_size=max_body_bytes or control_body_limit(node),
+    )
     app.include_router(control_router(node, prover))
     install_error_handlers(app)
     app.add_middleware(TokenAuth, token=token)

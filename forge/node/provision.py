@@ -32,9 +32,16 @@ def check_hardware(loaded: LoadedDescription) -> None:
         raise ForgeError("\n".join(problems))
 
 
-def provision_and_serve(loaded: LoadedDescription, *, host: Optional[str] = None, port: Optional[int] = None,
-                        metrics_port: Optional[int] = None, token_env: Optional[str] = None,
-                        ready_file: Optional[str] = None, card_transport: CardTransport = "process") -> int:
+def provision_and_serve(
+    loaded: LoadedDescription,
+    *,
+    host: Optional[str] = None,
+    port: Optional[int] = None,
+    metrics_port: Optional[int] = None,
+    token_env: Optional[str] = None,
+    ready_file: Optional[str] = None,
+    card_transport: CardTransport = "process",
+) -> int:
     node = loaded.node
     host = host or node.control.host
     port = node.control.port if port is None else port
@@ -43,13 +50,24 @@ def provision_and_serve(loaded: LoadedDescription, *, host: Optional[str] = None
     token = os.environ.get(token_env) or None
     require_token(host, token, token_env)
     check_hardware(loaded)
-    # before any engine library loads: they set variables of the environment the digest reads (transformers does)
+    # before any engine library loads: they set variables of the environment the digest reads
+    # (transformers does)
     digest = warm_node.description_digest(loaded)
-    return asyncio.run(_serve(loaded, host, port, metrics_port, token, ready_file, card_transport, digest))
+    return asyncio.run(
+        _serve(loaded, host, port, metrics_port, token, ready_file, card_transport, digest)
+    )
 
 
-async def _serve(loaded: LoadedDescription, host: str, port: int, metrics_port: int, token: Optional[str],
-                 ready_file: Optional[str], card_transport: CardTransport, digest: str) -> int:
+async def _serve(
+    loaded: LoadedDescription,
+    host: str,
+    port: int,
+    metrics_port: int,
+    token: Optional[str],
+    ready_file: Optional[str],
+    card_transport: CardTransport,
+    digest: str,
+) -> int:
     from forge.metrics import ForgeMetrics
 
     t0 = time.monotonic()
@@ -57,8 +75,9 @@ async def _serve(loaded: LoadedDescription, host: str, port: int, metrics_port: 
     await runtime.start()
     metrics = ForgeMetrics()
     _, mport = metrics.serve(loaded.node.metrics.host, metrics_port)
-    # the node's key: written beside its entry (this user alone reads it), proven on /health before any client
-    # picking the node from the registry sends it a token or a record (forge/machine/node_proof.py)
+    # the node's key: written beside its entry (this user alone reads it), proven on /health before
+    # any client picking the node from the registry sends it a token or a record
+    # (forge/machine/node_proof.py)
     prover = node_proof.Prover(runtime.name, node_proof.new_key())
     web = QuietServer(build_app(runtime, token=token, prover=prover), host, port)
     try:
@@ -69,13 +88,21 @@ async def _serve(loaded: LoadedDescription, host: str, port: int, metrics_port: 
     control_url = f"http://{host}:{web.port}"
     prover.control_url = control_url
     metrics_url = f"http://{loaded.node.metrics.host}:{mport}/metrics"
-    registry.register(runtime.name, {"control_url": control_url, "metrics_url": metrics_url,
-                                     "source": str(loaded.node.source), "started_at": time.time(),
-                                     warm_node.DIGEST_KEY: digest,
-                                     warm_node.TRANSPORT_KEY: card_transport,
-                                     "cards": [c["card"] + ":" + c["tier"] for c in runtime.describe()["cards"]]},
-                      key=prover.key)
-    print(f"forge: node {runtime.name} up in {time.monotonic() - t0:.1f} s — control {control_url}, "
+    registry.register(
+        runtime.name,
+        {
+            "control_url": control_url,
+            "metrics_url": metrics_url,
+            "source": str(loaded.node.source),
+            "started_at": time.time(),
+            warm_node.DIGEST_KEY: digest,
+            warm_node.TRANSPORT_KEY: card_transport,
+            "cards": [c["card"] + ":" + c["tier"] for c in runtime.describe()["cards"]],
+        },
+        key=prover.key,
+    )
+    print(f"forge: node {runtime.name} up in {time.monotonic() - t0:.1f} s — control "
+          f"{control_url}, "
           f"metrics {metrics_url}, {len(runtime.links)} card(s)", flush=True)
     if ready_file:
         with open(ready_file, "w") as f:
@@ -90,5 +117,13 @@ async def _serve(loaded: LoadedDescription, host: str, port: int, metrics_port: 
         registry.unregister(runtime.name)
         metrics.close()
 
-    return await serve_until_stopped(runtime, web, serve_task, label=f"node {runtime.name}", drain_s=DRAIN_TIMEOUT_S,
-                                     every_s=STATS_INTERVAL_S, tick=observe, after_stop=forget)
+    return await serve_until_stopped(
+        runtime,
+        web,
+        serve_task,
+        label=f"node {runtime.name}",
+        drain_s=DRAIN_TIMEOUT_S,
+        every_s=STATS_INTERVAL_S,
+        tick=observe,
+        after_stop=forget,
+    )

@@ -1,8 +1,9 @@
-"""Serve a started node over HTTP until SIGINT/SIGTERM (or a stop event, or the server ending), then drain it: what
-`forge provision` (the control endpoint) and `forge serve` (functions and the OpenAI API) both do once they are up.
+"""Serve a started node over HTTP until SIGINT/SIGTERM (or a stop event, or the server ending), then
+drain it: what `forge provision` (the control endpoint) and `forge serve` (functions and the OpenAI
+API) both do once they are up.
 
-The drain is bounded (`drain_s`): the node stops taking work and finishes what it holds, the server closes, the
-node stops. The exit code says whether in-flight work was cut short (1) or not (0)."""
+The drain is bounded (`drain_s`): the node stops taking work and finishes what it holds, the server
+closes, the node stops. The exit code says whether in-flight work was cut short (1) or not (0)."""
 from __future__ import annotations
 
 import asyncio
@@ -18,17 +19,27 @@ SERVER_CLOSE_WAIT_S = 10.0
 WAKE_EVERY_S = 0.5
 
 
-async def serve_until_stopped(node: Node, web: QuietServer, serving: asyncio.Task, *, label: str, drain_s: float,
-                              stop: Optional[asyncio.Event] = None, every_s: float = WAKE_EVERY_S,
-                              tick: Optional[Callable[[], None]] = None,
-                              after_stop: Optional[Callable[[], None]] = None) -> int:
-    """Wait for a stop, calling `tick()` every `every_s` while serving; then drain the node (at most `drain_s`),
-    close the server (`serving` is its task), stop the node and call `after_stop()`. `label` names what stops in
-    the two lines printed to stderr ("node N", "serve on node N"). Returns 0 when the drain was clean, else 1."""
+async def serve_until_stopped(
+    node: Node,
+    web: QuietServer,
+    serving: asyncio.Task,
+    *,
+    label: str,
+    drain_s: float,
+    stop: Optional[asyncio.Event] = None,
+    every_s: float = WAKE_EVERY_S,
+    tick: Optional[Callable[[], None]] = None,
+    after_stop: Optional[Callable[[], None]] = None,
+) -> int:
+    """Wait for a stop, calling `tick()` every `every_s` while serving; then drain the node (at most
+    `drain_s`), close the server (`serving` is its task), stop the node and call `after_stop()`.
+    `label` names what stops in the two lines printed to stderr ("node N", "serve on node N").
+    Returns 0 when the drain was clean, else 1."""
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError, RuntimeError):     # not the main thread, or no signals here
+        # not the main thread, or no signals here
+        with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
     try:
         while not stop.is_set() and not serving.done():

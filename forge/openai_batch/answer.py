@@ -1,12 +1,13 @@
-"""The function of an OpenAI batch job: one input line in, one output row out, in the shape `vllm run-batch`
-writes (its BatchRequestOutput): `{"id", "custom_id", "response": {"status_code", "request_id", "body"},
-"error"}`, the body being the chat completion / completion / embedding list forge serve answers.
+"""The function of an OpenAI batch job: one input line in, one output row out, in the shape `vllm
+run-batch` writes (its BatchRequestOutput): `{"id", "custom_id", "response": {"status_code",
+"request_id", "body"}, "error"}`, the body being the chat completion / completion / embedding list
+forge serve answers.
 
-A request the node refuses (a prompt too long, a model not served) is that line's answer: a row with its
-status code, `body` null and `error` the OpenAI error object, as vLLM writes it. A failure that is not the
-request's (an engine error, a node going down) raises instead, so the job treats it as any function failure:
-an error row made OpenAI-shaped in the output (output.py), counted by --max-errors; a node down stops the job
-with the line still to do in the ledger."""
+A request the node refuses (a prompt too long, a model not served) is that line's answer: a row with
+its status code, `body` null and `error` the OpenAI error object, as vLLM writes it. A failure that
+is not the request's (an engine error, a node going down) raises instead, so the job treats it as
+any function failure: an error row made OpenAI-shaped in the output (output.py), counted by
+--max-errors; a node down stops the job with the line still to do in the ledger."""
 from __future__ import annotations
 
 import asyncio
@@ -25,23 +26,45 @@ from forge.node.interface import Node
 from forge.openai_batch.lines import CHAT_URL, EmbeddingRequest, LineRefused, check_line
 from forge.requests.messages import Chat
 from forge.web.errors import error_body
-from forge.serve.openai_api import (BadRequest, choice_object, decode_prompt, finish_of, guide_params,
-                                    request_params, tier_limits, usage_of)
+from forge.serve.openai_api import (
+    BadRequest,
+    choice_object,
+    decode_prompt,
+    finish_of,
+    guide_params,
+    request_params,
+    tier_limits,
+    usage_of,
+)
 
 FUNCTION_NAME = "openai_batch"
 
 
 def ok_row(custom_id: str, body: dict) -> dict:
-    return {"id": f"forge-{uuid.uuid4().hex}", "custom_id": custom_id,
-            "response": {"status_code": 200, "request_id": f"forge-batch-{uuid.uuid4().hex}", "body": body},
-            "error": None}
+    return {
+        "id": f"forge-{uuid.uuid4().hex}",
+        "custom_id": custom_id,
+        "response": {
+            "status_code": 200,
+            "request_id": f"forge-batch-{uuid.uuid4().hex}",
+            "body": body,
+        },
+        "error": None,
+    }
 
 
 def error_row(custom_id: str, status: int, message: str, *, kind: Optional[str] = None,
               param: Optional[str] = None, row_id: Optional[str] = None) -> dict:
-    return {"id": row_id or f"forge-{uuid.uuid4().hex}", "custom_id": custom_id,
-            "response": {"status_code": status, "request_id": f"forge-batch-{uuid.uuid4().hex}", "body": None},
-            "error": error_body(status, kind, message, param)}
+    return {
+        "id": row_id or f"forge-{uuid.uuid4().hex}",
+        "custom_id": custom_id,
+        "response": {
+            "status_code": status,
+            "request_id": f"forge-batch-{uuid.uuid4().hex}",
+            "body": None,
+        },
+        "error": error_body(status, kind, message, param),
+    }
 
 
 class BatchAnswerer:
@@ -59,18 +82,30 @@ class BatchAnswerer:
         self.node, self.tiers = node, tier_limits(node)
         unknown = sorted((line, m) for m, line in self._models.items() if m not in self.tiers)
         if unknown:
-            raise ForgeError("\n".join(f"{self._source}:{line}: model {m!r} is not served by node {node.name!r} "
-                                       f"(models: {', '.join(sorted(self.tiers))})" for line, m in unknown[:20]))
+            raise ForgeError(
+                "\n".join(
+                    f"{self._source}:{line}: model {m!r} is not served by node "
+                    f"{node.name!r} "
+                    f"(models: {', '.join(sorted(self.tiers))})"
+                    for line, m in unknown[:20]
+                )
+            )
 
     async def __call__(self, record: dict, llm: NodeLLM) -> dict:
         try:
             custom_id, url, req = check_line(record)
-        except LineRefused as e:          # checked before the run: only a file changed since gets here
+        except LineRefused as e:  # checked before the run: only a file changed since gets here
             return error_row(str(record.get("custom_id")), 400, str(e), param=e.param)
         try:
             if req.model not in self.tiers:
-                return error_row(custom_id, 404, f"model {req.model!r} is not served here (models: "
-                                 f"{', '.join(sorted(self.tiers))})", kind="model_not_found", param="model")
+                return error_row(
+                    custom_id,
+                    404,
+                    f"model {req.model!r} is not served here (models: "
+                    f"{', '.join(sorted(self.tiers))})",
+                    kind="model_not_found",
+                    param="model",
+                )
             if isinstance(req, EmbeddingRequest):
                 body = await self._embed(req, llm)
             else:
@@ -80,7 +115,8 @@ class BatchAnswerer:
             raise
         except (LineRefused, BadRequest) as e:
             return error_row(custom_id, 400, str(e), param=e.param)
-        except RequestRejected as e:      # the request's own problem (a prompt longer than any card takes, ...)
+        # the request's own problem (a prompt longer than any card takes, ...)
+        except RequestRejected as e:
             return error_row(custom_id, 400, str(e), param=e.param)
 
     async def _generate(self, chat: bool, req: BaseModel, llm: NodeLLM) -> dict:
@@ -93,27 +129,42 @@ class BatchAnswerer:
             raise LineRefused(str(e)) from None
         echo: list[str] = []
         prompts: list[Union[str, list[int], Chat]]
-        if chat:   # the node renders it: the model's template, or the plain transcript where it has none
+        # the node renders it: the model's template, or the plain transcript where it has none
+        if chat:
             try:
-                prompts = [Chat.of([m.model_dump(include={"role", "content"}) for m in req.messages],
-                                   transcript_fallback=True)]
+                prompts = [
+                    Chat.of(
+                        [m.model_dump(include={"role", "content"}) for m in req.messages],
+                        transcript_fallback=True,
+                    )
+                ]
             except RequestRejected as e:
                 raise LineRefused(str(e), "messages") from None
         else:
             prompts = req.prompts
             if req.echo:
-                echo = [p if isinstance(p, str) else decode_prompt(self._node(), p) for p in prompts]
+                echo = [
+                    p if isinstance(p, str) else decode_prompt(self._node(), p) for p in prompts
+                ]
 
         async def one(prompt):
             answer = await llm.submit(prompt, params)
             return answer.generation, answer.stop_reason
 
         out = await asyncio.gather(*(one(p) for p in prompts))
-        choices = [choice_object(chat, j, gen, *finish_of(gen, matched, guided), echo[j] if echo else "")
-                   for j, (gen, matched) in enumerate(out)]
+        choices = [
+            choice_object(chat, j, gen, *finish_of(gen, matched, guided), echo[j] if echo else "")
+            for j, (gen, matched) in enumerate(out)
+        ]
         rid = ("chatcmpl-" if chat else "cmpl-") + (req.request_id or uuid.uuid4().hex[:24])
-        return {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
-                "model": req.model, "choices": choices, "usage": usage_of(list(out), 1)}
+        return {
+            "id": rid,
+            "object": "chat.completion" if chat else "text_completion",
+            "created": int(time.time()),
+            "model": req.model,
+            "choices": choices,
+            "usage": usage_of(list(out), 1),
+        }
 
     async def _embed(self, req: EmbeddingRequest, llm: NodeLLM) -> dict:
         """Each input's final hidden state; its prompt tokens are the node's count of what the engine read."""
@@ -122,9 +173,16 @@ class BatchAnswerer:
         for i, text in enumerate(req.inputs):
             answer = await llm.submit(text, params)
             if answer.hidden is None:
-                raise ForgeError(f"card {answer.generation.card}: its backend returns no hidden state")
+                raise ForgeError(f"card {answer.generation.card}: its backend returns no hidden "
+                                 "state")
             prompt_tokens += answer.generation.input_tokens
-            data.append({"object": "embedding", "index": i, "embedding": _encoded(answer.hidden, req.encoding_format)})
+            data.append(
+                {
+                    "object": "embedding",
+                    "index": i,
+                    "embedding": _encoded(answer.hidden, req.encoding_format),
+                }
+            )
         return {"object": "list", "data": data, "model": req.model,
                 "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens}}
 

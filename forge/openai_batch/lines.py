@@ -1,7 +1,8 @@
-"""An OpenAI batch file checked as a whole before any engine loads: every line an object with a string
-`custom_id` (unique in the file), `method` POST, a `url` forge answers and a `body` that forge serve's OpenAI
-request models accept (forge/serve/openai_models.py: the same parameter table, the same refusals). A file with
-problems is refused with one line per bad input line, naming the file, the line and the custom_id."""
+"""An OpenAI batch file checked as a whole before any engine loads: every line an object with a
+string `custom_id` (unique in the file), `method` POST, a `url` forge answers and a `body` that
+forge serve's OpenAI request models accept (forge/serve/openai_models.py: the same parameter table,
+the same refusals). A file with problems is refused with one line per bad input line, naming the
+file, the line and the custom_id."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -18,7 +19,11 @@ from forge.serve.openai_api import BadRequest, guide_params
 from forge.serve.openai_models import ChatRequest, CompletionRequest
 from forge.serve.openai_params import refusal
 
-CHAT_URL, COMPLETIONS_URL, EMBEDDINGS_URL = "/v1/chat/completions", "/v1/completions", "/v1/embeddings"
+CHAT_URL, COMPLETIONS_URL, EMBEDDINGS_URL = (
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/embeddings",
+)
 SHOWN_PROBLEMS = 20          # lines named in a refusal; the rest are counted
 MAX_CUSTOM_ID_CHARS = 512
 
@@ -35,9 +40,13 @@ class EmbeddingRequest(BaseModel):
     @model_validator(mode="after")
     def _supported(self):
         if self.dimensions is not None:
-            raise refusal("dimensions", "dimensions is not supported by forge: embeddings have the model's width")
-        if self.input in ("", []) or (isinstance(self.input, list) and any(p in ("", []) for p in self.input)):
-            raise refusal("input", "input: give a non-empty string, token ids, or a non-empty list of them")
+            raise refusal("dimensions", "dimensions is not supported by forge: embeddings have the "
+                                        "model's width")
+        if self.input in ("", []) or (
+            isinstance(self.input, list) and any(p in ("", []) for p in self.input)
+        ):
+            raise refusal("input", "input: give a non-empty string, token ids, or a non-empty list "
+                                   "of them")
         return self
 
     @property
@@ -48,7 +57,11 @@ class EmbeddingRequest(BaseModel):
         return list(p)
 
 
-MODELS = {CHAT_URL: ChatRequest, COMPLETIONS_URL: CompletionRequest, EMBEDDINGS_URL: EmbeddingRequest}
+MODELS = {
+    CHAT_URL: ChatRequest,
+    COMPLETIONS_URL: CompletionRequest,
+    EMBEDDINGS_URL: EmbeddingRequest,
+}
 
 
 class LineRefused(ValueError):
@@ -75,10 +88,13 @@ def parse_body(url: str, body: Any) -> BaseModel:
     if url == EMBEDDINGS_URL:
         return req
     if (req.n or 1) != 1:
-        raise LineRefused(f"n={req.n}: a batch line answers one choice (n=1); give each choice a line of its own",
+        raise LineRefused(f"n={req.n}: a batch line answers one choice (n=1); give each choice a "
+                          "line of its own",
                           "n")
     if req.stream:
-        raise LineRefused("stream: a batch line is answered whole, never streamed (stream: false)", "stream")
+        raise LineRefused(
+            "stream: a batch line is answered whole, never streamed (stream: false)", "stream"
+        )
     try:
         guide_params(req)
     except BadRequest as e:
@@ -92,12 +108,14 @@ def check_line(record: Any) -> tuple[str, str, BaseModel]:
         raise LineRefused("a batch line is an object {custom_id, method, url, body}")
     extra = sorted(set(record) - {"custom_id", "method", "url", "body"})
     if extra:
-        raise LineRefused(f"unknown field {extra[0]!r} (a batch line has custom_id, method, url, body)", extra[0])
+        raise LineRefused(f"unknown field {extra[0]!r} (a batch line has custom_id, method, url, "
+                          "body)", extra[0])
     custom_id = record.get("custom_id")
     if not isinstance(custom_id, str) or not custom_id:
         raise LineRefused("custom_id must be a non-empty string", "custom_id")
     if len(custom_id) > MAX_CUSTOM_ID_CHARS:
-        raise LineRefused(f"custom_id is {len(custom_id):,} characters; at most {MAX_CUSTOM_ID_CHARS} are taken",
+        raise LineRefused(f"custom_id is {len(custom_id):,} characters; at most "
+                          f"{MAX_CUSTOM_ID_CHARS} are taken",
                           "custom_id")
     if record.get("method") != "POST":
         raise LineRefused(f"method {record.get('method')!r}: batch requests are POST", "method")
@@ -111,7 +129,8 @@ def check_line(record: Any) -> tuple[str, str, BaseModel]:
 class CheckedFile:
     path: Path
     lines: int = 0
-    models: dict[str, int] = field(default_factory=dict)      # model -> first line (1-based) that names it
+    # model -> first line (1-based) that names it
+    models: dict[str, int] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)          # at most SHOWN_PROBLEMS
     bad_lines: int = 0
 
@@ -124,7 +143,8 @@ def check_file(path: Path) -> CheckedFile:
     first_line_of: dict[str, int] = {}
     source = open_input(path)
     if getattr(source, "is_pipe", False):
-        raise ForgeError(f"--openai-batch {shown}: a pipe cannot be checked before the run and read again; "
+        raise ForgeError(f"--openai-batch {shown}: a pipe cannot be checked before the run and "
+                         "read again; "
                          "give a file")
     for index, record in source.records():
         line = index + 1
@@ -132,7 +152,11 @@ def check_file(path: Path) -> CheckedFile:
         problem = None
         cid = record.get("custom_id") if isinstance(record, dict) else None
         if isinstance(record, InputError):
-            problem = record.message.split(": ", 1)[-1] if record.message.startswith(shown) else record.message
+            problem = (
+                record.message.split(": ", 1)[-1]
+                if record.message.startswith(shown)
+                else record.message
+            )
         else:
             try:
                 cid, _, body = check_line(record)
@@ -160,5 +184,6 @@ def refuse_problems(checked: CheckedFile) -> None:
     more = checked.bad_lines - len(checked.problems)
     tail = [f"... and {more:,} more line(s) with problems"] if more else []
     raise ForgeError("\n".join(checked.problems + tail + [
-        f"{display_path(checked.path)}: {checked.bad_lines:,} of {checked.lines:,} batch lines refused; nothing "
+        f"{display_path(checked.path)}: {checked.bad_lines:,} of {checked.lines:,} batch lines "
+        "refused; nothing "
         "ran (docs/openai_batch.md lists what a line may hold)"]))

@@ -1,8 +1,8 @@
 """What forge may write over: never the input, never a file it did not write.
 
 Every file a job writes (the output or its Parquet staging file, the ledger, the reports) is checked
-here before anything is opened for writing. Files are compared by device and inode, so a hard link or
-a symlink to the input is caught as the input itself."""
+here before anything is opened for writing. Files are compared by device and inode, so a hard link
+or a symlink to the input is caught as the input itself."""
 from __future__ import annotations
 
 import os
@@ -27,8 +27,9 @@ def same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
 
 
 def refuse_overlaps(named: dict[str, Optional[Path]]) -> None:
-    """`named`: what each path is (`--input`, `--output`, `the ledger` ...). Two roles on one file are refused:
-    writing the output or the ledger onto the input (or onto each other) destroys it."""
+    """`named`: what each path is (`--input`, `--output`, `the ledger` ...). Two roles on one file
+    are refused: writing the output or the ledger onto the input (or onto each other) destroys
+    it."""
     items = [(role, Path(p)) for role, p in named.items() if p is not None]
     for i, (role_a, a) in enumerate(items):
         for role_b, b in items[i + 1:]:
@@ -36,18 +37,24 @@ def refuse_overlaps(named: dict[str, Optional[Path]]) -> None:
             if one_path or same_file(a, b):
                 # Named as given: display_path would resolve the very link this message is about.
                 how = "" if one_path else f" {a} (through a link)"
-                raise ForgeError(f"{b}: {role_b} is the same file as {role_a}{how}; forge would overwrite it: "
+                raise ForgeError(f"{b}: {role_b} is the same file as {role_a}{how}; forge would "
+                                 "overwrite it: "
                                  f"choose another {_flag(role_b)}")
 
 
 def _flag(role: str) -> str:
-    return {"--output": "--output", "the ledger": "--ledger", "the Parquet staging file": "--output",
-            "the report": "--output (or pass --no-report)",
-            "the Markdown report": "--output (or pass --no-report)"}.get(role, "path")
+    return {
+        "--output": "--output",
+        "the ledger": "--ledger",
+        "the Parquet staging file": "--output",
+        "the report": "--output (or pass --no-report)",
+        "the Markdown report": "--output (or pass --no-report)",
+    }.get(role, "path")
 
 
 def require_regular_or_absent(path: Path, what: str) -> None:
-    """A FIFO, a device or a folder is never an output: opening it for writing may block or destroy it."""
+    """A FIFO, a device or a folder is never an output: opening it for writing may block or destroy
+    it."""
     try:
         st = os.stat(path)
     except FileNotFoundError:
@@ -60,14 +67,17 @@ def require_regular_or_absent(path: Path, what: str) -> None:
 
 
 def refuse_foreign(path: Path, why: str) -> ForgeError:
-    return ForgeError(f"{display_path(path)}: exists and is not forge output ({why}); forge never writes over "
-                      "a file it did not write (not even with --restart): move it away or choose another --output")
+    return ForgeError(f"{display_path(path)}: exists and is not forge output ({why}); forge never "
+                      "writes over "
+                      "a file it did not write (not even with --restart): move it away or choose "
+                      "another --output")
 
 
 def is_torn_tail(f, start: int) -> bool:
-    """Is everything from byte `start` on what a killed forge run can leave after its last complete row?
-    That is: one row cut short (no newline, starting like a forge row), possibly with zero bytes where a power
-    loss left unwritten blocks. Another file's lines (the input, a text file) never pass."""
+    """Is everything from byte `start` on what a killed forge run can leave after its last complete
+    row? That is: one row cut short (no newline, starting like a forge row), possibly with zero
+    bytes where a power loss left unwritten blocks. Another file's lines (the input, a text file)
+    never pass."""
     f.seek(start)
     head, newlines, last, zeros = b"", 0, b"", False
     while chunk := f.read(_READ_BYTES):
@@ -79,7 +89,8 @@ def is_torn_tail(f, start: int) -> bool:
             head += data[: len(_ROW_START) - len(head)]
         newlines += data.count(b"\n")
         last = data[-1:]
-    # A row cut short has no newline; one that ends in a newline is whole unless a power loss zeroed part of it.
+    # A row cut short has no newline; one that ends in a newline is whole unless a power loss zeroed
+    # part of it.
     if newlines > 1 or (newlines == 1 and (last != b"\n" or not zeros)):
         return False
     head = head.rstrip(b"\n")
@@ -88,11 +99,13 @@ def is_torn_tail(f, start: int) -> bool:
 
 
 def parquet_is_forge_output(path: Path) -> bool:
-    """A Parquet file with forge's columns (index, result or result_json, error_type, error_message)."""
+    """A Parquet file with forge's columns (index, result or result_json, error_type,
+    error_message)."""
     try:
         import pyarrow.parquet as pq
 
-        with open(path, "rb") as source:     # a file object: pyarrow cannot take a path that is not UTF-8
+        # a file object: pyarrow cannot take a path that is not UTF-8
+        with open(path, "rb") as source:
             names = set(pq.read_schema(source).names)
     except Exception:  # noqa: BLE001 - not readable as Parquet: not ours
         return False

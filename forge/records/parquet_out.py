@@ -1,12 +1,12 @@
 """Parquet output, made from the durable JSONL staging file once a run is complete.
 
-Parquet cannot be appended to safely (its footer is written last), so a run always writes JSONL
-as it goes and converts at the end. Columns: `index` (int64), `result` (typed: Arrow infers one
-type for all results, e.g. a struct of the function's dict), `error_type`, `error_message`.
-Results whose types do not unify (a dict here, a string there) go to a `result_json` column of
-JSON text instead, and so do results a typed column cannot hold (nested deeper than MAX_TYPED_DEPTH, an int
-outside int64, more than MAX_TYPED_FIELDS distinct keys). The file is read back before it replaces the output.
-Rows keep completion order; sort by `index` for input order."""
+Parquet cannot be appended to safely (its footer is written last), so a run always writes JSONL as
+it goes and converts at the end. Columns: `index` (int64), `result` (typed: Arrow infers one type
+for all results, e.g. a struct of the function's dict), `error_type`, `error_message`. Results whose
+types do not unify (a dict here, a string there) go to a `result_json` column of JSON text instead,
+and so do results a typed column cannot hold (nested deeper than MAX_TYPED_DEPTH, an int outside
+int64, more than MAX_TYPED_FIELDS distinct keys). The file is read back before it replaces the
+output. Rows keep completion order; sort by `index` for input order."""
 from __future__ import annotations
 
 import json
@@ -19,7 +19,7 @@ from forge.errors import ForgeError, display_path
 from forge.records.writer import valid_text
 
 _BATCH_ROWS = 4096
-MAX_TYPED_DEPTH = 16        # deeper results go to the JSON column (Parquet readers refuse deep schemas)
+MAX_TYPED_DEPTH = 16  # deeper results go to the JSON column (Parquet readers refuse deep schemas)
 MAX_TYPED_FIELDS = 1024     # more distinct keys over all results: the JSON column (see _typed_fits)
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
@@ -52,10 +52,11 @@ def _batches(staging: Path) -> Iterator[list[dict]]:
 
 
 def _typed_fits(value: object, paths: set, depth: int = 0, path: str = "") -> bool:
-    """Can a typed Arrow column hold `value` (and a Parquet reader read it back)? Not when it nests deeper than
-    MAX_TYPED_DEPTH, holds an int outside int64, or the results together name more than MAX_TYPED_FIELDS keys
-    (`paths`, shared across results: keys that differ per record made one struct field per record, and each batch
-    cost grew with every key seen before it). Linear in the size of the value; stops at the first misfit."""
+    """Can a typed Arrow column hold `value` (and a Parquet reader read it back)? Not when it nests
+    deeper than MAX_TYPED_DEPTH, holds an int outside int64, or the results together name more than
+    MAX_TYPED_FIELDS keys (`paths`, shared across results: keys that differ per record made one
+    struct field per record, and each batch cost grew with every key seen before it). Linear in the
+    size of the value; stops at the first misfit."""
     if depth > MAX_TYPED_DEPTH:
         return False
     if isinstance(value, dict):
@@ -76,7 +77,8 @@ def _typed_fits(value: object, paths: set, depth: int = 0, path: str = "") -> bo
 
 
 def _infer_result_type(pa, staging: Path):
-    """One Arrow type for every result, or None when they do not unify or do not fit a typed column."""
+    """One Arrow type for every result, or None when they do not unify or do not fit a typed
+    column."""
     unified, paths = None, set()
     try:
         for rows in _batches(staging):
@@ -98,17 +100,22 @@ def _write(pa, pq, staging: Path, tmp: Path, result_type) -> int:
                         ("result_json", pa.string()) if as_json else ("result", result_type),
                         ("error_type", pa.string()), ("error_message", pa.string())])
     total = 0
-    # A file object, not the path: pyarrow encodes a path as UTF-8, and a file name that is not UTF-8 fails there.
+    # A file object, not the path: pyarrow encodes a path as UTF-8, and a file name that is not
+    # UTF-8 fails there.
     with open(tmp, "wb") as sink, pq.ParquetWriter(sink, schema) as writer:
         for rows in _batches(staging):
             results = [r.get("result") for r in rows]
             if as_json:
-                results = [None if "error" in r else json.dumps(r["result"], ensure_ascii=False) for r in rows]
+                results = [
+                    None if "error" in r else json.dumps(r["result"], ensure_ascii=False)
+                    for r in rows
+                ]
             errors = [r.get("error") or {} for r in rows]
             writer.write_table(pa.Table.from_arrays([
                 pa.array([r["index"] for r in rows], pa.int64()),
                 pa.array(results, schema.field(1).type),
-                # valid text even in a staging file an earlier forge wrote with lone surrogates escaped
+                # valid text even in a staging file an earlier forge wrote with lone surrogates
+                # escaped
                 pa.array([_text(e.get("type")) for e in errors], pa.string()),
                 pa.array([_text(e.get("message")) for e in errors], pa.string()),
             ], schema=schema))
@@ -121,8 +128,8 @@ def _text(value: object) -> object:
 
 
 def _read_back(path: Path, rows: int) -> str | None:
-    """Read every column of the written file back, as a user's reader would; None when it reads whole, else why
-    not (a file pyarrow wrote but cannot open, e.g. a schema too deeply nested)."""
+    """Read every column of the written file back, as a user's reader would; None when it reads
+    whole, else why not (a file pyarrow wrote but cannot open, e.g. a schema too deeply nested)."""
     try:
         import pyarrow.parquet as pq
 
@@ -135,7 +142,8 @@ def _read_back(path: Path, rows: int) -> str | None:
 
 
 def _convert(pa, pq, staging: Path, tmp: Path) -> int:
-    """Typed when every result fits and the file reads back; else (or then) the JSON column, read back too."""
+    """Typed when every result fits and the file reads back; else (or then) the JSON column, read
+    back too."""
     result_type = _infer_result_type(pa, staging)
     if result_type is not None:
         try:
@@ -143,20 +151,23 @@ def _convert(pa, pq, staging: Path, tmp: Path) -> int:
             if _read_back(tmp, rows) is None:
                 return rows
         except (pa.ArrowException, ValueError, TypeError, OverflowError):
-            pass                                  # a type Arrow inferred but cannot write: the JSON column
+            pass  # a type Arrow inferred but cannot write: the JSON column
     rows = _write(pa, pq, staging, tmp, None)
     problem = _read_back(tmp, rows)
     if problem is not None:
-        raise ForgeError(f"{display_path(tmp)}: cannot read back the Parquet file just written ({problem})")
+        raise ForgeError(f"{display_path(tmp)}: cannot read back the Parquet file just written "
+                         f"({problem})")
     return rows
 
 
 def jsonl_to_parquet(staging: str | os.PathLike, target: str | os.PathLike) -> int:
-    """Convert the staging JSONL to `target` atomically (temp file, fsync, read back, rename). Returns rows.
-    On any failure the temp file is removed and the staging file left as it is (the rows are not lost)."""
+    """Convert the staging JSONL to `target` atomically (temp file, fsync, read back, rename).
+    Returns rows. On any failure the temp file is removed and the staging file left as it is (the
+    rows are not lost)."""
     pa, pq = _arrow()
     staging, target = Path(staging), Path(target)
-    # A fresh name (O_EXCL): the conversion never writes over a file that happens to sit beside the output.
+    # A fresh name (O_EXCL): the conversion never writes over a file that happens to sit beside the
+    # output.
     fd, tmp_name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
     tmp = Path(tmp_name)
     try:
@@ -168,7 +179,9 @@ def jsonl_to_parquet(staging: str | os.PathLike, target: str | os.PathLike) -> i
         os.replace(tmp, target)
     except BaseException as e:
         tmp.unlink(missing_ok=True)
-        if isinstance(e, (OSError, pa.ArrowException, ForgeError, ValueError, TypeError, OverflowError)):
+        if isinstance(
+            e, (OSError, pa.ArrowException, ForgeError, ValueError, TypeError, OverflowError)
+        ):
             raise ForgeError(f"{display_path(target)}: cannot write Parquet: {e}") from None
         raise
     dir_fd = os.open(target.parent, os.O_RDONLY)
@@ -180,7 +193,8 @@ def jsonl_to_parquet(staging: str | os.PathLike, target: str | os.PathLike) -> i
 
 
 def iter_index_column(path: str | os.PathLike) -> Iterator[tuple[list[int], list[bool]]]:
-    """A forge Parquet output's (indices, is_error) in row batches (rebuilding a lost ledger from it)."""
+    """A forge Parquet output's (indices, is_error) in row batches (rebuilding a lost ledger from
+    it)."""
     pa, pq = _arrow()
     try:
         with open(path, "rb") as source:

@@ -38,19 +38,21 @@ def _reject_constant(name: str) -> float:
     raise ValueError(f"{name} is not valid JSON")
 
 
-# One decoder for every line: json.loads with a keyword builds a new JSONDecoder (and its scanner) per call,
-# about a third of the reader's time per record (docs/benchmarks.md, "Control plane").
+# One decoder for every line: json.loads with a keyword builds a new JSONDecoder (and its scanner)
+# per call, about a third of the reader's time per record (docs/benchmarks.md, "Control plane").
 _DECODER = json.JSONDecoder(parse_constant=_reject_constant)
 
 
 def _decode_line(raw: bytes, shown: str, index: int, max_bytes: int) -> dict | InputError:
-    """`shown`:`index + 1` names the line in an error; the string is only built when there is one."""
+    """`shown`:`index + 1` names the line in an error; the string is only built when there is
+    one."""
     if raw.endswith(b"\n"):
         raw = raw[:-1]
     if raw.endswith(b"\r"):
         raw = raw[:-1]
     if len(raw) > max_bytes:
-        return InputError("InputTooLarge", f"{shown}:{index + 1}: line is over the {max_bytes}-byte limit")
+        return InputError("InputTooLarge", f"{shown}:{index + 1}: line is over the "
+                                           f"{max_bytes}-byte limit")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -58,7 +60,8 @@ def _decode_line(raw: bytes, shown: str, index: int, max_bytes: int) -> dict | I
     if not text or text.isspace():          # what `not text.strip()` says, without copying the line
         return InputError("InputEmptyLine", f"{shown}:{index + 1}: empty line")
     try:
-        # json.loads' own check first: a byte-order mark inside the file is refused with its message.
+        # json.loads' own check first: a byte-order mark inside the file is refused with its
+        # message.
         value = json.loads(text) if text.startswith("\ufeff") else _DECODER.decode(text)
     except (ValueError, RecursionError) as e:
         return InputError("InputInvalidJSON", f"{shown}:{index + 1}: not valid JSON: {e}")
@@ -77,7 +80,8 @@ def _json_kind(value: object) -> str:
 
 
 class RecordSource:
-    """One input file. Iterate it (or call `records(skip=...)`) for `(index, record | InputError)`."""
+    """One input file. Iterate it (or call `records(skip=...)`) for `(index, record |
+    InputError)`."""
 
     def __init__(self, path: Path, fmt: str, *, max_line_bytes: int) -> None:
         self.path = path
@@ -88,7 +92,9 @@ class RecordSource:
     def __iter__(self) -> Iterator[tuple[int, dict | InputError]]:
         return self.records()
 
-    def records(self, skip: Callable[[int], bool] | None = None) -> Iterator[tuple[int, dict | InputError]]:
+    def records(
+        self, skip: Callable[[int], bool] | None = None
+    ) -> Iterator[tuple[int, dict | InputError]]:
         """Every index in order; indices where `skip(index)` is true are not decoded nor yielded
         (a resumed run skips what is already settled without parsing it)."""
         if self.format == "parquet":
@@ -120,10 +126,13 @@ class RecordSource:
         return {"input_size": size, "input_sha256_head_tail": h.hexdigest()}
 
     def _open_bytes(self):
-        """The JSONL bytes as a binary file (a compressed shard or a pipe opens differently: forge/records/shards.py)."""
+        """The JSONL bytes as a binary file (a compressed shard or a pipe opens differently:
+        forge/records/shards.py)."""
         return open(self.path, "rb")
 
-    def _jsonl_records(self, skip: Callable[[int], bool] | None) -> Iterator[tuple[int, dict | InputError]]:
+    def _jsonl_records(
+        self, skip: Callable[[int], bool] | None
+    ) -> Iterator[tuple[int, dict | InputError]]:
         limit = self.max_line_bytes + 2  # room for "\r\n" on a line of exactly the limit
         with self._open_bytes() as f:
             index = 0
@@ -136,13 +145,18 @@ class RecordSource:
                     yield index, _decode_line(raw, self._shown, index, self.max_line_bytes)
                 index += 1
 
-    def _parquet_records(self, skip: Callable[[int], bool] | None) -> Iterator[tuple[int, dict | InputError]]:
-        """Row group by row group: a group that cannot be decoded (a damaged page, its footer intact) fails the
-        records it holds, each an InputUnreadable row, and the next group is read."""
+    def _parquet_records(
+        self, skip: Callable[[int], bool] | None
+    ) -> Iterator[tuple[int, dict | InputError]]:
+        """Row group by row group: a group that cannot be decoded (a damaged page, its footer
+        intact) fails the records it holds, each an InputUnreadable row, and the next group is
+        read."""
         with open(self.path, "rb") as source:
             yield from self._parquet_groups(_parquet_file(self.path, source), skip)
 
-    def _parquet_groups(self, f, skip: Callable[[int], bool] | None) -> Iterator[tuple[int, dict | InputError]]:
+    def _parquet_groups(
+        self, f, skip: Callable[[int], bool] | None
+    ) -> Iterator[tuple[int, dict | InputError]]:
         index = 0
         for group in range(f.metadata.num_row_groups):
             end = index + f.metadata.row_group(group).num_rows
@@ -158,7 +172,8 @@ class RecordSource:
                         index += 1
             except Exception as e:  # noqa: BLE001 - pyarrow's OSError/ArrowInvalid for bytes it cannot decode
                 why = " ".join(f"{type(e).__name__}: {e}".split())[:500]
-                error = InputError("InputUnreadable", f"{self._shown}: row group {group} (records {index + 1} to "
+                error = InputError("InputUnreadable", f"{self._shown}: row group {group} (records "
+                                                      f"{index + 1} to "
                                    f"{end}) cannot be read: {why}")
                 for i in range(index, end):
                     if skip is None or not skip(i):
@@ -173,8 +188,8 @@ def _discard_rest_of_line(f) -> None:
 
 
 def _parquet_file(path: Path, source):
-    """`source`: `path` opened for reading. pyarrow is handed the file object, never the path, which it encodes
-    as UTF-8 (a shard whose name is not UTF-8 would fail there)."""
+    """`source`: `path` opened for reading. pyarrow is handed the file object, never the path, which
+    it encodes as UTF-8 (a shard whose name is not UTF-8 would fail there)."""
     try:
         import pyarrow.parquet as pq
     except ImportError:
@@ -186,7 +201,9 @@ def _parquet_file(path: Path, source):
         raise ForgeError(f"{display_path(path)}: not a readable Parquet file: {e}") from None
 
 
-def open_records(path: str | os.PathLike, *, max_line_bytes: int = constants.MAX_INPUT_LINE_BYTES) -> RecordSource:
+def open_records(
+    path: str | os.PathLike, *, max_line_bytes: int = constants.MAX_INPUT_LINE_BYTES
+) -> RecordSource:
     """Open an input file (format from the suffix: .parquet/.pq, else JSONL). Refuses a missing
     or unreadable file with one clear line."""
     p = Path(path)

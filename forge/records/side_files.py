@@ -1,9 +1,10 @@
-"""forge's own files beside an output: recognised by name (and, for the reports, by their first bytes), so that
-`--input` as a folder or a glob never reads one of them as a shard.
+"""forge's own files beside an output: recognised by name (and, for the reports, by their first
+bytes), so that `--input` as a folder or a glob never reads one of them as a shard.
 
-`--input data --output data/results` puts `results.report.json` into the input folder; read as a shard on the
-rerun, it would change the run's shard set (and be read as records). The ledger (and its SQLite -wal/-shm), a
-Parquet run's staging JSONL and the reports are forge's alone: left out of the input, and the run says so."""
+`--input data --output data/results` puts `results.report.json` into the input folder; read as a
+shard on the rerun, it would change the run's shard set (and be read as records). The ledger (and
+its SQLite -wal/-shm), a Parquet run's staging JSONL and the reports are forge's alone: left out of
+the input, and the run says so."""
 from __future__ import annotations
 
 import re
@@ -12,7 +13,8 @@ from typing import Optional
 
 from forge.records.reader import PARQUET_SUFFIXES
 
-REPORT_JSON_HEAD = re.compile(rb'\{\s*"format":\s*"forge-run-report"')     # a report is written format first
+# a report is written format first
+REPORT_JSON_HEAD = re.compile(rb'\{\s*"format":\s*"forge-run-report"')
 REPORT_MD_HEAD = b"# forge run report"
 LEDGER_SUFFIXES = (".ledger.sqlite", ".ledger.sqlite-wal", ".ledger.sqlite-shm")
 STAGING_SUFFIX = ".staging.jsonl"
@@ -20,7 +22,8 @@ _HEAD_BYTES = 64
 
 
 def forge_side_file(path: Path) -> Optional[str]:
-    """What forge file `path` is ("forge's run report", ...), or None when it is not one of forge's side files."""
+    """What forge file `path` is ("forge's run report", ...), or None when it is not one of forge's
+    side files."""
     name = path.name.lower()
     if name.endswith(LEDGER_SUFFIXES):
         return "a forge ledger"

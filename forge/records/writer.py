@@ -1,9 +1,10 @@
 """The JSONL output: row encoding, a locked append-only writer, and reconciliation on resume.
 
-Every row is one line, `{"index": i, "result": ...}` or `{"index": i, "error": {"type", "message"}}`.
-Lines are appended with one write per batch and made durable with fsync; a line without its
-newline (or zero bytes after a power loss) can only be an unsynced tail from a crash and is cut off on resume,
-once the ledger has shown the file to be this run's; anything else is not forge's and is never cut."""
+Every row is one line, `{"index": i, "result": ...}` or `{"index": i, "error": {"type",
+"message"}}`. Lines are appended with one write per batch and made durable with fsync; a line
+without its newline (or zero bytes after a power loss) can only be an unsynced tail from a crash and
+is cut off on resume, once the ledger has shown the file to be this run's; anything else is not
+forge's and is never cut."""
 from __future__ import annotations
 
 import fcntl
@@ -21,14 +22,16 @@ from forge.records.guard import is_torn_tail, require_regular_or_absent
 MAX_ERROR_MESSAGE_CHARS = 8192      # an exception that quotes a whole prompt is cut here
 _CHUNK_BYTES = 1 << 20
 _TORN_HEAD = re.compile(rb'\{"index": (0|[1-9]\d{0,18})\D')
-# At most 19 digits: an index is an int64, and a longer run of digits is never turned into an int here.
+# At most 19 digits: an index is an int64, and a longer run of digits is never turned into an int
+# here.
 _ROW_HEAD = re.compile(rb'\{"index": (0|[1-9]\d{0,18}), "(result|error)": ')
 
 
 def valid_text(text: str) -> str:
-    """`text` as valid Unicode, writable as UTF-8 (JSON, Parquet): a lone surrogate (an undecodable byte of a file
-    name read through surrogateescape, an exception message holding one) becomes its escape as plain text
-    (`\\udcff`, the byte stays recognisable). Anything else is returned as it is."""
+    """`text` as valid Unicode, writable as UTF-8 (JSON, Parquet): a lone surrogate (an undecodable
+    byte of a file name read through surrogateescape, an exception message holding one) becomes its
+    escape as plain text (`\\udcff`, the byte stays recognisable). Anything else is returned as it
+    is."""
     try:
         text.encode("utf-8")
         return text
@@ -37,8 +40,8 @@ def valid_text(text: str) -> str:
 
 
 def encode_error(index: int, type_: str, message: str) -> str:
-    """An error row. Its strings are made valid text first (valid_text), so the row is strict JSON whatever the
-    message held, and a Parquet output can hold it."""
+    """An error row. Its strings are made valid text first (valid_text), so the row is strict JSON
+    whatever the message held, and a Parquet output can hold it."""
     message = str(message)
     if len(message) > MAX_ERROR_MESSAGE_CHARS:
         message = message[:MAX_ERROR_MESSAGE_CHARS] + " ... (truncated)"
@@ -46,27 +49,36 @@ def encode_error(index: int, type_: str, message: str) -> str:
     return f'{{"index": {int(index)}, "error": {body}}}'
 
 
-# One encoder for every row: json.dumps with keywords builds a new JSONEncoder per call (docs/benchmarks.md,
-# "Control plane"); encode() gives the same text.
+# One encoder for every row: json.dumps with keywords builds a new JSONEncoder per call
+# (docs/benchmarks.md, "Control plane"); encode() gives the same text.
 _RESULT_ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False)
 
 
 def encode_result(index: int, result: object, *,
                   max_bytes: int = constants.MAX_OUTPUT_ROW_BYTES) -> tuple[str, bool]:
-    """(row line without newline, is_error). A result that is not strict JSON (objects, NaN, lone surrogates,
-    cycles, a container whose own methods raise) becomes a SerializationError row, and one whose row would be over
-    `max_bytes` a ResultTooLarge row: that record's error, never a run that cannot finish."""
+    """(row line without newline, is_error). A result that is not strict JSON (objects, NaN, lone
+    surrogates, cycles, a container whose own methods raise) becomes a SerializationError row, and
+    one whose row would be over `max_bytes` a ResultTooLarge row: that record's error, never a run
+    that cannot finish."""
     try:
         body = _RESULT_ENCODER.encode(result)
-        size = len(body.encode("utf-8"))  # lone surrogates pass dumps but cannot be written as UTF-8
+        # lone surrogates pass dumps but cannot be written as UTF-8
+        size = len(body.encode("utf-8"))
     except MemoryError:
-        return encode_error(index, "ResultTooLarge", "result is too large to encode in memory"), True
+        return encode_error(
+            index, "ResultTooLarge", "result is too large to encode in memory"
+        ), True
     except Exception as e:  # noqa: BLE001 - whatever the result's own code raises while it is encoded
-        return encode_error(index, "SerializationError",
-                            f"result is not JSON-serializable: {type(e).__name__}: {_describe(e)}"), True
+        return encode_error(
+            index,
+            "SerializationError",
+            f"result is not JSON-serializable: {type(e).__name__}: {_describe(e)}",
+        ), True
     if size + 64 > max_bytes:
-        return encode_error(index, "ResultTooLarge", f"the result is {size:,} bytes as JSON, over the limit of "
-                            f"{max_bytes:,} bytes for one output row (constants.MAX_OUTPUT_ROW_BYTES)"), True
+        return encode_error(index, "ResultTooLarge", f"the result is {size:,} bytes as JSON, over "
+                                                     "the limit of "
+                            f"{max_bytes:,} bytes for one output row "
+                            "(constants.MAX_OUTPUT_ROW_BYTES)"), True
     return f'{{"index": {int(index)}, "result": {body}}}', False
 
 
@@ -79,8 +91,8 @@ def _describe(e: BaseException) -> str:
 
 @dataclass
 class Reconciliation:
-    """What an existing output file holds. `scan()` fills it without changing the file; `reconcile()` also
-    cuts the torn tail off."""
+    """What an existing output file holds. `scan()` fills it without changing the file;
+    `reconcile()` also cuts the torn tail off."""
 
     present: IndexBitmap = field(default_factory=IndexBitmap)
     errors: IndexBitmap = field(default_factory=IndexBitmap)     # of those, error rows
@@ -90,14 +102,17 @@ class Reconciliation:
     first_duplicates: list[int] = field(default_factory=list)   # at most 10, for the message
     size: int = 0                   # bytes in the file when scanned
     good_end: int = 0               # end of the last complete forge row
-    foreign_at: int | None = None   # byte where content begins that no forge run writes (None: all ours)
-    beyond: int = 0                 # rows whose index is past the input (`total`): counted, never held in `present`
+    # byte where content begins that no forge run writes (None: all ours)
+    foreign_at: int | None = None
+    # rows whose index is past the input (`total`): counted, never held in `present`
+    beyond: int = 0
     first_beyond: int | None = None
     torn_index: int | None = None   # the index the torn tail's row began with, when it got that far
 
     @property
     def tail_bytes(self) -> int:
-        """Bytes after the last complete row: a torn row left by a kill (or zeros after a power loss)."""
+        """Bytes after the last complete row: a torn row left by a kill (or zeros after a power
+        loss)."""
         return self.size - self.good_end
 
 
@@ -105,14 +120,17 @@ class OutputWriter:
     """Append-only JSONL output, exclusively locked (flock) so two runs never share one file."""
 
     def __init__(self, path: str | os.PathLike, *, follow_links: bool = True) -> None:
-        """`follow_links`: an existing symlink to a regular file may be opened (an --output the user named); never
-        a dangling one (forge would create its target), and never any link where it is False (a staging file)."""
+        """`follow_links`: an existing symlink to a regular file may be opened (an --output the user
+        named); never a dangling one (forge would create its target), and never any link where it is
+        False (a staging file)."""
         self.path = Path(path)
         self._shown = display_path(self.path)
         self.created = False            # this writer made the file (a refused run removes it again)
         if os.path.islink(self.path) and (not follow_links or not os.path.exists(self.path)):
-            raise ForgeError(f"{self._shown}: is a symbolic link; forge writes the rows of a run only into a file "
-                             "it creates there, never through a link: remove the link or choose another --output")
+            raise ForgeError(f"{self._shown}: is a symbolic link; forge writes the rows of a run "
+                             "only into a file "
+                             "it creates there, never through a link: remove the link or choose "
+                             "another --output")
         require_regular_or_absent(self.path, "the output")
         flags = os.O_WRONLY | os.O_APPEND | (0 if follow_links else os.O_NOFOLLOW)
         try:
@@ -122,16 +140,20 @@ class OutputWriter:
             except FileExistsError:
                 self._fd = os.open(self.path, flags)
         except OSError as e:
-            raise ForgeError(f"{self._shown}: cannot open the output for writing: {e.strerror}") from None
+            raise ForgeError(
+                f"{self._shown}: cannot open the output for writing: {e.strerror}"
+            ) from None
         try:
             fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             os.close(self._fd)
             raise ForgeError(f"{self._shown}: another forge run is writing this output") from None
-        self._end = os.fstat(self._fd).st_size      # where forge's bytes end: the file is never shorter (lost())
+        # where forge's bytes end: the file is never shorter (lost())
+        self._end = os.fstat(self._fd).st_size
 
     def append(self, lines: list[str]) -> int:
-        """Append rows (no newline in them) with one write; not durable until sync(). Returns bytes."""
+        """Append rows (no newline in them) with one write; not durable until sync(). Returns
+        bytes."""
         data = "".join(line + "\n" for line in lines).encode("utf-8")
         view, written = memoryview(data), 0
         while written < len(data):
@@ -148,14 +170,18 @@ class OutputWriter:
         self._end = size
 
     def lost(self) -> str | None:
-        """Why the file this writer appends to is no longer the output, or None while it is. Rows appended to a
-        file deleted, moved away or replaced under the output's name, or to one cut below what forge wrote, are not
-        in the output: nothing may be marked written then."""
+        """Why the file this writer appends to is no longer the output, or None while it is. Rows
+        appended to a file deleted, moved away or replaced under the output's name, or to one cut
+        below what forge wrote, are not in the output: nothing may be marked written then."""
         held = os.fstat(self._fd)
         try:
             named = os.stat(self.path)
         except FileNotFoundError:
-            return "was deleted during the run" if held.st_nlink == 0 else "was moved away during the run"
+            return (
+                "was deleted during the run"
+                if held.st_nlink == 0
+                else "was moved away during the run"
+            )
         except OSError as e:
             return f"cannot be checked any more ({e.strerror})"
         if (named.st_dev, named.st_ino) != (held.st_dev, held.st_ino):
@@ -171,7 +197,8 @@ class OutputWriter:
             self._fd = -1
 
     def remove_if_created_empty(self) -> None:
-        """After a refusal: the empty file this writer created goes again (nothing else's is touched)."""
+        """After a refusal: the empty file this writer created goes again (nothing else's is
+        touched)."""
         try:
             if self.created and os.lstat(self.path).st_size == 0:
                 os.unlink(self.path)
@@ -179,10 +206,11 @@ class OutputWriter:
             pass
 
     def scan(self, total: int | None = None) -> Reconciliation:
-        """Read what the output holds (indices, error rows, duplicates, a torn tail) without changing it.
-        Content no forge run can leave (another file's lines, garbage before good rows) sets `foreign_at`.
-        `total`: the input's record count; a row with an index at or past it is counted in `beyond` and never
-        set in the bitmap (an index of 10**15 would size it at 125 TB)."""
+        """Read what the output holds (indices, error rows, duplicates, a torn tail) without
+        changing it. Content no forge run can leave (another file's lines, garbage before good rows)
+        sets `foreign_at`. `total`: the input's record count; a row with an index at or past it is
+        counted in `beyond` and never set in the bitmap (an index of 10**15 would size it at 125
+        TB)."""
         rec = Reconciliation()
         bad_start = None
         with open(self.path, "rb") as f:
@@ -225,7 +253,8 @@ class OutputWriter:
         return rec
 
     def cut_tail(self, rec: Reconciliation) -> None:
-        """Cut the torn tail `scan()` found (only once the ledger has shown the output to be this run's)."""
+        """Cut the torn tail `scan()` found (only once the ledger has shown the output to be this
+        run's)."""
         if rec.foreign_at is not None:
             raise ForgeError(f"{self._shown}: byte {rec.foreign_at}: not a forge output row")
         if rec.tail_bytes:
@@ -236,7 +265,8 @@ class OutputWriter:
         """scan(), refuse content forge did not write, cut the torn tail."""
         rec = self.scan()
         if rec.foreign_at is not None:
-            raise ForgeError(f"{self._shown}: byte {rec.foreign_at}: not a forge output row; the output "
+            raise ForgeError(f"{self._shown}: byte {rec.foreign_at}: not a forge output row; the "
+                             "output "
                              "was changed outside forge (pass --restart to start over)")
         self.cut_tail(rec)
         return rec

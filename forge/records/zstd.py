@@ -1,13 +1,14 @@
-"""A `.zst` file's bytes, frame after frame, refusing a file that ends inside a frame or holds bytes after a frame
-that start no other.
+"""A `.zst` file's bytes, frame after frame, refusing a file that ends inside a frame or holds bytes
+after a frame that start no other.
 
-zstandard's own stream reader ends quietly where a truncated file ends (half a file read as a shorter input, a
-small one as no records at all) and raises its ZstdError for garbage after a frame. Here each frame goes through a
-decompressor object of its own, which says whether its frame ended: a file whose last frame did not is truncated
-(EOFError, as gzip raises), and bytes after a frame that are not a frame are damage (ValueError). The compressed
-bytes go in IN_CHUNK at a time: zstandard's largest ratio (an RLE block, about 32,768 to 1) then bounds what one
-call can produce to about 8 MiB, whatever the file (a 1 GiB bomb of 32 KiB reads in ~55 MiB of RSS), while a
-40 MB JSONL in 5 MB of zstd still decompresses at ~130 MB/s on the 2-core VM."""
+zstandard's own stream reader ends quietly where a truncated file ends (half a file read as a
+shorter input, a small one as no records at all) and raises its ZstdError for garbage after a frame.
+Here each frame goes through a decompressor object of its own, which says whether its frame ended: a
+file whose last frame did not is truncated (EOFError, as gzip raises), and bytes after a frame that
+are not a frame are damage (ValueError). The compressed bytes go in IN_CHUNK at a time: zstandard's
+largest ratio (an RLE block, about 32,768 to 1) then bounds what one call can produce to about 8
+MiB, whatever the file (a 1 GiB bomb of 32 KiB reads in ~55 MiB of RSS), while a 40 MB JSONL in 5 MB
+of zstd still decompresses at ~130 MB/s on the 2-core VM."""
 from __future__ import annotations
 
 import io
@@ -17,7 +18,8 @@ IN_CHUNK = 256
 
 
 class ZstdFrames(io.RawIOBase):
-    """The decompressed bytes of every frame of `path`, read as a raw binary stream (wrap it in BufferedReader)."""
+    """The decompressed bytes of every frame of `path`, read as a raw binary stream (wrap it in
+    BufferedReader)."""
 
     def __init__(self, path: Path) -> None:
         import zstandard
@@ -42,11 +44,14 @@ class ZstdFrames(io.RawIOBase):
         return n
 
     def _decompress_more(self) -> bool:
-        """Decompress the next compressed chunk into `_out`; False at a clean end (after a whole frame)."""
+        """Decompress the next compressed chunk into `_out`; False at a clean end (after a whole
+        frame)."""
         if self._frame is not None and self._frame.eof:
             self._carry = self._frame.unused_data + self._carry
             self._frame = None
-        data, self._carry = (self._carry, b"") if self._carry else (self._source.read(IN_CHUNK), b"")
+        data, self._carry = (
+            (self._carry, b"") if self._carry else (self._source.read(IN_CHUNK), b"")
+        )
         if not data:
             if self._frame is not None:
                 raise EOFError("the file ends inside a zstandard frame (it was cut short)")
@@ -55,7 +60,8 @@ class ZstdFrames(io.RawIOBase):
             self._frame = self._dctx.decompressobj()
         try:
             self._out = memoryview(self._frame.decompress(data))
-        except self._zstd.ZstdError as e:   # bytes that are not a frame (garbage after one, or a damaged frame)
+        # bytes that are not a frame (garbage after one, or a damaged frame)
+        except self._zstd.ZstdError as e:
             raise ValueError(f"not zstandard data: {e}") from None
         return True
 

@@ -20,7 +20,8 @@ from forge.report.rates import windowed_rate_series
 
 COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf"]
 STAGE_COLORS = {"producer": "#7f7f7f", "broker": "#1f3b73", "writer": "#bcbd22"}
-TOKENS_PER_S_WINDOW_S = 5.0     # the tokens/s plot: mean over this trailing window (bursts of finishing requests)
+# the tokens/s plot: mean over this trailing window (bursts of finishing requests)
+TOKENS_PER_S_WINDOW_S = 5.0
 
 
 def load_report(path: str | os.PathLike) -> dict[str, Any]:
@@ -33,9 +34,12 @@ def load_report(path: str | os.PathLike) -> dict[str, Any]:
     except json.JSONDecodeError as e:
         raise UsageError(f"{shown}::$: not JSON ({e.msg} at line {e.lineno})") from e
     if not isinstance(report, dict) or report.get("format") != REPORT_FORMAT:
-        raise UsageError(f"{shown}::$.format: not a forge run report (expected \"{REPORT_FORMAT}\")")
+        raise UsageError(
+            f"{shown}::$.format: not a forge run report (expected \"{REPORT_FORMAT}\")"
+        )
     if report.get("version") != REPORT_VERSION:
-        raise UsageError(f"{shown}::$.version: report version {report.get('version')!r} is not supported "
+        raise UsageError(f"{shown}::$.version: report version {report.get('version')!r} is not "
+                         "supported "
                          f"(this forge reads version {REPORT_VERSION})")
     series = report.get("series")
     if not isinstance(series, dict) or not isinstance(series.get("t_s"), list):
@@ -105,13 +109,29 @@ def _title(report: dict[str, Any], what: str) -> str:
 
 def _mark_events(ax, x, rates, col, color, name: str) -> None:
     """Stalls (x) and progress-only steps (^) where the card's counters went up."""
-    for field, marker, what in (("stalls", "x", "stall"), ("progress_only_steps", "^", "progress-only step")):
+    for field, marker, what in (
+        ("stalls", "x", "stall"),
+        ("progress_only_steps", "^", "progress-only step"),
+    ):
         values = col.get(field, [])
-        hits = [i for i in range(1, len(values)) if values[i] is not None and values[i - 1] is not None
-                and values[i] > values[i - 1]]
+        hits = [
+            i
+            for i in range(1, len(values))
+            if values[i] is not None and values[i - 1] is not None and values[i] > values[i - 1]
+        ]
         if hits:
-            ax.plot([x[i] for i in hits], [rates[i] or 0.0 for i in hits], ls="none", marker=marker, ms=10,
-                    mew=2, color=color, label=f"{name} {what}", clip_on=False, zorder=5)
+            ax.plot(
+                [x[i] for i in hits],
+                [rates[i] or 0.0 for i in hits],
+                ls="none",
+                marker=marker,
+                ms=10,
+                mew=2,
+                color=color,
+                label=f"{name} {what}",
+                clip_on=False,
+                zorder=5,
+            )
 
 
 def _tokens_per_s(report, x, xlabel, path: Path) -> None:
@@ -125,14 +145,16 @@ def _tokens_per_s(report, x, xlabel, path: Path) -> None:
         rates = windowed_rate_series(t, delivered, TOKENS_PER_S_WINDOW_S)
         total = [tot + (r or 0.0) for tot, r in zip(total, rates)]
         color = COLORS[i % len(COLORS)]
-        # a short run's one or two rates belong to the intervals before their points: drawn as steps, they show
+        # a short run's one or two rates belong to the intervals before their points: drawn as
+        # steps, they show
         few = sum(r is not None for r in rates) < 3
         ax.plot(x, _nan(rates), color=color, lw=1.4, label=_card_label(card),
                 drawstyle="steps-pre" if few else "default")
         _mark_events(ax, x, rates, col, color, f"{card['node']}/{card['card']}")
     if len(cards) > 1:
         ax.plot(x, [math.nan] + total[1:], color="black", lw=1.2, ls="--", label="all cards")
-    ax.set_title(_title(report, f"Delivered tokens/s per card (input + output), mean over a trailing "
+    ax.set_title(_title(report, "Delivered tokens/s per card (input + output), mean over a "
+                                "trailing "
                                 f"{TOKENS_PER_S_WINDOW_S:g} s window"))
     ax.set_ylabel("tokens/s")
     ax.set_xlabel(xlabel)
@@ -147,19 +169,32 @@ def _in_flight_and_queues(report, x, xlabel, path: Path) -> None:
     fig, (top, bottom) = _figure(2, x, report)
     for i, card in enumerate(series["cards"]):
         color = COLORS[i % len(COLORS)]
-        top.plot(x, _nan(card["series"]["in_flight"]), color=color, lw=1.4, label=f"{_card_label(card)} in flight",
-                 **_style(len(x)))
-        top.axhline(card["slots"], color=color, ls=":", lw=1.2, label=f"{card['node']}/{card['card']} slots")
+        top.plot(
+            x,
+            _nan(card["series"]["in_flight"]),
+            color=color,
+            lw=1.4,
+            label=f"{_card_label(card)} in flight",
+            **_style(len(x)),
+        )
+        top.axhline(
+            card["slots"], color=color, ls=":", lw=1.2, label=f"{card['node']}/{card['card']} slots"
+        )
     top.set_title(_title(report, "Requests in flight per card (dotted: the contract's slots)"))
     top.set_ylabel("requests")
     top.set_ylim(0, 1.08 * max([c["slots"] for c in series["cards"]] + [1]))
     _legend(top)
 
-    stages = [("producer", series["run"].get("producer_queue", [])), ("broker", series["broker"].get("pending", [])),
-              ("writer", series["run"].get("writer_queue", []))]
+    stages = [
+        ("producer", series["run"].get("producer_queue", [])),
+        ("broker", series["broker"].get("pending", [])),
+        ("writer", series["run"].get("writer_queue", [])),
+    ]
     for name, values in stages:
         if _present(values):
-            bottom.plot(x, _nan(values), color=STAGE_COLORS[name], lw=1.4, label=name, **_style(len(x)))
+            bottom.plot(
+                x, _nan(values), color=STAGE_COLORS[name], lw=1.4, label=name, **_style(len(x))
+            )
     for i, card in enumerate(series["cards"]):
         values = card["series"]["engine_queued"]
         if _present(values):
@@ -189,11 +224,24 @@ def _budget_and_kv(report, x, xlabel, path: Path) -> None:
             top.plot(x, _nan(col["tokens_last_step"], 1 / budget), color=color, lw=1.2,
                      label=f"{_card_label(card)}, budget {budget:,} tokens", **_style(len(x)))
         if blocks:
-            bottom.plot(x, _nan(col["kv_blocks_used"], 1 / blocks), color=color, lw=1.4,
-                        label=f"{card['node']}/{card['card']} used (of {blocks:,} blocks)", **_style(len(x)))
-            bottom.plot(x, _nan(col["kv_blocks_reserved"], 1 / blocks), color=color, lw=1.0, ls="--",
-                        label=f"{card['node']}/{card['card']} reserved by admission")
-    top.set_title(_title(report, "Token budget use per engine step (sampled last step / max_num_tokens)"))
+            bottom.plot(
+                x,
+                _nan(col["kv_blocks_used"], 1 / blocks),
+                color=color,
+                lw=1.4,
+                label=f"{card['node']}/{card['card']} used (of {blocks:,} blocks)",
+                **_style(len(x)),
+            )
+            bottom.plot(
+                x,
+                _nan(col["kv_blocks_reserved"], 1 / blocks),
+                color=color,
+                lw=1.0,
+                ls="--",
+                label=f"{card['node']}/{card['card']} reserved by admission",
+            )
+    top.set_title(_title(report, "Token budget use per engine step (sampled last step / "
+                                 "max_num_tokens)"))
     top.set_ylabel("of the token budget")
     bottom.set_title("KV cache blocks per card")
     bottom.set_ylabel("of the KV pool")
@@ -205,10 +253,16 @@ def _budget_and_kv(report, x, xlabel, path: Path) -> None:
     save_figure(fig, path)
 
 
-PLOTS = (("tokens-per-s", _tokens_per_s), ("in-flight-queues", _in_flight_and_queues), ("budget-kv", _budget_and_kv))
+PLOTS = (
+    ("tokens-per-s", _tokens_per_s),
+    ("in-flight-queues", _in_flight_and_queues),
+    ("budget-kv", _budget_and_kv),
+)
 
 
-def render_plots(report_json: str | os.PathLike, out_dir: str | os.PathLike | None = None) -> list[Path]:
+def render_plots(
+    report_json: str | os.PathLike, out_dir: str | os.PathLike | None = None
+) -> list[Path]:
     """Render the report's PNGs into out_dir (default: beside the report); returns their paths."""
     report_json = Path(report_json)
     report = load_report(report_json)
@@ -223,9 +277,10 @@ def render_plots(report_json: str | os.PathLike, out_dir: str | os.PathLike | No
     if report["series"].get("resumes_t_s"):
         xlabel = xlabel.replace("time since start", "running time, the run's starts back to back")
     paths = [out / f"{stem}.{name}.png" for name, _ in PLOTS]
-    for path in paths:      # forge never writes over a file it did not write: only PNGs are replaced
+    for path in paths:  # forge never writes over a file it did not write: only PNGs are replaced
         if (path.exists() or path.is_symlink()) and not is_png(path):
-            raise ForgeError(f"{display_path(path)}: exists and is not a PNG; forge never writes over a file "
+            raise ForgeError(f"{display_path(path)}: exists and is not a PNG; forge never writes "
+                             "over a file "
                              "it did not write: choose another --out")
     for path, (name, draw) in zip(paths, PLOTS):
         draw(report, x, xlabel, path)

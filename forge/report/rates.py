@@ -1,4 +1,5 @@
-"""Rates from a report's cumulative counters: per interval, and over a trailing window (what the plots draw)."""
+"""Rates from a report's cumulative counters: per interval, and over a trailing window (what the
+plots draw)."""
 from __future__ import annotations
 
 
@@ -9,8 +10,9 @@ def rate_series(t_s: list[float], cumulative: list[float | None]) -> list[float 
     typical = steps[len(steps) // 2] if steps else 0.0
     for i in range(1, len(t_s)):
         j = i - 1
-        # A short last interval (the final sample) holds a burst of completions: tokens are counted when a
-        # request finishes, so measure it together with the interval before it rather than draw a spike.
+        # A short last interval (the final sample) holds a burst of completions: tokens are counted
+        # when a request finishes, so measure it together with the interval before it rather than
+        # draw a spike.
         if i >= 2 and t_s[i] - t_s[j] < 0.5 * typical:
             j = i - 2
         a, b, dt = cumulative[j], cumulative[i], t_s[i] - t_s[j]
@@ -20,10 +22,11 @@ def rate_series(t_s: list[float], cumulative: list[float | None]) -> list[float 
 
 def windowed_rate_series(t_s: list[float], cumulative: list[float | None],
                          window_s: float) -> list[float | None]:
-    """Per-second rate over a trailing window of window_s seconds ending at each point (at least one interval):
-    tokens are counted when a request finishes, so a per-interval rate jumps between bursts and gaps; the mean
-    over a few seconds shows the throughput a reader means. Falls back to the per-interval rate where the
-    window's first point is unknown or the counter reset inside the window."""
+    """Per-second rate over a trailing window of window_s seconds ending at each point (at least one
+    interval): tokens are counted when a request finishes, so a per-interval rate jumps between
+    bursts and gaps; the mean over a few seconds shows the throughput a reader means. Falls back to
+    the per-interval rate where the window's first point is unknown or the counter reset inside the
+    window."""
     raw = rate_series(t_s, cumulative)
     out: list[float | None] = [None]
     j = 0

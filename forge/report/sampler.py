@@ -17,7 +17,8 @@ from typing import Any, Optional
 from forge.stats import BrokerStats, EngineStats, LedgerStats, RunStats
 
 DEFAULT_MAX_POINTS = 2048
-DEFAULT_INTERVAL_S = 0.25          # a run of a second still has points to plot; long runs thin out (max_points)
+# a run of a second still has points to plot; long runs thin out (max_points)
+DEFAULT_INTERVAL_S = 0.25
 
 # field -> "counter" (cumulative) | "gauge" (instantaneous)
 CARD_FIELDS = {
@@ -127,15 +128,23 @@ class Sampler:
         self.last_broker = broker if broker is not None else self.last_broker
         self.last_run = run if run is not None else self.last_run
         self.last_ledger = ledger if ledger is not None else self.last_ledger
-        if self.times and (now <= self.times[-1] or (not force and now - self.times[-1] < self.stride_s * 0.999)):
+        if self.times and (
+            now <= self.times[-1] or (not force and now - self.times[-1] < self.stride_s * 0.999)
+        ):
             return False
         n = len(self.times)
         seen = set()
         for s in engines:
             key = f"{s.node}/{s.card}"
             seen.add(key)
-            self.card_meta[key] = {"node": s.node, "card": s.card, "tier": s.tier, "token_budget": s.token_budget,
-                                   "slots": s.slots, "kv_blocks_total": s.kv_blocks_total}
+            self.card_meta[key] = {
+                "node": s.node,
+                "card": s.card,
+                "tier": s.tier,
+                "token_budget": s.token_budget,
+                "slots": s.slots,
+                "kv_blocks_total": s.kv_blocks_total,
+            }
             self.cards.setdefault(key, SeriesGroup(CARD_FIELDS)).append(s, n)
         for key, group in self.cards.items():
             if key not in seen:
@@ -177,5 +186,8 @@ class Sampler:
             "t_s": [round(t - origin, 3) for t in self.times],
             "run": self.run_series.columns,
             "broker": self.broker_series.columns,
-            "cards": [{**self.card_meta[key], "series": group.columns} for key, group in self.cards.items()],
+            "cards": [
+                {**self.card_meta[key], "series": group.columns}
+                for key, group in self.cards.items()
+            ],
         }

@@ -1,13 +1,15 @@
-"""A guided request's JSON Schema checked at the node's edge, so a client's mistake is refused (400) up front
-instead of failing inside an engine (500) or recursing without end in the result check:
+"""A guided request's JSON Schema checked at the node's edge, so a client's mistake is refused (400)
+up front instead of failing inside an engine (500) or recursing without end in the result check:
 
 - it must be a valid JSON Schema (its draft's metaschema);
-- it must admit a value at all: a subschema every value must satisfy that admits nothing (`false`, `{"not": {}}`,
-  `{"not": true}`, `{"enum": []}`) is refused instead of coming back as a failed check;
-- it must admit a finite value: no cycle of references that every value must follow. `{"$ref": "#"}`, or an
-  object whose required property refers back to it, has no finite instance. Only edges every instance must take
-  are followed ($ref, allOf, required properties, items of a non-empty array, one-member anyOf/oneOf), so a
-  schema that can stop recursing (an optional property, an anyOf with a way out) is left alone.
+- it must admit a value at all: a subschema every value must satisfy that admits nothing (`false`,
+  `{"not": {}}`, `{"not": true}`, `{"enum": []}`) is refused instead of coming back as a failed
+  check;
+- it must admit a finite value: no cycle of references that every value must follow. `{"$ref":
+  "#"}`, or an object whose required property refers back to it, has no finite instance. Only edges
+  every instance must take are followed ($ref, allOf, required properties, items of a non-empty
+  array, one-member anyOf/oneOf), so a schema that can stop recursing (an optional property, an
+  anyOf with a way out) is left alone.
 
 Results are cached (bounded): a bulk job sends the same schema with every record."""
 from __future__ import annotations
@@ -47,7 +49,9 @@ def _metaschema_problem(schema: dict) -> Optional[str]:
         validator_for(schema).check_schema(schema)
     except SchemaError as e:
         where = "/".join(str(p) for p in e.absolute_path)
-        return f"json_schema is not a valid JSON Schema: {e.message}" + (f" (at #/{where})" if where else "")
+        return f"json_schema is not a valid JSON Schema: {e.message}" + (
+            f" (at #/{where})" if where else ""
+        )
     except RecursionError:
         return "json_schema is nested too deeply"
     return None
@@ -72,7 +76,8 @@ def _resolve(root: dict, ref: str) -> Optional[tuple[str, Any]]:
 
 
 def _forced(root: dict, at: str, sub_schema: Any) -> Iterator[tuple[str, Any, str]]:
-    """(pointer, schema, how) for each subschema every instance of `sub_schema` must also satisfy."""
+    """(pointer, schema, how) for each subschema every instance of `sub_schema` must also
+    satisfy."""
     if not isinstance(sub_schema, dict):
         return
     if isinstance(sub_schema.get("$ref"), str):
@@ -109,17 +114,20 @@ def _admits_nothing(sub_schema: Any) -> bool:
 
 
 def _forced_walk(root: dict) -> Optional[str]:
-    """The first subschema every value must satisfy that admits nothing, or a cycle of them that nests forever."""
+    """The first subschema every value must satisfy that admits nothing, or a cycle of them that
+    nests forever."""
     on_path: list[str] = []
     done: set[str] = set()
 
     def visit(at: str, sub_schema: Any, how: str) -> Optional[str]:
         if _admits_nothing(sub_schema):
-            return (f"json_schema admits no value: {at} (via {how}) is {json.dumps(sub_schema)[:80]}, which nothing "
+            return (f"json_schema admits no value: {at} (via {how}) is "
+                    f"{json.dumps(sub_schema)[:80]}, which nothing "
                     "satisfies")
         if at in on_path:
             loop = on_path[on_path.index(at):] + [at]
-            return (f"json_schema has no finite value: {' -> '.join(loop)} (via {how}) must nest forever; "
+            return (f"json_schema has no finite value: {' -> '.join(loop)} (via {how}) must nest "
+                    "forever; "
                     f"make one step optional")
         if at in done or len(on_path) > 200:
             return None

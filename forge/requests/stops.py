@@ -1,7 +1,8 @@
-"""Stop strings applied to a finished generation, as vLLM applies them: the text ends before the first match
-(or after it, with include_stop_str_in_output), finish_reason becomes "stop", and the token count is the tokens
-up to and including the one that completed the match: only what the answer stands for, not the tokens the
-engine went on to generate (it cannot be told to stop: the engine interface has no stop strings)."""
+"""Stop strings applied to a finished generation, as vLLM applies them: the text ends before the
+first match (or after it, with include_stop_str_in_output), finish_reason becomes "stop", and the
+token count is the tokens up to and including the one that completed the match: only what the answer
+stands for, not the tokens the engine went on to generate (it cannot be told to stop: the engine
+interface has no stop strings)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
@@ -17,7 +18,8 @@ class StopRule:
 
 
 def apply_stop(gen: Generation, rule: StopRule, tokenizer: Any) -> tuple[Generation, Optional[str]]:
-    """(the generation cut at the first stop string, the string matched); unchanged and None without a match."""
+    """(the generation cut at the first stop string, the string matched); unchanged and None without
+    a match."""
     hits = [(gen.text.find(s), s) for s in rule.strings if s]
     hits = [(at, s) for at, s in hits if at >= 0]
     if not hits:
@@ -31,7 +33,8 @@ def apply_stop(gen: Generation, rule: StopRule, tokenizer: Any) -> tuple[Generat
 
 
 def _tokens_through(gen: Generation, chars: int, tokenizer: Any) -> int:
-    """The fewest leading tokens whose decoded text holds the first `chars` characters of the output."""
+    """The fewest leading tokens whose decoded text holds the first `chars` characters of the
+    output."""
     ids = list(gen.token_ids)
     if tokenizer is None or not ids:
         return gen.output_tokens
@@ -39,7 +42,7 @@ def _tokens_through(gen: Generation, chars: int, tokenizer: Any) -> int:
     lo, hi = 1, len(ids)
     if not tokenizer.decode(ids).startswith(target):
         return gen.output_tokens
-    while lo < hi:                       # decoded prefixes only grow: binary search for the first that holds it
+    while lo < hi:  # decoded prefixes only grow: binary search for the first that holds it
         mid = (lo + hi) // 2
         if tokenizer.decode(ids[:mid]).startswith(target):
             hi = mid
@@ -49,9 +52,10 @@ def _tokens_through(gen: Generation, chars: int, tokenizer: Any) -> int:
 
 
 class StopHold:
-    """Stop strings applied to text that arrives in pieces (Node.stream): `take(piece)` returns what may be sent
-    now, and what it returns joins into a prefix of apply_stop's text for the whole. Text that could be the start
-    of a stop string is held back until the next piece decides it; after a match nothing more is sent."""
+    """Stop strings applied to text that arrives in pieces (Node.stream): `take(piece)` returns what
+    may be sent now, and what it returns joins into a prefix of apply_stop's text for the whole.
+    Text that could be the start of a stop string is held back until the next piece decides it;
+    after a match nothing more is sent."""
 
     def __init__(self, rule: StopRule):
         self.rule = rule
@@ -65,7 +69,7 @@ class StopHold:
             return ""
         self.text += piece
         hits = [at for s in self.rule.strings if s and (at := self.text.find(s)) >= 0]
-        if hits:                       # apply_stop's cut (the earliest match; the longest there, when included)
+        if hits:  # apply_stop's cut (the earliest match; the longest there, when included)
             self.matched = True
             safe = len(apply_stop_text(self.text, self.rule))
         else:

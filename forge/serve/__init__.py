@@ -1,1 +1,2 @@
-"""`forge serve`: deployed functions and OpenAI-compatible generation as HTTP endpoints (docs/serve.md)."""
+"""`forge serve`: deployed functions and OpenAI-compatible generation as HTTP endpoints
+(docs/serve.md)."""

@@ -15,19 +15,26 @@ from forge.node.interface import Node
 from forge.serve.limits import DEADLINE_HEADER, EndpointGate, deadline_s
 from forge.serve.online import answer, describe_failure, error_response
 
-RECORD_EXAMPLE = {"id": 1, "text": "Alice was beginning to get very tired of sitting by her sister on the bank"}
+RECORD_EXAMPLE = {"id": 1, "text": "Alice was beginning to get very tired of sitting by her sister "
+                                   "on the bank"}
 
 
 def function_router(node: Node, specs: Sequence[FunctionSpec], gates: dict[str, EndpointGate], *,
                     default_deadline_s: float) -> APIRouter:
     router = APIRouter(tags=["functions"])
     for spec in specs:
-        router.add_api_route(f"/v1/functions/{spec.name}", _endpoint(node, spec, gates[spec.name], default_deadline_s),
-                             methods=["POST"], name=spec.name,
-                             summary=f"Run {spec.name} on one record",
-                             description=(spec.fn.__doc__ or "").strip() or None,
-                             responses={429: {"description": "endpoint full; see Retry-After"},
-                                        504: {"description": "deadline passed; the work was cancelled"}})
+        router.add_api_route(
+            f"/v1/functions/{spec.name}",
+            _endpoint(node, spec, gates[spec.name], default_deadline_s),
+            methods=["POST"],
+            name=spec.name,
+            summary=f"Run {spec.name} on one record",
+            description=(spec.fn.__doc__ or "").strip() or None,
+            responses={
+                429: {"description": "endpoint full; see Retry-After"},
+                504: {"description": "deadline passed; the work was cancelled"},
+            },
+        )
     return router
 
 
@@ -54,7 +61,8 @@ def _endpoint(node: Node, spec: FunctionSpec, gate: EndpointGate, default_deadli
     async def run_function(request: Request,
                            record: dict[str, Any] = Body(..., examples=[RECORD_EXAMPLE]),
                            x_forge_deadline: Optional[str] = Header(
-                               None, description=f"seconds this request may take ({DEADLINE_HEADER})")):
+                               None, description="seconds this request may take "
+                                                 f"({DEADLINE_HEADER})")):
         try:
             limit_s = deadline_s(x_forge_deadline, None, default_deadline_s)
         except ValueError as e:
@@ -63,14 +71,16 @@ def _endpoint(node: Node, spec: FunctionSpec, gate: EndpointGate, default_deadli
         async def work(call, slot):
             try:
                 result = await spec.fn(Record(record), call.llm(spec))
-            except MissingField as e:       # the body lacks what the function reads: the client's to fix
-                return error_response(400, "invalid_request_error", f"the record has no field {e.args[0]!r}, which "
+            except MissingField as e:  # the body lacks what the function reads: the client's to fix
+                return error_response(400, "invalid_request_error", "the record has no field "
+                                                                    f"{e.args[0]!r}, which "
                                       f"{spec.name} reads{_where(e)}", param=str(e.args[0]))
             try:
                 return JSONResponse(json.loads(json.dumps(result)))
             except (TypeError, ValueError) as e:
                 return error_response(500, "function_error",
-                                      f"{spec.name} returned a value that is not JSON: {type(e).__name__}: {e}")
+                                      f"{spec.name} returned a value that is not JSON: "
+                                      f"{type(e).__name__}: {e}")
 
         return await answer(request, node, gate, limit_s, work)
 

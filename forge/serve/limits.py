@@ -1,9 +1,11 @@
-"""Overload is an answer, not a hang: per-endpoint concurrency bounds, Retry-After, per-request deadlines.
+"""Overload is an answer, not a hang: per-endpoint concurrency bounds, Retry-After, per-request
+deadlines.
 
-Each endpoint admits at most `limit` requests at once, derived from the node's budgets (its cards' slots, i.e.
-contract limits.max_batch_size, times a small factor: enough queued behind the running ones to keep every
-slot busy, few enough that a waiting request is served within a few batch turns). One more is refused at once
-with 429 and a Retry-After estimated from the endpoint's recent latency."""
+Each endpoint admits at most `limit` requests at once, derived from the node's budgets (its cards'
+slots, i.e. contract limits.max_batch_size, times a small factor: enough queued behind the running
+ones to keep every slot busy, few enough that a waiting request is served within a few batch turns).
+One more is refused at once with 429 and a Retry-After estimated from the endpoint's recent
+latency."""
 from __future__ import annotations
 
 import math
@@ -11,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Optional
 
-ONLINE_PRIORITY = 10             # broker priority of online requests; bulk jobs use 0 (served first: higher)
+ONLINE_PRIORITY = 10  # broker priority of online requests; bulk jobs use 0 (served first: higher)
 CONCURRENCY_FACTOR = 2           # per endpoint: requests in progress <= factor x the node's slots
 DEFAULT_DEADLINE_S = 60.0        # a request's deadline when the client names none
 MAX_DEADLINE_S = 600.0
@@ -32,18 +34,23 @@ class BadDeadline(ValueError):
 
 
 def node_slots(description: dict) -> int:
-    """Slots on the node: the sum of its cards' contract limits.max_batch_size (from the node's describe())."""
+    """Slots on the node: the sum of its cards' contract limits.max_batch_size (from the node's
+    describe())."""
     return sum(int(c["limits"]["max_batch_size"]) for c in description.get("cards", [])) or 1
 
 
-def deadline_s(header: Optional[str], body: Optional[float], default_s: float, max_s: float = MAX_DEADLINE_S) -> float:
-    """The request's deadline in seconds: the body field, else the header, else the server default; capped."""
+def deadline_s(
+    header: Optional[str], body: Optional[float], default_s: float, max_s: float = MAX_DEADLINE_S
+) -> float:
+    """The request's deadline in seconds: the body field, else the header, else the server default;
+    capped."""
     value: Optional[float] = body
     if value is None and header is not None:
         try:
             value = float(header)
         except ValueError:
-            raise BadDeadline(f"header {DEADLINE_HEADER}: expected seconds as a number, got {header!r}") from None
+            raise BadDeadline(f"header {DEADLINE_HEADER}: expected seconds as a number, got "
+                              f"{header!r}") from None
     if value is None:
         value = default_s
     if not (value > 0 and math.isfinite(value)):
@@ -68,7 +75,8 @@ class EndpointGate:
     def enter(self) -> "Slot":
         if self.active >= self.limit:
             self.refused += 1
-            raise Overloaded(f"{self.name}: {self.active} requests in progress (limit {self.limit}); retry later",
+            raise Overloaded(f"{self.name}: {self.active} requests in progress (limit "
+                             f"{self.limit}); retry later",
                              self.retry_after_s())
         self.active += 1
         self.admitted += 1
@@ -79,17 +87,27 @@ class EndpointGate:
         if ok:
             self.completed += 1
             a = 1.0 / LATENCY_HALF_LIFE
-            self.latency_s = elapsed_s if self.latency_s == 0 else (1 - a) * self.latency_s + a * elapsed_s
+            self.latency_s = (
+                elapsed_s if self.latency_s == 0 else (1 - a) * self.latency_s + a * elapsed_s
+            )
         else:
             self.failed += 1
 
     def stats(self) -> dict:
-        return {"limit": self.limit, "active": self.active, "admitted": self.admitted, "refused": self.refused,
-                "completed": self.completed, "failed": self.failed, "latency_s": round(self.latency_s, 4)}
+        return {
+            "limit": self.limit,
+            "active": self.active,
+            "admitted": self.admitted,
+            "refused": self.refused,
+            "completed": self.completed,
+            "failed": self.failed,
+            "latency_s": round(self.latency_s, 4),
+        }
 
 
 class Slot:
-    """One admitted request's place in its endpoint; released exactly once (however many paths try)."""
+    """One admitted request's place in its endpoint; released exactly once (however many paths
+    try)."""
 
     def __init__(self, gate: EndpointGate, t0: float):
         self.gate, self.t0, self.ok, self._open = gate, t0, False, True

@@ -27,7 +27,12 @@ from typing import Optional
 import httpx
 
 MODEL = "tiny-llama-cpu"
-PROMPTS = ["Alice was beginning to", "The Mock Turtle said", "Down the Rabbit-Hole", "`Off with her head!' the Queen"]
+PROMPTS = [
+    "Alice was beginning to",
+    "The Mock Turtle said",
+    "Down the Rabbit-Hole",
+    "`Off with her head!' the Queen",
+]
 
 
 @dataclass
@@ -65,8 +70,13 @@ async def _attempt(http: httpx.AsyncClient, kind: str, i: int, cfg: LoadConfig) 
     if kind == "function":
         return await http.post("/v1/functions/classify", json={"id": i, "text": prompt})
     if kind == "chat_stream":
-        body = {"model": cfg.model, "messages": [{"role": "user", "content": prompt}], "max_tokens": cfg.max_tokens,
-                "temperature": 0, "stream": True}
+        body = {
+            "model": cfg.model,
+            "messages": [{"role": "user", "content": prompt}],
+            "max_tokens": cfg.max_tokens,
+            "temperature": 0,
+            "stream": True,
+        }
         async with http.stream("POST", "/v1/chat/completions", json=body) as r:
             if r.status_code == 200:
                 lines = [line async for line in r.aiter_lines() if line.startswith("data: ")]
@@ -85,14 +95,19 @@ async def _attempt(http: httpx.AsyncClient, kind: str, i: int, cfg: LoadConfig) 
 async def _abandon(http: httpx.AsyncClient, i: int, cfg: LoadConfig, out: Outcomes) -> None:
     """Start a long streamed completion and hang up once the server has admitted it (its 200 and first event
     arrived), mid-generation; a 429 is retried after its Retry-After."""
-    body = {"model": cfg.model, "messages": [{"role": "user", "content": PROMPTS[i % 4]}], "max_tokens": 128,
-            "temperature": 0, "stream": True}
+    body = {
+        "model": cfg.model,
+        "messages": [{"role": "user", "content": PROMPTS[i % 4]}],
+        "max_tokens": 128,
+        "temperature": 0,
+        "stream": True,
+    }
     for _ in range(cfg.requests):
         try:
             async with http.stream("POST", "/v1/chat/completions", json=body) as r:
                 if r.status_code == 200:
                     async for _line in r.aiter_lines():
-                        break                               # the role event: the request is in the node now
+                        break  # the role event: the request is in the node now
                     await asyncio.sleep(0.02 + (i % 7) * 0.03)
                     out.counts["disconnected"] += 1
                     return                                  # leaving the block drops the connection
@@ -109,11 +124,19 @@ async def _abandon(http: httpx.AsyncClient, i: int, cfg: LoadConfig, out: Outcom
         await asyncio.sleep(min(float(r.headers.get("retry-after", "1")), cfg.max_backoff_s))
 
 
-async def _client(i: int, http: httpx.AsyncClient, cfg: LoadConfig, out: Outcomes, functions: bool) -> None:
+async def _client(
+    i: int, http: httpx.AsyncClient, cfg: LoadConfig, out: Outcomes, functions: bool
+) -> None:
     if cfg.disconnect_every and i % cfg.disconnect_every == cfg.disconnect_every - 1:
         return await _abandon(http, i, cfg, out)
     for _ in range(cfg.requests):
-        kind = "function" if functions and i % 7 == 3 else "chat_stream" if i % 5 == 1 else "completion"
+        kind = (
+            "function"
+            if functions and i % 7 == 3
+            else "chat_stream"
+            if i % 5 == 1
+            else "completion"
+        )
         t0 = time.monotonic()
         out.counts["attempts"] += 1
         try:
@@ -130,7 +153,10 @@ async def _client(i: int, http: httpx.AsyncClient, cfg: LoadConfig, out: Outcome
         elif r.status_code == 429:
             out.counts["refused_429"] += 1
             out.refused_latency.append(dt)
-            await asyncio.sleep(min(float(r.headers.get("retry-after", "1")), cfg.max_backoff_s) * (0.5 + (i % 10) / 20))
+            await asyncio.sleep(
+                min(float(r.headers.get("retry-after", "1")), cfg.max_backoff_s)
+                * (0.5 + (i % 10) / 20)
+            )
         else:
             out.counts["failed"] += 1
             out.failures[f"{kind}: HTTP {r.status_code}"] += 1
@@ -141,16 +167,23 @@ async def _settle(http: httpx.AsyncClient, limit_s: float) -> dict:
     t0 = time.monotonic()
     while True:
         serve, stats = (await http.get("/v1/serve")).json(), (await http.get("/v1/stats")).json()
-        books = {"open_requests": serve["open_requests"], "broker_pending": stats["broker"]["pending"],
-                 "engine_in_flight": sum(e["in_flight"] for e in stats["engines"]),
-                 "kv_blocks_reserved": sum(e["kv_blocks_reserved"] for e in stats["engines"]),
-                 "gate_active": sum(g["active"] for g in serve["endpoints"].values())}
+        books = {
+            "open_requests": serve["open_requests"],
+            "broker_pending": stats["broker"]["pending"],
+            "engine_in_flight": sum(e["in_flight"] for e in stats["engines"]),
+            "kv_blocks_reserved": sum(e["kv_blocks_reserved"] for e in stats["engines"]),
+            "gate_active": sum(g["active"] for g in serve["endpoints"].values()),
+        }
         if not any(books.values()) or time.monotonic() - t0 > limit_s:
-            return {"settled": not any(books.values()), "settle_s": round(time.monotonic() - t0, 2), **books,
-                    "abandoned": serve["abandoned"],
-                    "engine_cancelled": sum(e["requests_cancelled"] for e in stats["engines"]),
-                    "refused_by_gates": sum(g["refused"] for g in serve["endpoints"].values()),
-                    "endpoints": serve["endpoints"]}
+            return {
+                "settled": not any(books.values()),
+                "settle_s": round(time.monotonic() - t0, 2),
+                **books,
+                "abandoned": serve["abandoned"],
+                "engine_cancelled": sum(e["requests_cancelled"] for e in stats["engines"]),
+                "refused_by_gates": sum(g["refused"] for g in serve["endpoints"].values()),
+                "endpoints": serve["endpoints"],
+            }
         await asyncio.sleep(0.2)
 
 
@@ -159,11 +192,17 @@ async def run(url: str, cfg: LoadConfig) -> dict:
     tls = ssl.create_default_context()
 
     def client() -> httpx.AsyncClient:
-        # One small client per simulated user, like separate users. httpx's pool scans its connections linearly,
-        # so one shared pool of thousands would slow the load generator far more than the server; and each
-        # client would build its own TLS context (~20 ms) unless given this shared one.
-        return httpx.AsyncClient(base_url=url, headers=headers, limits=httpx.Limits(max_connections=2), verify=tls,
-                                 timeout=httpx.Timeout(cfg.time_limit_s, connect=30.0))
+        # One small client per simulated user, like separate users. httpx's pool scans its
+        # connections linearly, so one shared pool of thousands would slow the load generator far
+        # more than the server; and each client would build its own TLS context (~20 ms) unless
+        # given this shared one.
+        return httpx.AsyncClient(
+            base_url=url,
+            headers=headers,
+            limits=httpx.Limits(max_connections=2),
+            verify=tls,
+            timeout=httpx.Timeout(cfg.time_limit_s, connect=30.0),
+        )
 
     async def user(i: int) -> None:
         async with client() as http:
@@ -182,27 +221,54 @@ async def run(url: str, cfg: LoadConfig) -> dict:
         crashed = sum(1 for t in done if t.exception() is not None)
         books = await _settle(http, cfg.settle_limit_s)
     c = out.counts
-    return {"config": asdict(cfg) | {"token": bool(cfg.token)}, "wall_s": round(wall, 2),
-            "clients_hung": len(hung), "clients_crashed": crashed,
-            "attempts": c["attempts"], "completed": c["completed"], "refused_429": c["refused_429"],
-            "failed": c["failed"], "disconnected": c["disconnected"],
-            "refused_429_before_disconnect": c["refused_429_before_disconnect"],
-            "completed_by_kind": {k[len("completed_"):]: v for k, v in c.items() if k.startswith("completed_")},
-            "failures": dict(out.failures), "latency_ok": percentiles(out.ok_latency),
-            "latency_429": percentiles(out.refused_latency),
-            "completed_per_s": round(c["completed"] / wall, 1) if wall else 0.0, "server_books": books}
+    return {
+        "config": asdict(cfg) | {"token": bool(cfg.token)},
+        "wall_s": round(wall, 2),
+        "clients_hung": len(hung),
+        "clients_crashed": crashed,
+        "attempts": c["attempts"],
+        "completed": c["completed"],
+        "refused_429": c["refused_429"],
+        "failed": c["failed"],
+        "disconnected": c["disconnected"],
+        "refused_429_before_disconnect": c["refused_429_before_disconnect"],
+        "completed_by_kind": {
+            k[len("completed_") :]: v for k, v in c.items() if k.startswith("completed_")
+        },
+        "failures": dict(out.failures),
+        "latency_ok": percentiles(out.ok_latency),
+        "latency_429": percentiles(out.refused_latency),
+        "completed_per_s": round(c["completed"] / wall, 1) if wall else 0.0,
+        "server_books": books,
+    }
 
 
 def spawn_server(*extra: str, timeout_s: float = 120.0) -> tuple[subprocess.Popen, str]:
     """`forge serve functions/classify.py` on the embedded node, any free port; returns (process, URL)."""
     ready = os.path.join(tempfile.mkdtemp(prefix="forge-load-"), "url")
-    proc = subprocess.Popen([sys.executable, "-m", "forge", "serve", "functions/classify.py", "--port", "0",
-                             "--ready-file", ready, *extra], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "forge",
+            "serve",
+            "functions/classify.py",
+            "--port",
+            "0",
+            "--ready-file",
+            ready,
+            *extra,
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     deadline = time.monotonic() + timeout_s
     while not (os.path.exists(ready) and open(ready).read().strip()):
         if proc.poll() is not None or time.monotonic() > deadline:
             proc.kill()
-            raise RuntimeError(f"forge serve did not come up: {proc.stderr.read().decode()[-2000:]}")
+            raise RuntimeError(
+                f"forge serve did not come up: {proc.stderr.read().decode()[-2000:]}"
+            )
         time.sleep(0.2)
     return proc, open(ready).read().strip()
 
@@ -220,16 +286,21 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     where = ap.add_mutually_exclusive_group(required=True)
     where.add_argument("--url")
-    where.add_argument("--spawn", action="store_true", help="start forge serve on the embedded node for the run")
+    where.add_argument("--spawn", action="store_true", help="start forge serve on the embedded "
+                                                            "node for the run")
     for name, default in asdict(LoadConfig()).items():
         if name != "token":
             ap.add_argument("--" + name.replace("_", "-"), type=type(default), default=default)
     args = ap.parse_args(argv)
     cfg = LoadConfig(**{k: getattr(args, k) for k in asdict(LoadConfig()) if k != "token"},
                      token=os.environ.get("FORGE_TOKEN"))
-    # one address holds up to 2 connections per simulated client: let it (the server bounds one address by default)
-    proc, url = spawn_server("--max-connections-per-client", str(2 * cfg.clients + 64)) if args.spawn else \
-        (None, args.url)
+    # one address holds up to 2 connections per simulated client: let it (the server bounds one
+    # address by default)
+    proc, url = (
+        spawn_server("--max-connections-per-client", str(2 * cfg.clients + 64))
+        if args.spawn
+        else (None, args.url)
+    )
     try:
         report = asyncio.run(run(url, cfg))
     finally:
@@ -238,7 +309,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     if proc is not None:
         report["server_exit_code"] = code
     print(json.dumps(report, indent=2))
-    ok = not report["clients_hung"] and not report["clients_crashed"] and report["server_books"]["settled"]
+    ok = (
+        not report["clients_hung"]
+        and not report["clients_crashed"]
+        and report["server_books"]["settled"]
+    )
     return 0 if ok else 1
 
 

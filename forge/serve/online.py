@@ -1,5 +1,5 @@
-"""One online request from admission to answer: the endpoint's gate (429), the deadline (504), the client's
-disconnect (cancelled), and every error as one JSON object in the shape OpenAI clients read
+"""One online request from admission to answer: the endpoint's gate (429), the deadline (504), the
+client's disconnect (cancelled), and every error as one JSON object in the shape OpenAI clients read
 (`{"error": {"message", "type", "code"}}`)."""
 from __future__ import annotations
 
@@ -48,7 +48,9 @@ class OnlineCall:
 
     def llm(self, spec: FunctionSpec) -> NodeLLM:
         """A function's llm handle for this request, on the same terms."""
-        return NodeLLM(self.node, spec, priority=ONLINE_PRIORITY, deadline_at=self.deadline_at, wait=False)
+        return NodeLLM(
+            self.node, spec, priority=ONLINE_PRIORITY, deadline_at=self.deadline_at, wait=False
+        )
 
 
 def error_response(status: int, kind: str, message: str, headers: Optional[dict] = None, *,
@@ -64,7 +66,8 @@ def describe_failure(exc: BaseException, node: Node, gate: EndpointGate) -> JSON
         return error_response(429, "overloaded", f"the node's queue is full: {exc}",
                               {"Retry-After": str(gate.retry_after_s())})
     if isinstance(exc, (DeadlineExceeded, asyncio.TimeoutError)):
-        return error_response(504, "deadline_exceeded", "the request's deadline passed before its answer was ready; "
+        return error_response(504, "deadline_exceeded", "the request's deadline passed before its "
+                                                        "answer was ready; "
                               "its work was cancelled")
     if isinstance(exc, ClientGone):
         return error_response(499, "client_closed", "client disconnected; its work was cancelled")
@@ -73,12 +76,17 @@ def describe_failure(exc: BaseException, node: Node, gate: EndpointGate) -> JSON
     if isinstance(exc, NodeDown) or (isinstance(exc, RequestRejected) and node.closed):
         return error_response(503, "unavailable", str(exc))
     if isinstance(exc, RequestRejected):
-        return error_response(400, "invalid_request_error", str(exc), param=getattr(exc, "param", None))
-    if isinstance(exc, ForgeError):       # the first line: engines may append their internal state
-        return error_response(500, "engine_error", (str(exc).splitlines() or [type(exc).__name__])[0])
+        return error_response(
+            400, "invalid_request_error", str(exc), param=getattr(exc, "param", None)
+        )
+    if isinstance(exc, ForgeError):  # the first line: engines may append their internal state
+        return error_response(
+            500, "engine_error", (str(exc).splitlines() or [type(exc).__name__])[0]
+        )
     from forge.functions.runner import error_row
 
-    row = error_row(0, exc)["error"]          # what failed first, then where: "KeyError: 'text' (at f.py:18 in f)"
+    # what failed first, then where: "KeyError: 'text' (at f.py:18 in f)"
+    row = error_row(0, exc)["error"]
     return error_response(500, "function_error", f"{row['type']}: {row['message']}")
 
 

@@ -13,19 +13,21 @@ from forge.serve.openai_params import CHAT, COMPLETIONS, refusal, screen
 
 MAX_CHOICES = 256        # prompts x n in one request: each is one generation in the broker
 MAX_STOPS = 16
-UNBOUNDED = 2**31 - 1    # a model's max_prompt_tokens before the router bounds it to its node (bounded_to_node)
+# a model's max_prompt_tokens before the router bounds it to its node (bounded_to_node)
+UNBOUNDED = 2**31 - 1
 
 
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
     include_usage: Optional[bool] = None
-    include_obfuscation: Optional[bool] = None           # OpenAI's padding of stream events: no effect here
+    include_obfuscation: Optional[bool] = None  # OpenAI's padding of stream events: no effect here
     continuous_usage_stats: Optional[bool] = None        # vLLM's
 
     @model_validator(mode="after")
     def _supported(self):
         if self.continuous_usage_stats:
-            raise refusal("continuous_usage_stats", "stream_options.continuous_usage_stats is not supported by "
+            raise refusal("continuous_usage_stats", "stream_options.continuous_usage_stats is not "
+                                                    "supported by "
                                                     "forge serve: usage comes once, at the end")
         return self
 
@@ -41,14 +43,16 @@ class StructuredOutputs(BaseModel):
     structural_tag: Optional[Any] = None
     whitespace_pattern: Optional[Any] = None
     disable_any_whitespace: Optional[bool] = None           # guided JSON is always compact here
-    disable_additional_properties: Optional[bool] = None    # forge closes declared objects already (docs)
-    disable_fallback: Optional[bool] = None                 # one guide backend: nothing to fall back to
+    # forge closes declared objects already (docs)
+    disable_additional_properties: Optional[bool] = None
+    disable_fallback: Optional[bool] = None  # one guide backend: nothing to fall back to
 
     @model_validator(mode="after")
     def _supported(self):
         for name in ("regex", "grammar", "structural_tag", "whitespace_pattern"):
             if getattr(self, name) is not None:
-                raise refusal(name, f"structured_outputs.{name} is not supported by forge serve: guides are "
+                raise refusal(name, f"structured_outputs.{name} is not supported by forge serve: "
+                                    "guides are "
                                     "choice and JSON Schema")
         given = [n for n in ("choice", "json_schema", "json_object") if getattr(self, n)]
         if len(given) > 1:
@@ -59,9 +63,10 @@ class StructuredOutputs(BaseModel):
 class _Common(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
     endpoint: ClassVar[str]
-    # The most prompt tokens any tier of the node takes (its largest max_input_len): a field that can only hold
-    # more is refused from its length alone, before a single item of it is validated. Validating 4M token ids
-    # (or 200k messages) one by one took seconds on the server's event loop, /health included (issue 29).
+    # The most prompt tokens any tier of the node takes (its largest max_input_len): a field that
+    # can only hold more is refused from its length alone, before a single item of it is validated.
+    # Validating 4M token ids (or 200k messages) one by one took seconds on the server's event loop,
+    # /health included (issue 29).
     max_prompt_tokens: ClassVar[int] = UNBOUNDED
 
     model: str
@@ -94,16 +99,20 @@ class _Common(BaseModel):
     def _bound_sizes(cls, data: dict) -> None:
         """Refuse, from lengths alone, a field no tier could take (before its items are validated)."""
         so = data.get("structured_outputs")
-        for name, choice in (("guided_choice", data.get("guided_choice")),
-                             ("structured_outputs.choice", so.get("choice") if isinstance(so, dict) else None)):
+        for name, choice in (
+            ("guided_choice", data.get("guided_choice")),
+            ("structured_outputs.choice", so.get("choice") if isinstance(so, dict) else None),
+        ):
             if isinstance(choice, list) and len(choice) > constants.MAX_GUIDE_CHOICES:
-                raise refusal(name, f"{name}: {len(choice):,} options; at most {constants.MAX_GUIDE_CHOICES:,} "
+                raise refusal(name, f"{name}: {len(choice):,} options; at most "
+                                    f"{constants.MAX_GUIDE_CHOICES:,} "
                                     "are taken")
 
     @model_validator(mode="after")
     def _coherent(self):
         if self.stream_options is not None and not self.stream:
-            raise refusal("stream_options", "The 'stream_options' parameter is only allowed when 'stream' is "
+            raise refusal("stream_options", "The 'stream_options' parameter is only allowed when "
+                                            "'stream' is "
                                             "enabled.")
         if isinstance(self.stop, list) and len(self.stop) > MAX_STOPS:
             raise refusal("stop", f"stop: at most {MAX_STOPS} strings, got {len(self.stop)}")
@@ -125,9 +134,13 @@ def _schema_of(value: Union[dict, str], param: str) -> dict:
     try:
         schema = json.loads(value)
     except ValueError as e:
-        raise refusal(param, f"{param}: not a JSON Schema object, nor the text of one ({e})") from None
+        raise refusal(
+            param, f"{param}: not a JSON Schema object, nor the text of one ({e})"
+        ) from None
     except RecursionError:
-        raise refusal(param, f"{param}: the text is nested too deeply to be a JSON Schema") from None
+        raise refusal(
+            param, f"{param}: the text is nested too deeply to be a JSON Schema"
+        ) from None
     if not isinstance(schema, dict):
         raise refusal(param, f"{param}: a JSON Schema must be an object")
     return schema
@@ -150,26 +163,33 @@ class CompletionRequest(_Common):
             return
         if not isinstance(prompt[0], (list, str)):           # one prompt of token ids
             if len(prompt) > limit:
-                raise refusal("prompt", f"prompt: {len(prompt):,} token ids; no model here takes more than "
+                raise refusal("prompt", f"prompt: {len(prompt):,} token ids; no model here takes "
+                                        "more than "
                                         f"{limit:,} (its max_input_len)")
             return
         if len(prompt) > MAX_CHOICES:
-            raise refusal("prompt", f"prompt: {len(prompt):,} prompts is more than {MAX_CHOICES} choices in one "
+            raise refusal("prompt", f"prompt: {len(prompt):,} prompts is more than {MAX_CHOICES} "
+                                    "choices in one "
                                     "request")
         for i, p in enumerate(prompt):
             if isinstance(p, list) and len(p) > limit:
-                raise refusal("prompt", f"prompt {i}: {len(p):,} token ids; no model here takes more than "
+                raise refusal("prompt", f"prompt {i}: {len(p):,} token ids; no model here takes "
+                                        "more than "
                                         f"{limit:,} (its max_input_len)")
 
     @model_validator(mode="after")
     def _prompts(self):
-        if self.prompt == [] or (isinstance(self.prompt, list) and any(p == [] for p in self.prompt)):
+        if self.prompt == [] or (
+            isinstance(self.prompt, list) and any(p == [] for p in self.prompt)
+        ):
             raise refusal("prompt", "prompt: give a string, token ids, or a non-empty list of them")
         if len(self.prompts) * (self.n or 1) > MAX_CHOICES:
-            raise refusal("prompt", f"prompt: {len(self.prompts)} prompts x n={self.n or 1} is more than "
+            raise refusal("prompt", f"prompt: {len(self.prompts)} prompts x n={self.n or 1} is "
+                                    "more than "
                                     f"{MAX_CHOICES} choices in one request")
         if self.best_of not in (None, 1, self.n or 1):
-            raise refusal("best_of", "best_of is not supported by forge serve: no server-side ranking (no "
+            raise refusal("best_of", "best_of is not supported by forge serve: no server-side "
+                                     "ranking (no "
                                      "logprobs); 1 or n is accepted")
         return self
 
@@ -185,8 +205,8 @@ class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="forbid")
     role: str
     content: Optional[Union[str, list[dict]]] = None
-    name: Optional[str] = None                  # no effect: the transcript and chat templates use the role
-    refusal: Optional[str] = None               # an earlier assistant turn's refusal: no effect
+    name: Optional[str] = None     # no effect: the transcript and chat templates use the role
+    refusal: Optional[str] = None  # an earlier assistant turn's refusal: no effect
     tool_calls: Optional[list] = None
     tool_call_id: Optional[str] = None
     function_call: Optional[dict] = None
@@ -194,14 +214,16 @@ class ChatMessage(BaseModel):
     @model_validator(mode="after")
     def _text_only(self):
         if self.role not in ("system", "developer", "user", "assistant"):
-            raise refusal("role", f"role {self.role!r} is not supported by forge serve: roles are system, "
+            raise refusal("role", f"role {self.role!r} is not supported by forge serve: roles are "
+                                  "system, "
                                   "developer, user, assistant (no tool calling)")
         for name in ("tool_calls", "tool_call_id", "function_call"):
             if getattr(self, name):
                 raise refusal(name, f"{name} is not supported by forge serve: no tool calling")
         for i, part in enumerate(self.content if isinstance(self.content, list) else ()):
             if part.get("type") != "text" or not isinstance(part.get("text"), str):
-                raise refusal(f"content.{i}.type", f"content parts of type {part.get('type')!r} are not "
+                raise refusal(f"content.{i}.type", f"content parts of type {part.get('type')!r} "
+                                                   "are not "
                                                    "supported by forge serve: text parts only")
         if self.content is None:
             raise refusal("content", "content: a message needs text content")
@@ -221,9 +243,11 @@ class ChatRequest(_Common):
             return
         parts = len(messages) + sum(len(m["content"]) for m in messages
                                     if isinstance(m, dict) and isinstance(m.get("content"), list))
-        if parts > limit:                    # every message (every content part) takes a token of the prompt at least
-            raise refusal("messages", f"messages: {len(messages):,} messages ({parts:,} with their content parts); "
-                                      f"no model here takes a prompt of more than {limit:,} tokens, and each takes "
+        if parts > limit:  # every message (every content part) takes a token of the prompt at least
+            raise refusal("messages", f"messages: {len(messages):,} messages ({parts:,} with their "
+                                      "content parts); "
+                                      f"no model here takes a prompt of more than {limit:,} "
+                                      "tokens, and each takes "
                                       "one at least")
 
 

@@ -30,25 +30,41 @@ def _loop(poller: Poller, draw: Callable[[RenderableType], None], interval_s: fl
     missed, problem, frames = 0, None, 0
     next_at = time.monotonic()
     while max_frames is None or frames < max_frames:
-        draw(render(Frame(poller.url, cur.health, cur.stats, prev.stats if prev else None, interval_s,
-                          problem=problem, hint=hint)))
+        draw(
+            render(
+                Frame(
+                    poller.url,
+                    cur.health,
+                    cur.stats,
+                    prev.stats if prev else None,
+                    interval_s,
+                    problem=problem,
+                    hint=hint,
+                )
+            )
+        )
         frames += 1
-        next_at = max(next_at + interval_s, time.monotonic())   # a slow poll delays; it never bunches up
+        # a slow poll delays; it never bunches up
+        next_at = max(next_at + interval_s, time.monotonic())
         time.sleep(max(0.0, next_at - time.monotonic()))
         try:
             sample = poller.sample()
         except NodeUnreachable as e:
             missed += 1
             if missed >= MAX_MISSED_POLLS:
-                raise NodeUnreachable(f"{poller.label} stopped answering ({missed} polls in a row): {e.reason}",
+                raise NodeUnreachable(f"{poller.label} stopped answering ({missed} polls in a "
+                                      f"row): {e.reason}",
                                       e.reason) from None
-            problem = f"no answer: {e.reason} (showing the last one; retry {missed}/{MAX_MISSED_POLLS - 1})"
+            problem = (f"no answer: {e.reason} (showing the last one; retry "
+                       f"{missed}/{MAX_MISSED_POLLS - 1})")
             continue
         prev, cur, missed, problem = cur, sample, 0, None
     return 0
 
 
-def run_live(poller: Poller, console: Console, interval_s: float, max_frames: Optional[int] = None) -> int:
+def run_live(
+    poller: Poller, console: Console, interval_s: float, max_frames: Optional[int] = None
+) -> int:
     """Until Ctrl-C (KeyboardInterrupt propagates; the caller turns it into exit 0)."""
     if not console.is_terminal:
         def print_frame(r: RenderableType) -> None:
@@ -59,4 +75,6 @@ def run_live(poller: Poller, console: Console, interval_s: float, max_frames: Op
 
     with Live(console=console, screen=True, auto_refresh=False, redirect_stdout=False,
               redirect_stderr=False) as live:
-        return _loop(poller, lambda r: live.update(r, refresh=True), interval_s, "Ctrl-C quits", max_frames)
+        return _loop(
+            poller, lambda r: live.update(r, refresh=True), interval_s, "Ctrl-C quits", max_frames
+        )

@@ -30,13 +30,25 @@ class Sample:
 class Poller:
     """Reads one node; `sample()` raises NodeUnreachable or a one-line ForgeError, never hangs."""
 
-    def __init__(self, url: str, *, name: str = "", token: Optional[str] = None, token_env: str = "FORGE_TOKEN",
-                 timeout_s: float = POLL_TIMEOUT_S, transport: Optional[httpx.BaseTransport] = None):
+    def __init__(
+        self,
+        url: str,
+        *,
+        name: str = "",
+        token: Optional[str] = None,
+        token_env: str = "FORGE_TOKEN",
+        timeout_s: float = POLL_TIMEOUT_S,
+        transport: Optional[httpx.BaseTransport] = None,
+    ):
         self.url = url.rstrip("/")
-        self.label = f"node {name} at {self.url}" if name and name != self.url else f"node at {self.url}"
+        self.label = (
+            f"node {name} at {self.url}" if name and name != self.url else f"node at {self.url}"
+        )
         self.token_env = token_env
         headers = {"authorization": f"Bearer {token}"} if token else {}
-        self._client = httpx.Client(base_url=self.url, headers=headers, timeout=timeout_s, transport=transport)
+        self._client = httpx.Client(
+            base_url=self.url, headers=headers, timeout=timeout_s, transport=transport
+        )
 
     def _get(self, path: str) -> dict:
         try:
@@ -46,7 +58,8 @@ class Poller:
             raise NodeUnreachable(f"{self.label}: {reason}", reason) from None
         except httpx.HTTPError as e:
             reason = str(e) or type(e).__name__
-            raise NodeUnreachable(f"{self.label} is unreachable: {reason} (is `forge provision` running?)",
+            raise NodeUnreachable(f"{self.label} is unreachable: {reason} (is `forge provision` "
+                                  "running?)",
                                   reason) from None
         if r.status_code == 401:
             raise ForgeError(f"{self.label} refused the token: set ${self.token_env} "
@@ -58,14 +71,16 @@ class Poller:
         except ValueError:
             body = None
         if not isinstance(body, dict):
-            raise ForgeError(f"{self.url}{path}: the answer is not a JSON object (is this a forge node?)")
+            raise ForgeError(f"{self.url}{path}: the answer is not a JSON object (is this a forge "
+                             "node?)")
         return body
 
     def sample(self) -> Sample:
         health = self._get("/health")
         stats = self._get("/v1/stats")
         if not isinstance(stats.get("engines"), list) or not isinstance(stats.get("broker"), dict):
-            raise ForgeError(f"{self.url}/v1/stats: expected 'engines' (list) and 'broker' (object) "
+            raise ForgeError(f"{self.url}/v1/stats: expected 'engines' (list) and 'broker' "
+                             "(object) "
                              "— is this a forge node of the same version?")
         return Sample(at=time.monotonic(), health=health, stats=stats)
 

@@ -1,17 +1,18 @@
-"""Time this process spent not running (SIGSTOP, Ctrl-Z, a suspended VM), seen as gaps in a heartbeat on its
-event loop.
+"""Time this process spent not running (SIGSTOP, Ctrl-Z, a suspended VM), seen as gaps in a
+heartbeat on its event loop.
 
-Timeouts and watchdogs measure waits with time.monotonic, which keeps counting while the process is stopped.
-Woken after 30 s, every wait that was open looks 30 s old, and a peer that answered at once (an engine whose
-call was cut short by the stop, a worker whose reply sits in the socket) would be condemned for this process's
-own absence. A wait measured with `PauseClock.awake_since` leaves out the stretches in which this process's
-loop did not run: a peer is judged only on the time this process was there to see it answer.
+Timeouts and watchdogs measure waits with time.monotonic, which keeps counting while the process is
+stopped. Woken after 30 s, every wait that was open looks 30 s old, and a peer that answered at once
+(an engine whose call was cut short by the stop, a worker whose reply sits in the socket) would be
+condemned for this process's own absence. A wait measured with `PauseClock.awake_since` leaves out
+the stretches in which this process's loop did not run: a peer is judged only on the time this
+process was there to see it answer.
 
-A heartbeat callback runs every BEAT_S; one that comes more than GAP_S late marks a pause (scheduling noise
-and short loop stalls stay counted as time). A pause not yet seen by the heartbeat (asked about in the first
-callbacks after waking) is counted from the heartbeat's lateness, so the order in which woken timers run does
-not matter. A loop blocked by its own work for GAP_S or more counts as paused too: nothing on it could have
-watched a peer meanwhile."""
+A heartbeat callback runs every BEAT_S; one that comes more than GAP_S late marks a pause
+(scheduling noise and short loop stalls stay counted as time). A pause not yet seen by the heartbeat
+(asked about in the first callbacks after waking) is counted from the heartbeat's lateness, so the
+order in which woken timers run does not matter. A loop blocked by its own work for GAP_S or more
+counts as paused too: nothing on it could have watched a peer meanwhile."""
 from __future__ import annotations
 
 import asyncio
@@ -28,7 +29,8 @@ KEEP = 64                  # pauses remembered; older ones lie before any wait s
 class PauseClock:
     def __init__(self, loop: asyncio.AbstractEventLoop):
         self._loop = loop
-        self._pauses: deque[tuple[float, float]] = deque(maxlen=KEEP)     # (start, end) in time.monotonic
+        # (start, end) in time.monotonic
+        self._pauses: deque[tuple[float, float]] = deque(maxlen=KEEP)
         self._last = time.monotonic()
         self._handle = loop.call_later(BEAT_S, self._beat)
 
@@ -42,7 +44,11 @@ class PauseClock:
     def paused_since(self, since: float, now: Optional[float] = None) -> float:
         """Seconds of [since, now] in which this process's loop did not run."""
         now = time.monotonic() if now is None else now
-        total = sum(max(0.0, min(end, now) - max(start, since)) for start, end in self._pauses if end > since)
+        total = sum(
+            max(0.0, min(end, now) - max(start, since))
+            for start, end in self._pauses
+            if end > since
+        )
         if now - self._last - BEAT_S > GAP_S:          # waking now: the heartbeat has not run yet
             total += max(0.0, now - max(self._last + BEAT_S, since))
         return total
@@ -56,7 +62,9 @@ class PauseClock:
         self._handle.cancel()
 
 
-_clocks: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, PauseClock]" = weakref.WeakKeyDictionary()
+_clocks: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, PauseClock]" = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def pause_clock(loop: Optional[asyncio.AbstractEventLoop] = None) -> PauseClock:

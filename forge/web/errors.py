@@ -1,8 +1,9 @@
-"""One error shape for every HTTP answer forge gives, on `forge serve` and on a node's control endpoint: OpenAI's,
-`{"error": {"message", "type", "param", "code"}}` (`code` is the HTTP status, as vLLM sends it). Body parse errors,
-validation errors, unknown routes, wrong methods, oversized bodies and unexpected failures all answer in it, and
-no message shows a server path: a path (one whose first component is a directory on this machine) below the
-working directory or an import root is shown relative to it, any other as its last component."""
+"""One error shape for every HTTP answer forge gives, on `forge serve` and on a node's control
+endpoint: OpenAI's, `{"error": {"message", "type", "param", "code"}}` (`code` is the HTTP status, as
+vLLM sends it). Body parse errors, validation errors, unknown routes, wrong methods, oversized
+bodies and unexpected failures all answer in it, and no message shows a server path: a path (one
+whose first component is a directory on this machine) below the working directory or an import root
+is shown relative to it, any other as its last component."""
 from __future__ import annotations
 
 import http
@@ -20,9 +21,19 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 log = logging.getLogger("forge.http")
 MAX_MESSAGE_CHARS = 2000
-KIND_BY_STATUS = {400: "invalid_request_error", 401: "Unauthorized", 404: "invalid_request_error",
-                  405: "invalid_request_error", 408: "request_timeout", 413: "request_too_large", 422: "invalid_request_error",
-                  429: "overloaded", 499: "client_closed", 503: "unavailable", 504: "deadline_exceeded"}
+KIND_BY_STATUS = {
+    400: "invalid_request_error",
+    401: "Unauthorized",
+    404: "invalid_request_error",
+    405: "invalid_request_error",
+    408: "request_timeout",
+    413: "request_too_large",
+    422: "invalid_request_error",
+    429: "overloaded",
+    499: "client_closed",
+    503: "unavailable",
+    504: "deadline_exceeded",
+}
 _PATH = re.compile(r"(?<![\w.:/~-])/(?:[^\s/'\"()\[\]{}<>:,;=|]+/)+[^\s/'\"()\[\]{}<>:,;=|]*")
 _ROUTES = ("/v1/", "/health", "/docs", "/openapi.json", "/metrics")
 
@@ -47,19 +58,30 @@ def scrub_paths(message: str) -> str:
 
 
 def kind_of(status: int) -> str:
-    return KIND_BY_STATUS.get(status, "internal_error" if status >= 500 else "invalid_request_error")
+    return KIND_BY_STATUS.get(
+        status, "internal_error" if status >= 500 else "invalid_request_error"
+    )
 
 
 def error_body(status: int, kind: Optional[str], message: str, param: Optional[str] = None) -> dict:
     message = scrub_paths(str(message))
     if len(message) > MAX_MESSAGE_CHARS:
         message = message[:MAX_MESSAGE_CHARS] + "…"
-    return {"error": {"message": message, "type": kind or kind_of(status), "param": param, "code": status}}
+    return {
+        "error": {
+            "message": message,
+            "type": kind or kind_of(status),
+            "param": param,
+            "code": status,
+        }
+    }
 
 
 def error_response(status: int, kind: Optional[str], message: str, *, param: Optional[str] = None,
                    headers: Optional[dict] = None) -> JSONResponse:
-    return JSONResponse(error_body(status, kind, message, param), status_code=status, headers=headers)
+    return JSONResponse(
+        error_body(status, kind, message, param), status_code=status, headers=headers
+    )
 
 
 def validation_message(errors: list[dict]) -> tuple[str, Optional[str]]:
@@ -70,7 +92,7 @@ def validation_message(errors: list[dict]) -> tuple[str, Optional[str]]:
         pos = next((p for p in first.get("loc", ())[1:] if isinstance(p, int)), None)
         return f"the body is not valid JSON: {ctx.get('error', 'decode error')}" + \
             (f" at position {pos}" if pos is not None else ""), None
-    if "param" in ctx:           # forge's own refusals (unsupported or unknown parameters) name their field
+    if "param" in ctx:  # forge's own refusals (unsupported or unknown parameters) name their field
         where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
         return first.get("msg", "invalid"), f"{where}.{ctx['param']}" if where else ctx["param"]
     where = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or None
@@ -97,7 +119,8 @@ def install_error_handlers(app: FastAPI) -> None:
             message = f"method {request.method} is not allowed on {request.url.path}"
         elif status == 413:
             message = too_large(request.scope)
-        elif status == 400 and isinstance(exc.__cause__, RecursionError):     # FastAPI's json.loads gave up
+        # FastAPI's json.loads gave up
+        elif status == 400 and isinstance(exc.__cause__, RecursionError):
             message = "the body is not valid JSON here: it is nested too deeply to parse"
         else:
             message = str(exc.detail) if exc.detail else http.HTTPStatus(status).phrase
@@ -106,7 +129,8 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(Exception)
     async def unexpected(request, exc: Exception):
         log.error("%s %s failed", request.method, request.url.path, exc_info=exc)
-        return error_response(500, "internal_error", f"internal error ({type(exc).__name__}); the server log has "
+        return error_response(500, "internal_error", f"internal error ({type(exc).__name__}); the "
+                                                     "server log has "
                                                      "the details")
 
 
@@ -121,13 +145,23 @@ class ErrorShape:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         if self.max_body_size is not None and _declared_length(scope) > self.max_body_size:
-            # answered from the header, the body never read: Starlette's own limit (1.x) checks Content-Length
-            # only once the app reads the body, so a client announcing 400 MB and sending nothing held the request
-            # open until the body deadline
-            body = json.dumps(error_body(413, None, too_large({"starlette.max_body_size": self.max_body_size})))
-            await send({"type": "http.response.start", "status": 413,
-                        "headers": [(b"content-type", b"application/json"), (b"connection", b"close"),
-                                    (b"content-length", str(len(body)).encode())]})
+            # answered from the header, the body never read: Starlette's own limit (1.x) checks
+            # Content-Length only once the app reads the body, so a client announcing 400 MB and
+            # sending nothing held the request open until the body deadline
+            body = json.dumps(
+                error_body(413, None, too_large({"starlette.max_body_size": self.max_body_size}))
+            )
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 413,
+                    "headers": [
+                        (b"content-type", b"application/json"),
+                        (b"connection", b"close"),
+                        (b"content-length", str(len(body)).encode()),
+                    ],
+                }
+            )
             await send({"type": "http.response.body", "body": body.encode()})
             return
         held: dict[str, Any] = {}
@@ -137,22 +171,39 @@ class ErrorShape:
                 headers = message.get("headers") or []
                 ctype = next((v for k, v in headers if k.lower() == b"content-type"), b"")
                 if message["status"] >= 400 and not ctype.startswith(b"application/json"):
-                    held.update(status=message["status"], body=b"",
-                                headers=[(k, v) for k, v in headers if k.lower() in (b"retry-after", b"allow",
-                                                                                     b"www-authenticate")])
+                    held.update(
+                        status=message["status"],
+                        body=b"",
+                        headers=[
+                            (k, v)
+                            for k, v in headers
+                            if k.lower() in (b"retry-after", b"allow", b"www-authenticate")
+                        ],
+                    )
                     return
             elif "status" in held and message["type"] == "http.response.body":
                 held["body"] = (held["body"] + message.get("body", b""))[:MAX_MESSAGE_CHARS]
                 if message.get("more_body"):
                     return
                 status = held["status"]
-                text = held["body"].decode("utf-8", "replace").strip() or http.HTTPStatus(status).phrase
+                text = (
+                    held["body"].decode("utf-8", "replace").strip()
+                    or http.HTTPStatus(status).phrase
+                )
                 if status == 413:
                     text = too_large(scope)
                 body = json.dumps(error_body(status, None, text)).encode()
-                await send({"type": "http.response.start", "status": status,
-                            "headers": [(b"content-type", b"application/json"),
-                                        (b"content-length", str(len(body)).encode()), *held["headers"]]})
+                await send(
+                    {
+                        "type": "http.response.start",
+                        "status": status,
+                        "headers": [
+                            (b"content-type", b"application/json"),
+                            (b"content-length", str(len(body)).encode()),
+                            *held["headers"],
+                        ],
+                    }
+                )
                 await send({"type": "http.response.body", "body": body})
                 return
             await send(message)

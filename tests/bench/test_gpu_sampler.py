@@ -1,8 +1,9 @@
 """GPU utilisation over a bench window (bench/forge_bench/gpu_sampler.py).
 
-The aggregation is pure logic, tested with a stand-in NVML module that replays scripted readings; the path a
-user runs is tested with the real nvidia-ml-py on this machine (no NVML library or no GPU: nothing sampled,
-nothing raised) and through a real `forge bench run` in tests/bench/test_cards.py."""
+The aggregation is pure logic, tested with a stand-in NVML module that replays scripted readings;
+the path a user runs is tested with the real nvidia-ml-py on this machine (no NVML library or no
+GPU: nothing sampled, nothing raised) and through a real `forge bench run` in
+tests/bench/test_cards.py."""
 from __future__ import annotations
 
 import json
@@ -28,8 +29,8 @@ class FakeNVMLError(Exception):
 
 
 def stand_in(readings: dict[int, list], count: int = 2, init_error: bool = False):
-    """An object with pynvml's names; readings[i]: (gpu %, memory %, used bytes) per read (the last one repeats),
-    or None for a read that raises NVMLError."""
+    """An object with pynvml's names; readings[i]: (gpu %, memory %, used bytes) per read (the last
+    one repeats), or None for a read that raises NVMLError."""
     calls: list[str] = []
     left = {i: list(r) for i, r in readings.items()}
     now: dict[int, tuple] = {}
@@ -58,13 +59,25 @@ def test_mean_max_and_count_per_card_from_scripted_reads():
     nvml = stand_in({0: [(90, 40, 10 * gib), (70, 20, 30 * gib), (80, 30, 20 * gib)],
                      1: [(10, 5, gib), (30, 15, 2 * gib), (20, 10, gib)]})
     s = GpuSampler({"gpu0": 0, "gpu1": 1}, interval_s=3600, nvml=nvml)
-    s.start()          # reads once at once, then waits an hour: the other reads come from sample_once
+    s.start()  # reads once at once, then waits an hour: the other reads come from sample_once
     s.sample_once()
     s.sample_once()
     got = s.stop()
-    assert got["gpu0"] == {"gpu": 0, "samples": 3, "util_mean": 80.0, "util_max": 90, "memory_util_mean": 30.0,
-                           "memory_util_max": 40, "memory_used_gib_max": 30.0, "read_errors": 0}
-    assert got["gpu1"]["util_mean"] == 20.0 and got["gpu1"]["util_max"] == 30 and got["gpu1"]["samples"] == 3
+    assert got["gpu0"] == {
+        "gpu": 0,
+        "samples": 3,
+        "util_mean": 80.0,
+        "util_max": 90,
+        "memory_util_mean": 30.0,
+        "memory_util_max": 40,
+        "memory_used_gib_max": 30.0,
+        "read_errors": 0,
+    }
+    assert (
+        got["gpu1"]["util_mean"] == 20.0
+        and got["gpu1"]["util_max"] == 30
+        and got["gpu1"]["samples"] == 3
+    )
     assert got["gpu1"]["memory_used_gib_max"] == 2.0 and s.missing is None
 
 
@@ -82,12 +95,19 @@ def test_the_thread_samples_until_stopped_and_shuts_nvml_down():
 
 
 def test_a_refused_read_is_counted_and_left_out_of_the_mean():
-    s = GpuSampler({"gpu0": 0}, interval_s=3600, nvml=stand_in({0: [(60, 10, 1), None, (100, 30, 1)]}, count=1))
+    s = GpuSampler(
+        {"gpu0": 0}, interval_s=3600, nvml=stand_in({0: [(60, 10, 1), None, (100, 30, 1)]}, count=1)
+    )
     s.start()
     s.sample_once()
     s.sample_once()
     got = s.stop()["gpu0"]
-    assert got["samples"] == 2 and got["read_errors"] == 1 and got["util_mean"] == 80.0 and got["util_max"] == 100
+    assert (
+        got["samples"] == 2
+        and got["read_errors"] == 1
+        and got["util_mean"] == 80.0
+        and got["util_max"] == 100
+    )
 
 
 def test_two_cards_on_one_gpu_read_it_once_each_time():
@@ -99,8 +119,10 @@ def test_two_cards_on_one_gpu_read_it_once_each_time():
 
 @pytest.mark.parametrize("gpus, nvml, why", [
     ({}, None, "no GPU card in this node"),
-    ({"gpu0": 0}, stand_in({0: [(1, 1, 1)]}, init_error=True), "no NVML: NVML Shared Library Not Found"),
-    ({"gpu3": 3}, stand_in({0: [(1, 1, 1)]}, count=2), "NVML could not open the node's GPUs: GPU 3 does not exist"),
+    ({"gpu0": 0}, stand_in({0: [(1, 1, 1)]}, init_error=True), "no NVML: NVML Shared Library Not "
+                                                               "Found"),
+    ({"gpu3": 3}, stand_in({0: [(1, 1, 1)]}, count=2), "NVML could not open the node's GPUs: GPU 3 "
+                                                       "does not exist"),
 ])
 def test_nothing_to_sample_is_none_with_the_reason_said_once(caplog, monkeypatch, gpus, nvml, why):
     monkeypatch.setattr(gpu_sampler, "_said", set())
@@ -133,16 +155,25 @@ def test_report_cells_say_dash_where_not_sampled():
     one = {"gpu0": {"util_mean": 87.4, "util_max": 99}}
     two = dict(one, gpu1={"util_mean": None, "util_max": None})
     assert cell(None) == "—" and cell(one) == "87 / 99 %" and cell(two) == "gpu0 87 / 99 %, gpu1 —"
-    row = {"mode": "forge", "variant": "grouped", "completed": 1, "requests": 1, "window_s": 1.0,
-           "tokens_per_s": 10.0, "output_tokens_per_s": 5.0, "gpu_util": None, "gpu_util_missing": "no NVML: x"}
+    row = {
+        "mode": "forge",
+        "variant": "grouped",
+        "completed": 1,
+        "requests": 1,
+        "window_s": 1.0,
+        "tokens_per_s": 10.0,
+        "output_tokens_per_s": 5.0,
+        "gpu_util": None,
+        "gpu_util_missing": "no NVML: x",
+    }
     assert mode_rows([row])[2].endswith("| — |  |") and "GPU util mean / max" in mode_rows([row])[0]
     assert gpu_util_line([row]) == "GPU util: not sampled (no NVML: x)."
     assert "read every 0.5 s" in gpu_util_line([dict(row, gpu_util=one)])
 
 
 def gpu_declared_node(folder: Path, cards: int) -> Path:
-    """CPU-bound instant cards (no model) declared as H200s: the bench samples the GPU indices they name,
-    while the engines need no GPU, so the real sampling path runs here too."""
+    """CPU-bound instant cards (no model) declared as H200s: the bench samples the GPU indices they
+    name, while the engines need no GPU, so the real sampling path runs here too."""
     path = write_cpu_node(folder, f"gpu-{cards}", [2.0] * cards)
     node = yaml.safe_load(path.read_text())
     for c in node["cards"]:
@@ -159,8 +190,21 @@ def gpu_declared_node(folder: Path, cards: int) -> Path:
 @pytest.mark.timeout(180)
 def test_a_real_bench_run_records_gpu_util_or_says_why_not(tmp_path):
     node = gpu_declared_node(tmp_path / "nodes", 2)
-    args = ["bench", "run", "docs/bench/workloads/cpu-steps.yaml", "--node", node, "--records", 20, "--warmup", 2,
-            "--modes", "forge", "--out", tmp_path / "out"]
+    args = [
+        "bench",
+        "run",
+        "docs/bench/workloads/cpu-steps.yaml",
+        "--node",
+        node,
+        "--records",
+        20,
+        "--warmup",
+        2,
+        "--modes",
+        "forge",
+        "--out",
+        tmp_path / "out",
+    ]
     proc = forge(*args, timeout=170)
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     data = json.loads((tmp_path / "out" / "bench.json").read_text())
@@ -169,11 +213,13 @@ def test_a_real_bench_run_records_gpu_util_or_says_why_not(tmp_path):
     row = data["summary"]["forge"]["repeats"][0]
     if data["results"][0]["gpu_util"] is None:           # this CPU machine: no libnvidia-ml
         for r in data["results"]:
-            assert r["gpu_util"] is None and r["gpu_util_missing"].startswith(("no NVML", "NVML could not open"))
-        assert proc.stderr.count("GPU utilisation not sampled") == 1            # said once, not per window
+            assert r["gpu_util"] is None and r["gpu_util_missing"].startswith(
+                ("no NVML", "NVML could not open")
+            )
+        assert proc.stderr.count("GPU utilisation not sampled") == 1  # said once, not per window
         assert row["gpu_util"] is None and row["alone_gpu_util"] == {"gpu0": None, "gpu1": None}
         assert f"GPU util: not sampled ({data['results'][0]['gpu_util_missing']})." in md
-        assert md.count("| — |  |") == 3                 # every run's GPU util cell (notes empty)
-    else:                                                # a machine with two GPUs: every window sampled
+        assert md.count("| — |  |") == 3  # every run's GPU util cell (notes empty)
+    else:                                 # a machine with two GPUs: every window sampled
         assert set(row["gpu_util"]) == {"gpu0", "gpu1"} and row["gpu_util"]["gpu1"]["samples"] >= 1
     assert "| GPU util mean / max, per card (together) |" in md and "| GPU util mean / max |" in md

@@ -10,7 +10,12 @@ from forge_bench.results import ModeResult, best
 
 
 def test_direct_variants():
-    assert parse_variants("sorted, depth,all,depth:7", 32) == ["sorted", "depth:32", "all", "depth:7"]
+    assert parse_variants("sorted, depth,all,depth:7", 32) == [
+        "sorted",
+        "depth:32",
+        "all",
+        "depth:7",
+    ]
     assert parse_variants("longest,longest:9", 32) == ["longest:32", "longest:9"]
     for bad in ("", "deep", "depth:0", "depth:x", "longest:0", "longest:"):
         with pytest.raises(UsageError):
@@ -19,10 +24,17 @@ def test_direct_variants():
 
 def test_ratios_take_the_best_complete_run_of_each_mode():
     def r(mode, variant, tps, done=10):
-        return ModeResult(mode=mode, variant=variant, requests=10, completed=done, input_tokens=tps, window_s=1.0)
+        return ModeResult(
+            mode=mode, variant=variant, requests=10, completed=done, input_tokens=tps, window_s=1.0
+        )
 
-    runs = [r("direct", "sorted", 900), r("direct", "depth:8", 1000), r("direct", "all", 5000, done=9),
-            r("forge", "grouped", 980), r("fifo", "fifo", 700)]
+    runs = [
+        r("direct", "sorted", 900),
+        r("direct", "depth:8", 1000),
+        r("direct", "all", 5000, done=9),
+        r("forge", "grouped", 980),
+        r("fifo", "fifo", 700),
+    ]
     out = ratios(runs)
     assert out["best"]["direct"] == "depth:8"          # the incomplete run does not count
     assert out["forge_over_direct"] == 0.98 and out["forge_over_fifo"] == 1.4

@@ -1,5 +1,5 @@
-"""`forge bench run --repeat N`: the modes alternate their order from one repeat to the next, so a machine that
-drifts over the invocation does not always favour the mode that runs first."""
+"""`forge bench run --repeat N`: the modes alternate their order from one repeat to the next, so a
+machine that drifts over the invocation does not always favour the mode that runs first."""
 from __future__ import annotations
 
 from pathlib import Path

@@ -44,7 +44,8 @@ def test_generation_is_deterministic_and_seeded(tmp_path):
     assert a == b
     other = generate(spec.model_copy(update={"seed": 5}), 5000)
     assert [r.prompt for r in other] != [r.prompt for r in a]
-    # a shorter run is a prefix of the longer one: --records N measures the first N requests of the file
+    # a shorter run is a prefix of the longer one: --records N measures the first N requests of the
+    # file
     assert generate(spec, 5000, records=40) == a[:40]
 
 

@@ -1,13 +1,15 @@
 """Micro-benchmark of the broker (not a test): python tests/broker/bench_core.py [N]
 
 Two engines, N requests from 64 prompt families (a shared prefix of 1-4 blocks, then a unique tail;
-prompts 20..380 tokens, 8..128 new tokens), built before timing. Every take is followed by on_done for
-its requests. Reported: requests/s in CPU time of this process, best of 3 (the machine is shared), for
+prompts 20..380 tokens, 8..128 new tokens), built before timing. Every take is followed by on_done
+for its requests. Reported: requests/s in CPU time of this process, best of 3 (the machine is
+shared), for
   add-all-then-drain  add N requests, then take until empty
   steady              keep ~4k pending: add while below, then one take per engine
   asyncio             Broker.put from 4 producer tasks, Broker.take from one task per engine
 with two geometries: the embedded tiny-llama contract (32 slots, 512-token budget, 32-token blocks,
-512 KV blocks) and a large-card one (256 slots, 8192-token budget, 64-token blocks, 20000 KV blocks)."""
+512 KV blocks) and a large-card one (256 slots, 8192-token budget, 64-token blocks, 20000 KV
+blocks)."""
 from __future__ import annotations
 
 import asyncio
@@ -18,8 +20,12 @@ import time
 from forge.broker import Broker, BrokerCore, BrokerRequest, EngineGeometry
 
 SHAPES = {
-    "tiny-llama": dict(max_batch_size=32, max_num_tokens=512, tokens_per_block=32, kv_blocks_total=512),
-    "large-card": dict(max_batch_size=256, max_num_tokens=8192, tokens_per_block=64, kv_blocks_total=20000),
+    "tiny-llama": dict(
+        max_batch_size=32, max_num_tokens=512, tokens_per_block=32, kv_blocks_total=512
+    ),
+    "large-card": dict(
+        max_batch_size=256, max_num_tokens=8192, tokens_per_block=64, kv_blocks_total=20000
+    ),
 }
 
 
@@ -30,12 +36,16 @@ def engines(shape: str):
 
 def workload(n: int, seed: int = 0) -> list[BrokerRequest]:
     rnd = random.Random(seed)
-    families = [tuple(rnd.randrange(3, 2048) for _ in range(32 * rnd.randint(1, 4))) for _ in range(64)]
+    families = [
+        tuple(rnd.randrange(3, 2048) for _ in range(32 * rnd.randint(1, 4))) for _ in range(64)
+    ]
     reqs = []
     for k in range(n):
         head = families[rnd.randrange(len(families))]
         total = rnd.randint(20, 380)
-        ids = (head + tuple(rnd.randrange(3, 2048) for _ in range(max(0, total - len(head)))))[:total]
+        ids = (head + tuple(rnd.randrange(3, 2048) for _ in range(max(0, total - len(head)))))[
+            :total
+        ]
         reqs.append(BrokerRequest(f"r{k}", {"tok": ids}, max_new_tokens=rnd.randint(8, 128)))
     return reqs
 
@@ -43,7 +53,9 @@ def workload(n: int, seed: int = 0) -> list[BrokerRequest]:
 def drain_round(core: BrokerCore) -> int:
     got = 0
     for g in core.engines:
-        batch = core.take(g.engine_id, free_slots=g.max_batch_size, free_kv_blocks=g.kv_blocks_total)
+        batch = core.take(
+            g.engine_id, free_slots=g.max_batch_size, free_kv_blocks=g.kv_blocks_total
+        )
         got += len(batch)
         for r in batch:
             core.on_done(g.engine_id, r)
@@ -112,7 +124,8 @@ def main() -> None:
                     out = max(out, fn(reqs, shape, grouping))
                 return out
             a, s, q = best(add_then_drain), best(steady), best(through_asyncio)
-            print(f"{shape:10} grouping={grouping!s:5}  add-all-then-drain {a:9,.0f}  steady {s:9,.0f}  "
+            print(f"{shape:10} grouping={grouping!s:5}  add-all-then-drain {a:9,.0f}  steady "
+                  f"{s:9,.0f}  "
                   f"asyncio {q:9,.0f}  req/s")
 
 

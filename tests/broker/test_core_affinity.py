@@ -1,6 +1,6 @@
-"""BrokerCore behaviour, example by example: grouping, shared-prefix accounting, affinity and spills across
-engines. Budgets, order, priority, requeue and refusals are in test_core_behaviour.py; property tests over random
-operation sequences in test_core_properties.py."""
+"""BrokerCore behaviour, example by example: grouping, shared-prefix accounting, affinity and spills
+across engines. Budgets, order, priority, requeue and refusals are in test_core_behaviour.py;
+property tests over random operation sequences in test_core_properties.py."""
 from __future__ import annotations
 
 import pytest
@@ -63,8 +63,9 @@ def test_pending_by_bucket_and_padding_stats():
 
 
 def test_same_prefix_sticks_to_one_engine_while_it_has_capacity():
-    """Work arrives over time; one engine cannot hold it all (12 a round, 8 slots each), but each can
-    absorb the families it owns: the families split between the engines and nothing ever spills."""
+    """Work arrives over time; one engine cannot hold it all (12 a round, 8 slots each), but each
+    can absorb the families it owns: the families split between the engines and nothing ever
+    spills."""
     core = BrokerCore([geom("a", slots=8), geom("b", slots=8)], grouping=True)
     where: dict[int, set] = {}
     family_of = {}
@@ -79,7 +80,7 @@ def test_same_prefix_sticks_to_one_engine_while_it_has_capacity():
                 core.on_done(eng, r)
     assert core.pending() == 0
     assert all(len(engs) == 1 for engs in where.values()), where
-    assert {e for engs in where.values() for e in engs} == {"a", "b"}     # and the families spread out
+    assert {e for engs in where.values() for e in engs} == {"a", "b"}  # and the families spread out
     s = core.stats()
     assert s.affinity_spills == 0 and s.affinity_hits > 0
     # later arrivals of a known prefix go back to the engine that has it hot
@@ -174,21 +175,27 @@ def test_grouping_never_pads_more_than_fifo_on_mixed_lengths(lengths, jitter):
 @settings(max_examples=60, deadline=None)
 @given(families=st.integers(2, 8), per_round=st.integers(1, 3), rounds=st.integers(2, 10),
        slots=st.integers(1, 24), budget=st.sampled_from([256, 4096]), long_every=st.integers(0, 3))
-def test_a_prefix_changes_engine_only_through_a_counted_spill(families, per_round, rounds, slots, budget,
-                                                             long_every):
-    """Work arrives in rounds and both engines take each round. A family's requests stay on one engine
-    unless that engine was past its bound (a spill, counted); when each engine can absorb every arrival
-    (slots and token budget), nothing spills at all. With long and short outputs mixed (`long_every`), a family
-    spans two output classes, i.e. two groups: they share one owner (grouped mode; forge/broker/pending.py)."""
-    core = BrokerCore([geom("a", slots=slots, budget=budget), geom("b", slots=slots, budget=budget)],
-                      grouping=True)
+def test_a_prefix_changes_engine_only_through_a_counted_spill(
+    families, per_round, rounds, slots, budget, long_every
+):
+    """Work arrives in rounds and both engines take each round. A family's requests stay on one
+    engine unless that engine was past its bound (a spill, counted); when each engine can absorb
+    every arrival (slots and token budget), nothing spills at all. With long and short outputs mixed
+    (`long_every`), a family spans two output classes, i.e. two groups: they share one owner
+    (grouped mode; forge/broker/pending.py)."""
+    core = BrokerCore(
+        [geom("a", slots=slots, budget=budget), geom("b", slots=slots, budget=budget)],
+        grouping=True,
+    )
     where: dict[int, set] = {}
     fam = {}
     n = 0
     for rnd in range(rounds):
         for f in range(families):
             for _ in range(per_round):
-                r = req(prefixed(f, 70, n), max_new=100 if long_every and n % long_every == 0 else 8)
+                r = req(
+                    prefixed(f, 70, n), max_new=100 if long_every and n % long_every == 0 else 8
+                )
                 n += 1
                 fam[r.request_id] = f
                 core.add(r)
@@ -200,20 +207,26 @@ def test_a_prefix_changes_engine_only_through_a_counted_spill(families, per_roun
     if any(len(e) > 1 for e in where.values()):
         assert spills > 0, where
     if slots >= families * per_round and budget >= 70 * families * per_round and not long_every:
-        # (with mixed lengths an idle engine may share a family whose owner holds longer work: a work-conserving
-        # spill, counted — before and after output classes became levels)
+        # (with mixed lengths an idle engine may share a family whose owner holds longer work: a
+        # work-conserving spill, counted — before and after output classes became levels)
         assert spills == 0 and all(len(e) == 1 for e in where.values()), where
 
 
 def test_a_prefix_new_to_an_engine_that_shares_only_computed_blocks_sends_its_leader_first():
-    """On an engine that reuses a block only after the step that computed it (transformers), a group's followers
-    wait for its leader while the engine holds its slots' worth, and go at once when slots would idle
-    (forge/broker/warming.py). An engine that shares within a step takes a group's requests together."""
+    """On an engine that reuses a block only after the step that computed it (transformers), a
+    group's followers wait for its leader while the engine holds its slots' worth, and go at once
+    when slots would idle (forge/broker/warming.py). An engine that shares within a step takes a
+    group's requests together."""
     from dataclasses import replace
 
     def core(shares: bool, slots: int):
-        c = BrokerCore([replace(geom("e0", slots=slots, budget=4096), shares_prefix_within_step=shares)])
-        fam = {1: [req(prefixed(1, 80, k)) for k in range(3)], 2: [req(prefixed(2, 80, 10 + k)) for k in range(3)]}
+        c = BrokerCore(
+            [replace(geom("e0", slots=slots, budget=4096), shares_prefix_within_step=shares)]
+        )
+        fam = {
+            1: [req(prefixed(1, 80, k)) for k in range(3)],
+            2: [req(prefixed(2, 80, 10 + k)) for k in range(3)],
+        }
         for r in fam[1] + fam[2]:
             c.add(r)
         return c, fam
@@ -224,13 +237,14 @@ def test_a_prefix_new_to_an_engine_that_shares_only_computed_blocks_sends_its_le
     c, fam = core(False, slots=2)
     leaders = c.take("e0", free_slots=2, free_kv_blocks=1000)
     assert family(leaders) == [1, 2]                                   # one of each prefix
-    assert c.take("e0", free_slots=2, free_kv_blocks=1000) == []       # followers wait: the engine is full
+    # followers wait: the engine is full
+    assert c.take("e0", free_slots=2, free_kv_blocks=1000) == []
     c.on_done("e0", next(r for r in leaders if family([r]) == [1]))
     followers = c.take("e0", free_slots=2, free_kv_blocks=1000)
-    assert family(followers) == [1, 1]                                 # prefix 1 is computed; 2 still warms
+    assert family(followers) == [1, 1]  # prefix 1 is computed; 2 still warms
     assert c.stats().shared_prefix_tokens == 2 * 64
 
-    c, _ = core(False, slots=8)                    # slots would idle: the followers go with nothing else to take
+    c, _ = core(False, slots=8)  # slots would idle: the followers go with nothing else to take
     assert family(c.take("e0", free_slots=8, free_kv_blocks=1000)) == [1, 2]
     assert family(c.take("e0", free_slots=8, free_kv_blocks=1000)) == [1, 1, 2, 2]
 

@@ -1,6 +1,6 @@
-"""BrokerCore behaviour, example by example: budgets, order, priority, requeue and refusals. Grouping, prefix
-accounting and affinity are in test_core_affinity.py; property tests over random operation sequences in
-test_core_properties.py."""
+"""BrokerCore behaviour, example by example: budgets, order, priority, requeue and refusals.
+Grouping, prefix accounting and affinity are in test_core_affinity.py; property tests over random
+operation sequences in test_core_properties.py."""
 from __future__ import annotations
 
 import pytest
@@ -16,9 +16,9 @@ def test_batch_respects_slots_kv_and_token_budget():
     rs = [req(range(30), max_new=10) for _ in range(10)]          # 30 prompt tokens, 3 blocks each
     for r in rs:
         core.add(r)
-    assert len(core.take("e0", free_slots=10, free_kv_blocks=100)) == 3       # budget: 3 x 30 <= 100
-    assert len(core.take("e0", free_slots=2, free_kv_blocks=100)) == 2        # slots
-    assert len(core.take("e0", free_slots=10, free_kv_blocks=7)) == 2         # KV: 2 x 3 blocks <= 7
+    assert len(core.take("e0", free_slots=10, free_kv_blocks=100)) == 3  # budget: 3 x 30 <= 100
+    assert len(core.take("e0", free_slots=2, free_kv_blocks=100)) == 2   # slots
+    assert len(core.take("e0", free_slots=10, free_kv_blocks=7)) == 2    # KV: 2 x 3 blocks <= 7
     assert core.take("e0", free_slots=0, free_kv_blocks=100) == []
     assert core.take("e0", free_slots=4, free_kv_blocks=2) == []
     assert blocks_needed(rs[0], core.engines[0]) == 3
@@ -49,13 +49,15 @@ def test_fifo_mode_keeps_arrival_order_and_stops_at_the_first_misfit():
     rs = [req(range(n)) for n in (10, 90, 5, 5)]
     for r in rs:
         core.add(r)
-    assert core.take("e0", free_slots=8, free_kv_blocks=4096) == rs[:2]    # 10 + 90 = 100: budget full
+    # 10 + 90 = 100: budget full
+    assert core.take("e0", free_slots=8, free_kv_blocks=4096) == rs[:2]
     assert core.take("e0", free_slots=8, free_kv_blocks=4096) == rs[2:]
 
 
 def test_grouped_mode_takes_the_longest_requested_output_first_in_a_bucket():
-    # one prefix group, one length bucket: the most new tokens first, arrival order among equals; a batch job's
-    # tail is then its short requests (forge/broker/pending.py: output classes are levels)
+    # one prefix group, one length bucket: the most new tokens first, arrival order among equals; a
+    # batch job's tail is then its short requests (forge/broker/pending.py: output classes are
+    # levels)
     core = BrokerCore([geom(budget=1000)], grouping=True)
     rs = [req(prefixed(0, 40, k), max_new=m) for k, m in enumerate((16, 128, 48, 128, 16, 96))]
     for r in rs:
@@ -71,9 +73,10 @@ def test_grouped_mode_takes_the_longest_requested_output_first_in_a_bucket():
 
 
 def test_longest_first_holds_across_prefix_groups_and_buckets_below_priority():
-    # the long outputs of every group go before any group's short ones (output class is a level under the
-    # priority: forge/broker/pending.py); a batch fills down the classes; priority still comes first
-    # (a batch keeps to one prompt-length bucket, the first class's: here all prompts are 40 tokens)
+    # the long outputs of every group go before any group's short ones (output class is a level
+    # under the priority: forge/broker/pending.py); a batch fills down the classes; priority still
+    # comes first (a batch keeps to one prompt-length bucket, the first class's: here all prompts
+    # are 40 tokens)
     core = BrokerCore([geom(budget=4000)], grouping=True)
     short = [req(prefixed(k, 40, k), max_new=16) for k in range(4)]              # 4 prefix groups
     long_ = [req(prefixed(k, 40, 10 + k), max_new=100) for k in range(4)]
@@ -83,16 +86,22 @@ def test_longest_first_holds_across_prefix_groups_and_buckets_below_priority():
     first = core.take("e0", free_slots=1, free_kv_blocks=4096)
     assert first == [urgent]                                        # priority before output length
     got = core.take("e0", free_slots=6, free_kv_blocks=4096)
-    assert sorted(r.max_new_tokens for r in got[:4]) == [100] * 4   # every group's long one, then short ones
+    # every group's long one, then short ones
+    assert sorted(r.max_new_tokens for r in got[:4]) == [100] * 4
     assert [r.max_new_tokens for r in got[4:]] == [16, 16]
 
 
 def test_an_engine_that_wants_no_output_classes_gets_prefix_groups_together_whatever_their_lengths():
-    # vLLM's steps mix prefill with decode unpadded (Engine.output_classes_first False): longest first across
-    # groups would scatter each group's requests in time, so a group's blocks are evicted between them
+    # vLLM's steps mix prefill with decode unpadded (Engine.output_classes_first False): longest
+    # first across groups would scatter each group's requests in time, so a group's blocks are
+    # evicted between them
     from dataclasses import replace
 
-    rs = [req(prefixed(k, 40, 10 * k + j), max_new=m) for k in range(4) for j, m in enumerate((100, 16))]
+    rs = [
+        req(prefixed(k, 40, 10 * k + j), max_new=m)
+        for k in range(4)
+        for j, m in enumerate((100, 16))
+    ]
     taken = {}
     for first in (True, False):
         core = BrokerCore([replace(geom(budget=4000), output_classes_first=first)], grouping=True)
@@ -101,22 +110,23 @@ def test_an_engine_that_wants_no_output_classes_gets_prefix_groups_together_what
         taken[first] = [r for b in drain(core, slots=2) for r in b]
     assert [r.max_new_tokens for r in taken[True]] == [100] * 4 + [16] * 4
     families = [r.prompts["t"][:64] for r in taken[False]]
-    assert all(families[i] == families[i + 1] for i in range(0, 8, 2))      # a group's two requests together
+    # a group's two requests together
+    assert all(families[i] == families[i + 1] for i in range(0, 8, 2))
     assert len(set(families)) == 4
 
 
 def test_one_engine_orders_by_fine_classes_several_by_the_power_of_two_alone():
-    # outputs 16-31 are one power of two: with one engine every length below 64 is its own class (the last taken are
-    # the shortest, so the tail is as short as the work allows), above it 32 classes to a power of two; with several,
-    # finer classes would pull engines across more prefix families, so the class stays the whole power and arrival
-    # order holds inside it
+    # outputs 16-31 are one power of two: with one engine every length below 64 is its own class
+    # (the last taken are the shortest, so the tail is as short as the work allows), above it 32
+    # classes to a power of two; with several, finer classes would pull engines across more prefix
+    # families, so the class stays the whole power and arrival order holds inside it
     lengths = (16, 31, 20, 27, 19, 24)
     one = BrokerCore([geom(budget=1000)], grouping=True)
     for k, m in enumerate(lengths):
         one.add(req(prefixed(0, 40, k), max_new=m))
     assert [r.max_new_tokens for b in drain(one, slots=2) for r in b] == [31, 27, 24, 20, 19, 16]
     wide = BrokerCore([geom(budget=1000, max_out=2048)], grouping=True)
-    for k, m in enumerate((1000, 1030, 1024, 1100)):                # 1024-1055 is one class of 32 in 1024-2047
+    for k, m in enumerate((1000, 1030, 1024, 1100)):  # 1024-1055 is one class of 32 in 1024-2047
         wide.add(req(prefixed(0, 40, k), max_new=m))
     assert [r.max_new_tokens for b in drain(wide, slots=1) for r in b] == [1100, 1030, 1024, 1000]
     two = BrokerCore([geom("a", budget=1000), geom("b", budget=1000)], grouping=True)
@@ -126,10 +136,11 @@ def test_one_engine_orders_by_fine_classes_several_by_the_power_of_two_alone():
 
 
 def test_one_engine_admits_no_shorter_request_ahead_of_a_longer_one_that_did_not_fit_the_take():
-    # KV for two long requests and one short one: a broker of one engine stops at the long class, which still has
-    # work, so its requests start (and end) together and the short one waits for the next take; with several
-    # engines the take fills down the classes as before. Measured on the CPU tier of the 8B fast tier's geometry:
-    # forge 134 -> 133 engine steps, transformers' own API 133 (docs/broker.md, "Output classes")
+    # KV for two long requests and one short one: a broker of one engine stops at the long class,
+    # which still has work, so its requests start (and end) together and the short one waits for the
+    # next take; with several engines the take fills down the classes as before. Measured on the CPU
+    # tier of the 8B fast tier's geometry: forge 134 -> 133 engine steps, transformers' own API 133
+    # (docs/broker.md, "Output classes")
     def batch(engines):
         core = BrokerCore(engines, grouping=True)
         for k in range(3):
@@ -146,20 +157,27 @@ def test_output_classes_never_put_a_shorter_request_above_a_longer_one(bits):
     from types import SimpleNamespace
     from forge.broker.pending import MAX_CLASS_BITS, REQUEUED, output_class
 
-    classes = [output_class(SimpleNamespace(priority=0, max_new_tokens=n), bits) for n in range(1, 5000)]
+    classes = [
+        output_class(SimpleNamespace(priority=0, max_new_tokens=n), bits) for n in range(1, 5000)
+    ]
     assert classes == sorted(classes) and max(classes) < REQUEUED
-    assert len(set(classes[15:31])) == min(1 << bits, 16)          # 16-31 split into 2**bits classes (16 at most)
-    assert len(set(classes[1023:2047])) == 1 << bits               # 1024-2047 likewise
-    whole = [output_class(SimpleNamespace(priority=0, max_new_tokens=n), 0) >> MAX_CLASS_BITS for n in range(1, 5000)]
-    assert whole == [n.bit_length() for n in range(1, 5000)]       # bits 0: the power of two, as before
+    # 16-31 split into 2**bits classes (16 at most)
+    assert len(set(classes[15:31])) == min(1 << bits, 16)
+    assert len(set(classes[1023:2047])) == 1 << bits  # 1024-2047 likewise
+    whole = [
+        output_class(SimpleNamespace(priority=0, max_new_tokens=n), 0) >> MAX_CLASS_BITS
+        for n in range(1, 5000)
+    ]
+    assert whole == [n.bit_length() for n in range(1, 5000)]  # bits 0: the power of two, as before
     with pytest.raises(ValueError, match="class_bits"):
         from forge.broker.pending import Pending
         Pending(1, 1, None, None, class_bits=MAX_CLASS_BITS + 1)
 
 
 def test_a_spill_moves_a_family_when_its_owner_holds_another_in_any_class():
-    # a owns families 0 and 1, each with long and short requests; past its bound, b spills: it takes a whole family
-    # over (every class: one owner), because a has another family — even if not in the class being spilled
+    # a owns families 0 and 1, each with long and short requests; past its bound, b spills: it takes
+    # a whole family over (every class: one owner), because a has another family — even if not in
+    # the class being spilled
     core = BrokerCore([geom("a", slots=4), geom("b", slots=4)], grouping=True)
     for f in (0, 1):
         seed = req(prefixed(f, 70, 900 + f))
@@ -172,16 +190,27 @@ def test_a_spill_moves_a_family_when_its_owner_holds_another_in_any_class():
             n += 1
     got = core.take("b", free_slots=2, free_kv_blocks=4096)
     assert [r.max_new_tokens for r in got] == [100, 100] and core.stats().affinity_spills == 2
-    groups = [g for part in core._pending.parts.values() for lvl in part.levels.values() for g in lvl.groups.values()]
-    fam0 = [g for g in groups if any(e.req.prompts["t"][0] == 1000 for q in g.buckets.values() for e in q)]
-    assert len(fam0) == 2 and {g.owner for g in fam0} == {1}          # family 0, both classes, now b's
-    assert core.loads()["a"]["pinned_pending_requests"] == 6          # family 1 stays a's
+    groups = [
+        g
+        for part in core._pending.parts.values()
+        for lvl in part.levels.values()
+        for g in lvl.groups.values()
+    ]
+    fam0 = [
+        g
+        for g in groups
+        if any(e.req.prompts["t"][0] == 1000 for q in g.buckets.values() for e in q)
+    ]
+    assert len(fam0) == 2 and {g.owner for g in fam0} == {1}  # family 0, both classes, now b's
+    assert core.loads()["a"]["pinned_pending_requests"] == 6  # family 1 stays a's
 
 
 def test_online_priorities_keep_arrival_order_across_output_lengths():
     # longest first is for a bulk job's makespan; online work (priority above 0) is latency work
     core = BrokerCore([geom()], grouping=True)
-    online = [req(prefixed(k, 40, k), max_new=m, priority=10) for k, m in enumerate((8, 120, 16, 120))]
+    online = [
+        req(prefixed(k, 40, k), max_new=m, priority=10) for k, m in enumerate((8, 120, 16, 120))
+    ]
     bulk = [req(prefixed(k, 40, 10 + k), max_new=m) for k, m in enumerate((8, 120))]
     for r in online + bulk:
         core.add(r)
@@ -215,7 +244,7 @@ def test_a_long_class_pinned_elsewhere_is_not_spilled_while_the_engine_has_its_o
     theirs = [req(prefixed(0, 40, 20 + k), max_new=120) for k in range(4)]
     for r in theirs + mine:
         core.add(r)
-    assert core.take("b", free_slots=4, free_kv_blocks=4096) == mine          # its own short ones, no spill
+    assert core.take("b", free_slots=4, free_kv_blocks=4096) == mine  # its own short ones, no spill
     assert core.stats().affinity_spills == 0
 
 
@@ -245,15 +274,17 @@ def test_requeue_is_accepted_when_full_and_a_duplicate_requeue_is_a_no_op():
         core.add(req(range(20)))
     taken = core.take("e0", free_slots=1, free_kv_blocks=4096)
     core.add(req(range(20)))
-    core.requeue(taken)                              # over max_pending: requeued work is never refused
+    core.requeue(taken)  # over max_pending: requeued work is never refused
     assert core.pending() == 3 and not core.has_room()
     core.requeue(taken)                              # already pending: nothing happens
     assert core.pending() == 3 and taken[0].attempt == 1
 
 
 def test_no_engine_fits_names_lengths_and_limits():
-    core = BrokerCore([geom("cpu0", max_in=100, max_out=16, tpb=16, kv=7), geom("cpu1", tok="u", max_in=500)],
-                      node="local")
+    core = BrokerCore(
+        [geom("cpu0", max_in=100, max_out=16, tpb=16, kv=7), geom("cpu1", tok="u", max_in=500)],
+        node="local",
+    )
     r = req(range(120), max_new=4)
     assert core.fitting_engines(r) == []
     with pytest.raises(NoEngineFits) as ei:
@@ -271,12 +302,16 @@ def test_no_engine_fits_names_lengths_and_limits():
 
 
 def test_no_engine_fits_says_what_is_wrong_first_and_internal_ids_last():
-    core = BrokerCore([geom("cpu0", max_in=100, max_out=16), geom("cpu1", max_in=100, max_out=16)], node="local")
+    core = BrokerCore(
+        [geom("cpu0", max_in=100, max_out=16), geom("cpu1", max_in=100, max_out=16)], node="local"
+    )
     r = req(range(120), max_new=4)
     with pytest.raises(NoEngineFits) as ei:
         core.add(r)
     msg = str(ei.value)
-    assert msg.startswith("prompt 120 tokens > max_input_len 100: it fits no engine on node local ("), msg
+    assert msg.startswith(
+        "prompt 120 tokens > max_input_len 100: it fits no engine on node local ("
+    ), msg
     assert msg.endswith(f"request {r.request_id}, prompt tokens per tokenizer t: 120)"), msg
 
 

@@ -1,10 +1,12 @@
-"""Property tests (hypothesis): random engines, random operation sequences, checked against a plain model.
+"""Property tests (hypothesis): random engines, random operation sequences, checked against a plain
+model.
 
-Invariants on every take: no batch exceeds the slots, KV blocks or token budget it was offered (a single
-prompt over the budget goes alone); requests only reach engines whose geometry fits them; a batch is one
-priority, the highest this engine may serve; FIFO mode hands out exactly the oldest (requeued first)
-requests. Over a run: every added request is taken exactly once per attempt, nothing is stuck once every
-engine is healthy and idle, and the broker's books (pending, in flight, work counters) match the model."""
+Invariants on every take: no batch exceeds the slots, KV blocks or token budget it was offered (a
+single prompt over the budget goes alone); requests only reach engines whose geometry fits them; a
+batch is one priority, the highest this engine may serve; FIFO mode hands out exactly the oldest
+(requeued first) requests. Over a run: every added request is taken exactly once per attempt,
+nothing is stuck once every engine is healthy and idle, and the broker's books (pending, in flight,
+work counters) match the model."""
 from __future__ import annotations
 
 from hypothesis import HealthCheck, settings
@@ -23,11 +25,18 @@ def geometries(draw):
     n = draw(st.integers(1, 3))
     out = []
     for k in range(n):
-        out.append(EngineGeometry(
-            engine_id=f"e{k}", tokenizer_key=draw(st.sampled_from(["a", "b"])),
-            max_batch_size=draw(st.integers(1, 6)), max_num_tokens=draw(st.integers(8, 96)),
-            max_input_len=draw(st.integers(8, 80)), max_output_len=draw(st.integers(4, 24)),
-            tokens_per_block=draw(st.sampled_from([2, 4, 8, 16])), kv_blocks_total=draw(st.integers(4, 60))))
+        out.append(
+            EngineGeometry(
+                engine_id=f"e{k}",
+                tokenizer_key=draw(st.sampled_from(["a", "b"])),
+                max_batch_size=draw(st.integers(1, 6)),
+                max_num_tokens=draw(st.integers(8, 96)),
+                max_input_len=draw(st.integers(8, 80)),
+                max_output_len=draw(st.integers(4, 24)),
+                tokens_per_block=draw(st.sampled_from([2, 4, 8, 16])),
+                kv_blocks_total=draw(st.integers(4, 60)),
+            )
+        )
     return out
 
 
@@ -37,7 +46,7 @@ def requests(draw):
     cut = draw(st.integers(0, len(stem)))
     tail = tuple(draw(st.lists(st.integers(1000, 1010), max_size=24)))
     a = stem[:cut] + tail
-    b = tuple(t + 1 for t in a[: draw(st.integers(0, len(a)))])        # another tokenizer, other length
+    b = tuple(t + 1 for t in a[: draw(st.integers(0, len(a)))])  # another tokenizer, other length
     return dict(prompts={"a": a, "b": b}, max_new_tokens=draw(st.integers(0, 16)),
                 priority=draw(st.integers(0, 2)))
 
@@ -48,9 +57,14 @@ class BrokerMachine(RuleBasedStateMachine):
     def setup(self, engines, grouping, max_pending, factor):
         self.engines = {g.engine_id: g for g in engines}
         self.grouping = grouping
-        self.core = BrokerCore(engines, grouping=grouping, max_pending=max_pending, affinity_load_factor=factor,
-                               max_group_visits=4)
-        self.order: list[BrokerRequest] = []          # pending, in FIFO order (requeued at the front)
+        self.core = BrokerCore(
+            engines,
+            grouping=grouping,
+            max_pending=max_pending,
+            affinity_load_factor=factor,
+            max_group_visits=4,
+        )
+        self.order: list[BrokerRequest] = []  # pending, in FIFO order (requeued at the front)
         self.flight: dict[str, tuple[BrokerRequest, str]] = {}
         self.takes: dict[str, int] = {}
         self.all: dict[str, BrokerRequest] = {}
@@ -88,7 +102,9 @@ class BrokerMachine(RuleBasedStateMachine):
         self.order.append(r)
         self.all[r.request_id] = r
 
-    @rule(engine=st.sampled_from(["e0", "e1", "e2"]), slots=st.integers(0, 7), kv=st.integers(0, 50))
+    @rule(
+        engine=st.sampled_from(["e0", "e1", "e2"]), slots=st.integers(0, 7), kv=st.integers(0, 50)
+    )
     def take(self, engine, slots, kv):
         if engine not in self.engines:
             return
@@ -113,7 +129,9 @@ class BrokerMachine(RuleBasedStateMachine):
         if not self.grouping or len(self.engines) == 1:
             assert prios == {top}, "a lower priority went first"
         if not self.grouping:
-            assert batch == [r for r in mine if r.priority == top][: len(batch)], "FIFO order broken"
+            assert batch == [r for r in mine if r.priority == top][: len(batch)], (
+                "FIFO order broken"
+            )
         for r in batch:
             self.order.remove(r)
             self.flight[r.request_id] = (r, engine)
@@ -129,7 +147,9 @@ class BrokerMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.flight)
     @rule(data=st.data())
     def requeue(self, data):
-        rids = data.draw(st.lists(st.sampled_from(sorted(self.flight)), min_size=1, max_size=3, unique=True))
+        rids = data.draw(
+            st.lists(st.sampled_from(sorted(self.flight)), min_size=1, max_size=3, unique=True)
+        )
         reqs = [self.flight.pop(rid)[0] for rid in rids]
         attempts = [r.attempt for r in reqs]
         self.core.requeue(reqs)
@@ -166,7 +186,10 @@ class BrokerMachine(RuleBasedStateMachine):
             held = [rid for rid, (_, e) in self.flight.items() if e == eid]
             assert bal.out_n[i] == len(held)
             assert bal.out_work[i] == sum(work[rid] for rid in held)
-            assert 0 <= bal.pinned_n[i] <= len(self.order) and 0 <= bal.pinned_work[i] <= bal.pending_work
+            assert (
+                0 <= bal.pinned_n[i] <= len(self.order)
+                and 0 <= bal.pinned_work[i] <= bal.pending_work
+            )
         assert sum(bal.pinned_n) <= len(self.order)
 
     def teardown(self):
@@ -183,7 +206,9 @@ class BrokerMachine(RuleBasedStateMachine):
         while core.pending():
             got = 0
             for eid, g in self.engines.items():
-                for r in core.take(eid, free_slots=g.max_batch_size, free_kv_blocks=g.kv_blocks_total):
+                for r in core.take(
+                    eid, free_slots=g.max_batch_size, free_kv_blocks=g.kv_blocks_total
+                ):
                     self.takes[r.request_id] = self.takes.get(r.request_id, 0) + 1
                     core.on_done(eid, r)
                     got += 1

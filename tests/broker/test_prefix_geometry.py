@@ -1,4 +1,5 @@
-"""Prefix hashes, bounded memories, buckets and fit checks (hypothesis where a property says it best)."""
+"""Prefix hashes, bounded memories, buckets and fit checks (hypothesis where a property says it
+best)."""
 from __future__ import annotations
 
 import pytest
@@ -11,7 +12,7 @@ from forge.prefix_blocks import BlockMirror, BoundedLRU, chain_hashes
 
 from .helpers import fits, geom, req
 
-tokens = st.lists(st.integers(0, 3), max_size=40).map(tuple)     # tiny alphabet: many shared prefixes
+tokens = st.lists(st.integers(0, 3), max_size=40).map(tuple)  # tiny alphabet: many shared prefixes
 
 
 @settings(max_examples=300, deadline=None)
@@ -20,8 +21,9 @@ def test_chain_hashes_agree_exactly_on_shared_full_blocks(a, b, tpb):
     ha, hb = chain_hashes(a, tpb), chain_hashes(b, tpb)
     assert len(ha) == len(a) // tpb
     shared_blocks = 0
-    while (shared_blocks + 1) * tpb <= min(len(a), len(b)) and \
-            a[shared_blocks * tpb:(shared_blocks + 1) * tpb] == b[shared_blocks * tpb:(shared_blocks + 1) * tpb]:
+    while (shared_blocks + 1) * tpb <= min(len(a), len(b)) and a[
+        shared_blocks * tpb : (shared_blocks + 1) * tpb
+    ] == b[shared_blocks * tpb : (shared_blocks + 1) * tpb]:
         shared_blocks += 1
     common = 0
     while common < min(len(ha), len(hb)) and ha[common] == hb[common]:
@@ -35,7 +37,9 @@ def test_same_tokens_in_other_block_sizes_do_not_share_keys():
     assert chain_hashes(t, 8)[0] != chain_hashes(t, 16)[0]
 
 
-@given(ops=st.lists(st.tuples(st.integers(0, 20), st.integers()), max_size=200), cap=st.integers(1, 8))
+@given(
+    ops=st.lists(st.tuples(st.integers(0, 20), st.integers()), max_size=200), cap=st.integers(1, 8)
+)
 def test_bounded_lru_never_exceeds_capacity_and_keeps_the_latest(ops, cap):
     lru = BoundedLRU(cap)
     for k, v in ops:
@@ -72,7 +76,11 @@ def test_grouping_view_is_the_common_tokenizer_and_its_largest_block():
 @given(n=st.integers(0, 600), new=st.integers(0, 200), tpb=st.sampled_from([8, 16, 64]),
        max_in=st.integers(1, 500), max_out=st.integers(1, 150), kv=st.integers(1, 60))
 def test_fit_mask_matches_the_plain_rule(n, new, tpb, max_in, max_out, kv):
-    engines = [geom("a", tpb=tpb, max_in=max_in, max_out=max_out, kv=kv), geom("b"), geom("c", tok="u")]
+    engines = [
+        geom("a", tpb=tpb, max_in=max_in, max_out=max_out, kv=kv),
+        geom("b"),
+        geom("c", tok="u"),
+    ]
     r = req(range(n), max_new=new)
     mask = FitTable(engines).mask(r)
     assert [bool(mask >> i & 1) for i in range(3)] == [fits(r, g) for g in engines]

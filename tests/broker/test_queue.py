@@ -108,7 +108,9 @@ def test_close_wakes_waiters_refuses_puts_and_drains_pending():
         await b.put(r)
         blocked_put = asyncio.create_task(b.put(req(range(10))))
         idle = Broker(BrokerCore([geom("e0")]))
-        blocked_take = asyncio.create_task(idle.take("e0", free_slots=1, free_kv_blocks=100, timeout_s=5))
+        blocked_take = asyncio.create_task(
+            idle.take("e0", free_slots=1, free_kv_blocks=100, timeout_s=5)
+        )
         await asyncio.sleep(0.02)
         b.close()
         idle.close()

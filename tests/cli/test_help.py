@@ -1,5 +1,5 @@
-"""Every command and every option of `forge` explains itself in --help (plugins' commands included, when
-loaded): a newcomer reads `forge X --help`, not the source."""
+"""Every command and every option of `forge` explains itself in --help (plugins' commands included,
+when loaded): a newcomer reads `forge X --help`, not the source."""
 import click
 
 from forge.cli import _register_all, cli

@@ -1,7 +1,7 @@
-"""A light command starts without the heavy libraries: `forge validate`, `forge --help` and `forge run --help`
-load none of the engine libraries, the web stack, plotting, Arrow or Ray (each costs seconds of start-up on a
-small machine; the commands that need one import it when they do). Checked in a fresh interpreter that runs
-the real CLI and then reads its own sys.modules."""
+"""A light command starts without the heavy libraries: `forge validate`, `forge --help` and `forge
+run --help` load none of the engine libraries, the web stack, plotting, Arrow or Ray (each costs
+seconds of start-up on a small machine; the commands that need one import it when they do). Checked
+in a fresh interpreter that runs the real CLI and then reads its own sys.modules."""
 from __future__ import annotations
 
 import json
@@ -28,15 +28,27 @@ print("CODE=" + json.dumps(code))
 
 
 def _loaded(args: list[str]) -> tuple[list[str], object, str]:
-    proc = subprocess.run([sys.executable, "-c", PROBE % (list(HEAVY),), json.dumps(args)], cwd=REPO,
-                          capture_output=True, text=True, timeout=120)
-    lines = dict(line.split("=", 1) for line in proc.stdout.splitlines() if line.startswith(("LOADED=", "CODE=")))
+    proc = subprocess.run(
+        [sys.executable, "-c", PROBE % (list(HEAVY),), json.dumps(args)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    lines = dict(
+        line.split("=", 1)
+        for line in proc.stdout.splitlines()
+        if line.startswith(("LOADED=", "CODE="))
+    )
     assert "LOADED" in lines, proc.stdout + proc.stderr
     return json.loads(lines["LOADED"]), json.loads(lines["CODE"]), proc.stdout + proc.stderr
 
 
-@pytest.mark.parametrize("args", [["validate", "node_descriptions/local.yaml"], ["--help"], ["run", "--help"]],
-                         ids=["validate", "help", "run-help"])
+@pytest.mark.parametrize(
+    "args",
+    [["validate", "node_descriptions/local.yaml"], ["--help"], ["run", "--help"]],
+    ids=["validate", "help", "run-help"],
+)
 def test_light_command_loads_no_heavy_library(args):
     loaded, code, out = _loaded(args)
     assert code in (0, None), out

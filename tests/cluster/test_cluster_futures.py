@@ -1,7 +1,8 @@
-"""Every request of a cluster job ends (issue 13, items 3 and 4): a prompt no tokenizer takes, a short answer from
-the tokenizing engine, a request that cannot be put on the wire, a reply the link cannot read, an engine that goes
-silent. The engine actor's body is the real EngineHost with the instant engine, behind the in-process handle of
-test_cluster_units (Ray's calling convention; faults are injected into that handle)."""
+"""Every request of a cluster job ends (issue 13, items 3 and 4): a prompt no tokenizer takes, a
+short answer from the tokenizing engine, a request that cannot be put on the wire, a reply the link
+cannot read, an engine that goes silent. The engine actor's body is the real EngineHost with the
+instant engine, behind the in-process handle of test_cluster_units (Ray's calling convention; faults
+are injected into that handle)."""
 from __future__ import annotations
 
 import asyncio
@@ -22,8 +23,8 @@ from tests.cluster.test_cluster_units import InProcessHandle, make_host
 
 
 class FaultyHandle(InProcessHandle):
-    """The in-process handle with one method's answer replaced by `faults[name](real answer or None)`, or a call
-    that never returns (`silent`, like a frozen actor process)."""
+    """The in-process handle with one method's answer replaced by `faults[name](real answer or
+    None)`, or a call that never returns (`silent`, like a frozen actor process)."""
 
     def __init__(self, target, **faults):
         super().__init__(target)
@@ -56,7 +57,9 @@ def test_a_prompt_no_tokenizer_takes_fails_alone():
     async def main():
         host = make_host()
         node = await _node(InProcessHandle(host), host)
-        calls = [node.generate(p, GenerateParams(max_tokens=3)) for p in ("one", "bad \udc80", "three")]
+        calls = [
+            node.generate(p, GenerateParams(max_tokens=3)) for p in ("one", "bad \udc80", "three")
+        ]
         got = await asyncio.wait_for(asyncio.gather(*calls, return_exceptions=True), 10)
         await node.stop()
         await host.stop()
@@ -70,7 +73,8 @@ def test_a_prompt_no_tokenizer_takes_fails_alone():
 def test_a_short_answer_from_the_tokenizing_engine_ends_every_call():
     async def main():
         host = make_host()
-        handle = FaultyHandle(host, encode=lambda ids: ids[:1])       # one token list for a batch of texts
+        # one token list for a batch of texts
+        handle = FaultyHandle(host, encode=lambda ids: ids[:1])
         node = await _node(handle, host)
         calls = [node.generate(f"prompt {i}", GenerateParams(max_tokens=3)) for i in range(5)]
         got = await asyncio.wait_for(asyncio.gather(*calls, return_exceptions=True), 10)
@@ -92,14 +96,24 @@ def test_a_request_that_cannot_be_put_on_the_wire_fails_alone(monkeypatch):
 
     monkeypatch.setattr(links, "to_wire", to_wire)
     got = asyncio.run(_link_job(InProcessHandle, n=20))
-    assert isinstance(got["r7"], RuntimeError) and "cannot be sent to engine i1/cpu0" in str(got["r7"])
-    assert all(isinstance(v, WireResult) and v.finish_reason == "length" for k, v in got.items() if k != "r7")
+    assert isinstance(got["r7"], RuntimeError) and "cannot be sent to engine i1/cpu0" in str(
+        got["r7"]
+    )
+    assert all(
+        isinstance(v, WireResult) and v.finish_reason == "length"
+        for k, v in got.items()
+        if k != "r7"
+    )
 
 
 def test_a_reply_the_link_cannot_read_is_a_loss_and_nothing_is_lost(monkeypatch):
     monkeypatch.setattr(actor, "REATTACH_INTERVAL_S", 0.05)
-    got = asyncio.run(_link_job(lambda host: FaultyHandle(host, collect=lambda reply: {"garbled": True}), n=50))
-    assert len(got) == 50 and all(isinstance(v, WireResult) and v.finish_reason == "length" for v in got.values())
+    got = asyncio.run(
+        _link_job(lambda host: FaultyHandle(host, collect=lambda reply: {"garbled": True}), n=50)
+    )
+    assert len(got) == 50 and all(
+        isinstance(v, WireResult) and v.finish_reason == "length" for v in got.values()
+    )
 
 
 def test_a_silent_engine_is_lost_within_the_stall_window_and_the_job_told(monkeypatch):
@@ -113,13 +127,15 @@ def test_a_silent_engine_is_lost_within_the_stall_window_and_the_job_told(monkey
         handle = FaultyHandle(host)
         node = await _node(handle, host, down_grace_s=0.3)
         await node.generate("warm", GenerateParams(max_tokens=2))
-        handle.silent = True                                       # SIGSTOP, as far as the driver can tell
+        handle.silent = True  # SIGSTOP, as far as the driver can tell
         t0 = time.monotonic()
-        with pytest.raises(NodeDown):       # no engine tokenized it, or the one it fits has been gone for 0.3 s
+        # no engine tokenized it, or the one it fits has been gone for 0.3 s
+        with pytest.raises(NodeDown):
             await asyncio.wait_for(node.generate("then nothing", GenerateParams(max_tokens=2)), 10)
         took = time.monotonic() - t0
         link = next(iter(node.links.values()))
-        while link.state == "up" and time.monotonic() - t0 < 2.0:      # its long poll ends within the window too
+        # its long poll ends within the window too
+        while link.state == "up" and time.monotonic() - t0 < 2.0:
             await asyncio.sleep(0.05)
         lost = link.state
         await node.stop()
@@ -131,7 +147,8 @@ def test_a_silent_engine_is_lost_within_the_stall_window_and_the_job_told(monkey
 
 
 async def _link_job(make_handle, n: int) -> dict:
-    """n requests through one EngineLink over the real host; returns rid -> result tuple or the exception."""
+    """n requests through one EngineLink over the real host; returns rid -> result tuple or the
+    exception."""
     host = make_host()
     info = await host.hello()
     handle = make_handle(host)

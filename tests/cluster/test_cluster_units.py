@@ -1,7 +1,7 @@
-"""forge.cluster without Ray: names and resources, the auth rules, the wire format, and the engine actor
-(EngineActor: the engine host with the real instant engine) driven by a job's EngineLink through the Ray
-transport over an in-process handle. The in-process handle stands in for Ray's actor handle only; loss is
-simulated by making its calls fail."""
+"""forge.cluster without Ray: names and resources, the auth rules, the wire format, and the engine
+actor (EngineActor: the engine host with the real instant engine) driven by a job's EngineLink
+through the Ray transport over an in-process handle. The in-process handle stands in for Ray's actor
+handle only; loss is simulated by making its calls fail."""
 from __future__ import annotations
 
 import asyncio
@@ -29,8 +29,15 @@ INSTANT_NODE = FIX / "instant" / "nodes" / "i1.yaml"
 # ----------------------------------------------------------------------------- names, resources
 def test_node_resources_name_cards_and_tiers():
     loaded = load_node(FIX / "nodes" / "b.yaml")
-    assert node_resources(loaded) == {"forge_node:b": 1.0, "forge_card:cpu": 1.0, "forge_tier:tiny-short": 1.0}
-    assert engine_resources(loaded.plans[0]) == {"forge_card:cpu": 1.0, "forge_tier:tiny-short": 1.0}
+    assert node_resources(loaded) == {
+        "forge_node:b": 1.0,
+        "forge_card:cpu": 1.0,
+        "forge_tier:tiny-short": 1.0,
+    }
+    assert engine_resources(loaded.plans[0]) == {
+        "forge_card:cpu": 1.0,
+        "forge_tier:tiny-short": 1.0,
+    }
     assert engine_actor_name("b", "cpu0") == "engine:b/cpu0"
     assert slug("NVIDIA GeForce RTX 5090") == "nvidia-geforce-rtx-5090"
 
@@ -89,20 +96,38 @@ def test_address_host():
 # ----------------------------------------------------------------------------- wire
 def test_wire_round_trip_keeps_identity_options_and_age():
     opts = RequestOptions(sampling=Sampling(temperature=0.5), deadline_s=3.0)
-    req = BrokerRequest(request_id="r1", prompts={"k": (1, 2, 3), "other": (9,)}, max_new_tokens=4, payload=opts,
-                        priority=2, attempt=1, enqueued_at=time.monotonic() - 2.0)
+    req = BrokerRequest(
+        request_id="r1",
+        prompts={"k": (1, 2, 3), "other": (9,)},
+        max_new_tokens=4,
+        payload=opts,
+        priority=2,
+        attempt=1,
+        enqueued_at=time.monotonic() - 2.0,
+    )
     item = to_wire(req, "k", time.monotonic())
     back = from_wire(item, "sess", "mine", time.monotonic())
     assert back.prompt == (1, 2, 3) and back.max_new_tokens == 4 and back.priority == 2
-    assert back.key == ("sess", "r1", 1) and (back.key.session, back.key.rid, back.key.attempt) == ("sess", "r1", 1)
+    assert back.key == ("sess", "r1", 1) and (back.key.session, back.key.rid, back.key.attempt) == (
+        "sess",
+        "r1",
+        1,
+    )
     assert back.options.sampling.temperature == 0.5 and back.options.deadline_s == 3.0
     assert 1.9 < time.monotonic() - back.enqueued_at < 3.0
-    assert to_wire(BrokerRequest(request_id="x", prompts={"k": (1,)}, max_new_tokens=1), "k", 0.0).options is None
+    assert (
+        to_wire(
+            BrokerRequest(request_id="x", prompts={"k": (1,)}, max_new_tokens=1), "k", 0.0
+        ).options
+        is None
+    )
 
 
-# ----------------------------------------------------------------------------- the engine actor's body, and a job's link to it
+# ----------------------------------------------------------------------------- the engine actor's
+# body, and a job's link to it
 class InProcessHandle:
-    """Ray's actor-handle calling convention (`handle.method.remote(...)` -> awaitable) over a local object."""
+    """Ray's actor-handle calling convention (`handle.method.remote(...)` -> awaitable) over a local
+    object."""
 
     def __init__(self, target):
         self._target = target
@@ -134,7 +159,10 @@ def test_host_runs_batches_and_drops_ended_sessions():
         assert info.engine_id == "i1/cpu0" and info.geometry.max_batch_size == 512
         key = host.tokenizer_key
         ids = (await host.encode(["hello there"]))[0]
-        reqs = [BrokerRequest(request_id=f"r{i}", prompts={key: tuple(ids)}, max_new_tokens=4) for i in range(20)]
+        reqs = [
+            BrokerRequest(request_id=f"r{i}", prompts={key: tuple(ids)}, max_new_tokens=4)
+            for i in range(20)
+        ]
         assert await host.submit("s1", [to_wire(r, key, time.monotonic()) for r in reqs]) == 20
         got = []
         while len(got) < 20:
@@ -165,12 +193,21 @@ def test_link_requeues_a_lost_engines_work_and_settles_each_request_once(monkeyp
             settled[req.request_id] = settled.get(req.request_id, 0) + 1
             done[req.request_id].set_result(res)
 
-        link = EngineLink(RayTransport("engine:i1/cpu0", handle), info, broker=broker, rid_prefix="j", settle=settle,
-                          fail=lambda req, msg: done[req.request_id].set_exception(RuntimeError(msg)))
+        link = EngineLink(
+            RayTransport("engine:i1/cpu0", handle),
+            info,
+            broker=broker,
+            rid_prefix="j",
+            settle=settle,
+            fail=lambda req, msg: done[req.request_id].set_exception(RuntimeError(msg)),
+        )
         link.start()
         key = host.tokenizer_key
         ids = tuple((await host.encode(["a prompt"]))[0])
-        reqs = [BrokerRequest(request_id=f"r{i}", prompts={key: ids}, max_new_tokens=8) for i in range(200)]
+        reqs = [
+            BrokerRequest(request_id=f"r{i}", prompts={key: ids}, max_new_tokens=8)
+            for i in range(200)
+        ]
         for r in reqs:
             done[r.request_id] = asyncio.get_running_loop().create_future()
             await broker.put(r)
@@ -181,14 +218,15 @@ def test_link_requeues_a_lost_engines_work_and_settles_each_request_once(monkeyp
         results = await asyncio.wait_for(asyncio.gather(*done.values()), 20)
         assert len(results) == 200 and all(n == 1 for n in settled.values()) and len(settled) == 200
         assert link.state == "up" and link.lost_requeued > 0
-        assert max(r.attempt for r in reqs) >= 1    # requeued work went out again under a new attempt
+        assert max(r.attempt for r in reqs) >= 1  # requeued work went out again under a new attempt
         await link.close()
         await host.stop()
 
     asyncio.run(main())
 
 
-# ----------------------------------------------------------------------------- the orphan guard (real processes)
+# ----------------------------------------------------------------------------- the orphan guard
+# (real processes)
 def _gone(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:
@@ -206,18 +244,23 @@ def _wait_gone(pid: int, timeout_s: float = 5.0) -> bool:
     return False
 
 
-GUARDED = "from forge.cluster import guard; import sys, time; guard.install({pid}, {host!r}); print('ready', flush=True); time.sleep(30)"
+GUARDED = ("from forge.cluster import guard; import sys, time; guard.install({pid}, {host!r}); "
+           "print('ready', flush=True); time.sleep(30)")
 
 
-@pytest.mark.skipif(not __import__("sys").platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux")
+@pytest.mark.skipif(not __import__("sys").platform.startswith("linux"), reason="PR_SET_PDEATHSIG "
+                                                                               "is Linux")
 def test_guard_ends_an_engine_process_whose_agent_is_gone():
     import socket
     import subprocess
     import sys
 
     agent = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
-    child = subprocess.Popen([sys.executable, "-c", GUARDED.format(pid=agent.pid, host=socket.gethostname())],
-                             stdout=subprocess.PIPE, text=True)
+    child = subprocess.Popen(
+        [sys.executable, "-c", GUARDED.format(pid=agent.pid, host=socket.gethostname())],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert child.stdout.readline().strip() == "ready"
         agent.kill()
@@ -231,17 +274,22 @@ def test_guard_ends_an_engine_process_whose_agent_is_gone():
                 p.kill()
 
 
-@pytest.mark.skipif(not __import__("sys").platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux")
+@pytest.mark.skipif(not __import__("sys").platform.startswith("linux"), reason="PR_SET_PDEATHSIG "
+                                                                               "is Linux")
 def test_guard_ends_an_engine_process_whose_raylet_is_gone():
     import subprocess
     import sys
 
-    spawn = ("import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', {code!r}]); "
-             "print(p.pid, flush=True); time.sleep(30)").format(code=GUARDED.format(pid=None, host=None))
+    spawn = (
+        "import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', "
+        "{code!r}]); "
+        "print(p.pid, flush=True); time.sleep(30)"
+    ).format(code=GUARDED.format(pid=None, host=None))
     parent = subprocess.Popen([sys.executable, "-c", spawn], stdout=subprocess.PIPE, text=True)
     try:
         pid = int(parent.stdout.readline())
-        assert parent.stdout.readline().strip() == "ready"       # the child's line, through the shared pipe
+        # the child's line, through the shared pipe
+        assert parent.stdout.readline().strip() == "ready"
         parent.kill()                                             # the "raylet" dies without a word
         parent.wait()
         assert _wait_gone(pid), "the guarded process outlived its parent"
@@ -250,13 +298,22 @@ def test_guard_ends_an_engine_process_whose_raylet_is_gone():
             parent.kill()
 
 
-# ----------------------------------------------------------------------------- job counters, and Ray stays optional
+# ----------------------------------------------------------------------------- job counters, and
+# Ray stays optional
 def test_job_counters_count_from_attach_and_across_restarts():
     from forge.link.counters import JobCounters
     from forge.stats import EngineStats
 
     def st(ok: int) -> EngineStats:
-        return EngineStats(node="n", card="cpu0", tier="t", token_budget=1, slots=1, kv_blocks_total=1, requests_ok=ok)
+        return EngineStats(
+            node="n",
+            card="cpu0",
+            tier="t",
+            token_budget=1,
+            slots=1,
+            kv_blocks_total=1,
+            requests_ok=ok,
+        )
 
     c = JobCounters()
     c.observe(st(100))                 # the engine already served 100 requests for earlier jobs
@@ -278,7 +335,9 @@ def test_the_single_machine_path_never_imports_ray():
             "try:\n    require_ray()\nexcept Exception as e:\n    print(type(e).__name__, e)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "ForgeError --cluster needs Ray 2.60.0: pip install 'forge-llm[ray]'"
+    assert (
+        out.stdout.strip() == "ForgeError --cluster needs Ray 2.60.0: pip install 'forge-llm[ray]'"
+    )
 
 
 def test_cluster_node_runs_requests_and_gives_up_on_engines_that_stay_gone(monkeypatch):
@@ -295,8 +354,12 @@ def test_cluster_node_runs_requests_and_gives_up_on_engines_that_stay_gone(monke
         handle = InProcessHandle(host)
         node = ClusterNode("test", down_grace_s=0.3)
         node.attach([("engine:i1/cpu0", handle, await host.hello())])
-        gens = await asyncio.gather(*(node.generate(f"prompt {i}", GenerateParams(max_tokens=3)) for i in range(50)))
-        assert all(g.card == "i1/cpu0" and g.output_tokens == 3 and g.input_tokens > 2 for g in gens)
+        gens = await asyncio.gather(
+            *(node.generate(f"prompt {i}", GenerateParams(max_tokens=3)) for i in range(50))
+        )
+        assert all(
+            g.card == "i1/cpu0" and g.output_tokens == 3 and g.input_tokens > 2 for g in gens
+        )
         assert node.engine_stats()[0].requests_ok == 50
         handle.broken = True                       # the only engine goes away and stays away
         with pytest.raises(NodeDown, match="gone for 0.3 s"):
@@ -308,14 +371,16 @@ def test_cluster_node_runs_requests_and_gives_up_on_engines_that_stay_gone(monke
 
 
 def test_a_card_with_replicas_is_refused_on_a_cluster_before_ray_is_touched(tmp_path):
-    """The agent runs one engine actor per card: `replicas: 2` is refused with the card's field, through the real
-    CLI, before the (unreachable) head is even tried."""
+    """The agent runs one engine actor per card: `replicas: 2` is refused with the card's field,
+    through the real CLI, before the (unreachable) head is even tried."""
     from tests.forge_cli import invoke
 
     node = Path(__file__).parents[1] / "node" / "fixtures" / "replicas-tiny.yaml"
     r = invoke("provision", node, "--cluster", "127.0.0.1:1")
     assert r.returncode == 1, r.stderr
     (line,) = [x for x in r.stderr.splitlines() if x.strip()]
-    assert line.endswith("replicas-tiny.yaml::$.cards[0].replicas: replicas: 2 runs on a node on this machine only; "
-                         "with --cluster each card runs one engine actor (set replicas: 1, or provision without "
+    assert line.endswith("replicas-tiny.yaml::$.cards[0].replicas: replicas: 2 runs on a node on "
+                         "this machine only; "
+                         "with --cluster each card runs one engine actor (set replicas: 1, or "
+                         "provision without "
                          "--cluster)"), line

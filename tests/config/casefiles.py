@@ -2,8 +2,8 @@
 
     [warning ]FILE::$.json.path[: part of the message]
 
-and the problems of a case must be exactly those the lines describe (every line matched, every problem
-matched by a line). A valid case without expected.txt must produce no problem at all."""
+and the problems of a case must be exactly those the lines describe (every line matched, every
+problem matched by a line). A valid case without expected.txt must produce no problem at all."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -23,7 +23,11 @@ class Expected:
     line: str
 
     def matches(self, p: Problem) -> bool:
-        return (p.severity, p.file, p.path) == (self.severity, self.file, self.path) and self.fragment in p.message
+        return (p.severity, p.file, p.path) == (
+            self.severity,
+            self.file,
+            self.path,
+        ) and self.fragment in p.message
 
 
 def case_dirs(kind: str) -> list[Path]:
@@ -51,6 +55,14 @@ def read_expected(case: Path) -> list[Expected]:
 
 def mismatches(expected: list[Expected], problems: list[Problem]) -> list[str]:
     """Human-readable differences; empty when the problems are exactly what the case expects."""
-    out = [f"expected, not produced: {e.line}" for e in expected if not any(e.matches(p) for p in problems)]
-    out += [f"produced, not expected: {p.render()}" for p in problems if not any(e.matches(p) for e in expected)]
+    out = [
+        f"expected, not produced: {e.line}"
+        for e in expected
+        if not any(e.matches(p) for p in problems)
+    ]
+    out += [
+        f"produced, not expected: {p.render()}"
+        for p in problems
+        if not any(e.matches(p) for e in expected)
+    ]
     return out

@@ -18,7 +18,9 @@ def test_valid_case(case, monkeypatch):
 @pytest.mark.parametrize("case", case_dirs("invalid"), ids=lambda d: d.name)
 def test_invalid_case(case, monkeypatch):
     expected = read_expected(case)
-    assert any(e.severity == "error" for e in expected), f"{case.name}: expected.txt must name at least one error"
+    assert any(e.severity == "error" for e in expected), (
+        f"{case.name}: expected.txt must name at least one error"
+    )
     monkeypatch.chdir(case)
     loaded = load_paths(["."])
     assert not loaded.ok

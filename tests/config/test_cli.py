@@ -1,6 +1,6 @@
-"""`forge validate`, `forge schema`, `forge provision --dry-run`: their refusals, plans and exit codes, in this
-process (tests/forge_cli.py::invoke runs `forge.cli.main` as the `forge` command does); the first test runs the
-command as a user does, in a process of its own."""
+"""`forge validate`, `forge schema`, `forge provision --dry-run`: their refusals, plans and exit
+codes, in this process (tests/forge_cli.py::invoke runs `forge.cli.main` as the `forge` command
+does); the first test runs the command as a user does, in a process of its own."""
 from __future__ import annotations
 
 import json
@@ -53,8 +53,15 @@ def test_warnings_print_but_pass_unless_strict():
     assert strict.returncode == 1 and "warning:" not in strict.stdout
 
 
-@pytest.mark.parametrize("args", [("validate",), ("validate", "no/such/path.yaml"), ("validate", "--bogus", "."),
-                                  ("schema", "--out", "x", "--check", "docs/schemas")])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("validate",),
+        ("validate", "no/such/path.yaml"),
+        ("validate", "--bogus", "."),
+        ("schema", "--out", "x", "--check", "docs/schemas"),
+    ],
+)
 def test_usage_errors_exit_2(args, tmp_path):
     assert forge(*args, cwd=tmp_path if args[0] == "validate" else REPO).returncode == 2
 
@@ -63,37 +70,71 @@ def test_hostile_file_is_one_line(tmp_path):
     (tmp_path / "bomb.yaml").write_text("a: &a [x]\n" + "".join(f"b{i}: *a\n" for i in range(100)))
     proc = forge("validate", "bomb.yaml", cwd=tmp_path)
     assert proc.returncode == 1
-    assert proc.stdout.splitlines() == ["bomb.yaml::$: more than 64 YAML aliases (line 66, column 6)"]
+    assert proc.stdout.splitlines() == ["bomb.yaml::$: more than 64 YAML aliases (line 66, column "
+                                        "6)"]
 
 
 def test_provision_dry_run_prints_the_plan_per_card():
     proc = forge("provision", "node_descriptions/fabric-a.yaml", "--dry-run")
     assert proc.returncode == 0, proc.stderr
-    for text in ("gpu0", "gpu1", "llama7b-fp8-1k-half", "trtllm", "7.20 GiB", "21.08 GiB", "10,792 x 32", "299",
-                 "3,829 x 32", "106", "8,192", "4,096", "full-length slots", "token budget"):
+    for text in (
+        "gpu0",
+        "gpu1",
+        "llama7b-fp8-1k-half",
+        "trtllm",
+        "7.20 GiB",
+        "21.08 GiB",
+        "10,792 x 32",
+        "299",
+        "3,829 x 32",
+        "106",
+        "8,192",
+        "4,096",
+        "full-length slots",
+        "token budget",
+    ):
         assert text in proc.stdout, text
 
 
-@pytest.mark.parametrize("node, backend, expected", [
-    ("local-vllm", "vllm", {"max_num_batched_tokens": 512, "max_num_seqs": 32, "max_model_len": 512, "block_size": 32,
-                            "num_gpu_blocks_override": 512, "kv_cache_memory_bytes": 512 * 32 * 4096,
-                            "enable_prefix_caching": True, "generation_config": "vllm", "enforce_eager": True}),
-    ("local", "transformers", {"dtype": "float32", "attn_implementation": "sdpa"}),
-])
+@pytest.mark.parametrize(
+    "node, backend, expected",
+    [
+        (
+            "local-vllm",
+            "vllm",
+            {
+                "max_num_batched_tokens": 512,
+                "max_num_seqs": 32,
+                "max_model_len": 512,
+                "block_size": 32,
+                "num_gpu_blocks_override": 512,
+                "kv_cache_memory_bytes": 512 * 32 * 4096,
+                "enable_prefix_caching": True,
+                "generation_config": "vllm",
+                "enforce_eager": True,
+            },
+        ),
+        ("local", "transformers", {"dtype": "float32", "attn_implementation": "sdpa"}),
+    ],
+)
 def test_provision_dry_run_prints_each_cards_engine_arguments(node, backend, expected):
-    """The exact arguments forge hands the card's engine: with --wide one JSON object per card (and vLLM's
-    environment); at 80 columns one `name: value` line per argument."""
+    """The exact arguments forge hands the card's engine: with --wide one JSON object per card (and
+    vLLM's environment); at 80 columns one `name: value` line per argument."""
     import json
 
     proc = forge("provision", node, "--dry-run", "--wide")
     assert proc.returncode == 0, proc.stderr
-    prefix = f"card cpu0 (tiny-llama-{'vllm' if backend == 'vllm' else 'cpu'}, backend {backend}) engine arguments: "
+    prefix = (f"card cpu0 (tiny-llama-{'vllm' if backend == 'vllm' else 'cpu'}, backend {backend}) "
+              "engine arguments: ")
     (line,) = [ln for ln in proc.stdout.splitlines() if ln.startswith(prefix)]
     args = json.loads(line[len(prefix):])
     assert {k: args[k] for k in expected} == expected
     if backend == "vllm":
-        (env,) = [ln for ln in proc.stdout.splitlines() if ln.startswith("card cpu0 (tiny-llama-vllm, backend vllm) "
-                                                                        "environment")]
+        (env,) = [
+            ln
+            for ln in proc.stdout.splitlines()
+            if ln.startswith("card cpu0 (tiny-llama-vllm, backend vllm) environment")
+        ]
         assert json.loads(env.split("): ", 1)[1])["VLLM_CPU_KVCACHE_SPACE"] is None
     else:
         assert args["continuous_batching_config"]["num_blocks"] == 512
@@ -114,8 +155,9 @@ def test_provision_dry_run_shows_replicas_and_their_engines():
 
 
 def test_provision_dry_run_shows_each_engines_working_memory_and_counts_it_on_the_card():
-    """transformers builds an attention mask of max_num_tokens x (pool + max_num_tokens) elements beside weights and
-    pool (here 8,192 x (294,912 + 8,192) x 4 bytes = 9.25 GiB): the plan shows it and the card's memory counts it."""
+    """transformers builds an attention mask of max_num_tokens x (pool + max_num_tokens) elements
+    beside weights and pool (here 8,192 x (294,912 + 8,192) x 4 bytes = 9.25 GiB): the plan shows it
+    and the card's memory counts it."""
     proc = forge("provision", "docs/bench/cpu-proxy/node-cpu-llama-micro-g1p5b.yaml", "--dry-run",
                  env={"COLUMNS": "250"})
     assert proc.returncode == 0, proc.stderr
@@ -127,7 +169,9 @@ def test_provision_dry_run_shows_each_engines_working_memory_and_counts_it_on_th
 def test_provision_refuses_an_invalid_node(tmp_path):
     import yaml
 
-    (tmp_path / "t1k.yaml").write_text(yaml.safe_dump(trt_contract(**{"limits.max_num_tokens": None})))
+    (tmp_path / "t1k.yaml").write_text(
+        yaml.safe_dump(trt_contract(**{"limits.max_num_tokens": None}))
+    )
     (tmp_path / "node.yaml").write_text(yaml.safe_dump(node()))
     proc = forge("provision", "node.yaml", "--dry-run", cwd=tmp_path)
     assert proc.returncode == 1

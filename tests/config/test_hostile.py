@@ -36,7 +36,8 @@ HOSTILE = {
     "non-utf8": ("node: café\n".encode("latin-1"), "not UTF-8 text"),
     "deep-flow": ("[" * 10_000 + "]" * 10_000 + "\n", "nested deeper than 32 levels"),
     "deep-map": ("{a: " * 10_000 + "1" + "}" * 10_000 + "\n", "nested deeper than 32 levels"),
-    "python-tag": ("node: !!python/object/apply:os.system [ls]\n", "could not determine a constructor"),
+    "python-tag": ("node: !!python/object/apply:os.system [ls]\n", "could not determine a "
+                                                                   "constructor"),
     "two-documents": ("node: a\n---\nnode: b\n", "expected a single document"),
 }
 
@@ -79,7 +80,10 @@ def test_symlinked_files_pointing_at_each_other(tmp_path, monkeypatch):
     os.symlink("a.yaml", tmp_path / "b.yaml")
     monkeypatch.chdir(tmp_path)
     loaded = load_paths(["."])
-    assert sorted(p.render() for p in loaded.errors) == ["a.yaml::$: symlink loop", "b.yaml::$: symlink loop"]
+    assert sorted(p.render() for p in loaded.errors) == [
+        "a.yaml::$: symlink loop",
+        "b.yaml::$: symlink loop",
+    ]
 
 
 def test_a_fifo_is_refused_without_blocking(tmp_path, monkeypatch):
@@ -102,20 +106,29 @@ def test_timestamps_stay_strings(write, tmp_path, monkeypatch):
     assert load_yaml("when: 2024-01-02\n") == {"when": "2024-01-02"}
 
 
-def test_a_bounded_alias_bomb_in_a_closed_field_is_described_not_quoted(write, tmp_path, monkeypatch):
-    """65,536 values once expanded (under the loader's bound): refused with a short line, in bounded CPU. It was
-    quoted whole in the message (and compared by difflib with every choice), which the --long fuzz run timed."""
+def test_a_bounded_alias_bomb_in_a_closed_field_is_described_not_quoted(
+    write, tmp_path, monkeypatch
+):
+    """65,536 values once expanded (under the loader's bound): refused with a short line, in bounded
+    CPU. It was quoted whole in the message (and compared by difflib with every choice), which the
+    --long fuzz run timed."""
     import yaml
 
     bomb = "&a0 [lol, lol, lol, lol]"
-    for i in range(1, 8):                  # each level defined inline, then aliased: 4**8 values once expanded
+    for i in range(1, 8):  # each level defined inline, then aliased: 4**8 values once expanded
         bomb = f"&a{i} [{bomb}, *a{i - 1}, *a{i - 1}, *a{i - 1}]"
     contract = trt_contract(**{"precision.weights": "PLACEHOLDER"})
-    write("c.yaml", yaml.safe_dump(contract, width=10**6).replace("weights: PLACEHOLDER", f"weights: {bomb}"))
+    write(
+        "c.yaml",
+        yaml.safe_dump(contract, width=10**6).replace("weights: PLACEHOLDER", f"weights: {bomb}"),
+    )
     monkeypatch.chdir(tmp_path)
     c0 = time.process_time()
     loaded = load_paths(["c.yaml"])
     assert time.process_time() - c0 < 2.0
     mine = [p for p in loaded.problems if p.path == "$.precision.weights"]
     assert mine and all(len(p.render()) < 200 for p in mine), [p.render()[:300] for p in mine]
-    assert any("unknown value: got a list (expected one of: fp32, bf16, fp16, fp8, int4)" in p.message for p in mine)
+    assert any(
+        "unknown value: got a list (expected one of: fp32, bf16, fp16, fp8, int4)" in p.message
+        for p in mine
+    )

@@ -9,8 +9,16 @@ from forge.config.plan import plan_card, plan_node
 from forge.config.units import GIB
 from tests.config.conftest import trt_contract
 
-GPU32 = Card.model_validate({"index": 0, "kind": "gpu", "model": "NVIDIA GeForce RTX 5090", "memory_gib": 32,
-                             "compute_capability": "12.0", "engine": "t1k"})
+GPU32 = Card.model_validate(
+    {
+        "index": 0,
+        "kind": "gpu",
+        "model": "NVIDIA GeForce RTX 5090",
+        "memory_gib": 32,
+        "compute_capability": "12.0",
+        "engine": "t1k",
+    }
+)
 
 
 def test_bytes_per_token_is_k_and_v_for_every_layer():
@@ -34,15 +42,30 @@ def test_pool_from_max_tokens_is_whole_blocks():
 
 
 def test_pool_from_fraction_applies_to_memory_after_weights():
-    tokens = kvmath.pool_tokens(card_memory_bytes=32 * GIB, weights_bytes=kvmath.gib(7.2), bytes_per_token=65536,
-                                tokens_per_block=32, free_gpu_memory_fraction=0.85, max_tokens=None)
+    tokens = kvmath.pool_tokens(
+        card_memory_bytes=32 * GIB,
+        weights_bytes=kvmath.gib(7.2),
+        bytes_per_token=65536,
+        tokens_per_block=32,
+        free_gpu_memory_fraction=0.85,
+        max_tokens=None,
+    )
     expected = int((32 * GIB - kvmath.gib(7.2)) * 0.85) // 65536 // 32 * 32
     assert tokens == expected == 345344
 
 
 def test_weights_larger_than_the_card_leave_no_pool():
-    assert kvmath.pool_tokens(card_memory_bytes=6 * GIB, weights_bytes=kvmath.gib(7.2), bytes_per_token=65536,
-                              tokens_per_block=32, free_gpu_memory_fraction=0.9, max_tokens=None) == 0
+    assert (
+        kvmath.pool_tokens(
+            card_memory_bytes=6 * GIB,
+            weights_bytes=kvmath.gib(7.2),
+            bytes_per_token=65536,
+            tokens_per_block=32,
+            free_gpu_memory_fraction=0.9,
+            max_tokens=None,
+        )
+        == 0
+    )
 
 
 def test_plan_of_the_standard_tier_on_a_32gb_card():
@@ -67,21 +90,36 @@ def test_plan_node_needs_every_contract():
     from tests.config.conftest import node
 
     n = NodeDescription.model_validate(node())
-    assert [p.card_id for p in plan_node(n, {"t1k": Contract.model_validate(trt_contract())})] == ["gpu0"]
+    assert [p.card_id for p in plan_node(n, {"t1k": Contract.model_validate(trt_contract())})] == [
+        "gpu0"
+    ]
     with pytest.raises(ForgeError, match="no contract named t1k"):
         plan_node(n, {})
 
 
 @settings(max_examples=200, deadline=None)
-@given(layers=st.integers(1, 128), kv_heads=st.integers(1, 64), head_dim=st.sampled_from([32, 64, 128, 256]),
-       kv=st.sampled_from(sorted(kvmath.KV_DTYPE_BYTES)), tpb=st.sampled_from([8, 16, 32, 64, 128, 256]),
-       card_gib=st.integers(1, 192), weights_gib=st.floats(0, 200), fraction=st.floats(0.01, 1.0),
-       seq=st.integers(1, 65536))
+@given(
+    layers=st.integers(1, 128),
+    kv_heads=st.integers(1, 64),
+    head_dim=st.sampled_from([32, 64, 128, 256]),
+    kv=st.sampled_from(sorted(kvmath.KV_DTYPE_BYTES)),
+    tpb=st.sampled_from([8, 16, 32, 64, 128, 256]),
+    card_gib=st.integers(1, 192),
+    weights_gib=st.floats(0, 200),
+    fraction=st.floats(0.01, 1.0),
+    seq=st.integers(1, 65536),
+)
 def test_plan_invariants(layers, kv_heads, head_dim, kv, tpb, card_gib, weights_gib, fraction, seq):
     bpt = kvmath.kv_bytes_per_token(layers, kv_heads, head_dim, kv)
     weights = kvmath.gib(weights_gib)
-    tokens = kvmath.pool_tokens(card_memory_bytes=card_gib * GIB, weights_bytes=weights, bytes_per_token=bpt,
-                                tokens_per_block=tpb, free_gpu_memory_fraction=fraction, max_tokens=None)
+    tokens = kvmath.pool_tokens(
+        card_memory_bytes=card_gib * GIB,
+        weights_bytes=weights,
+        bytes_per_token=bpt,
+        tokens_per_block=tpb,
+        free_gpu_memory_fraction=fraction,
+        max_tokens=None,
+    )
     assert tokens >= 0 and tokens % tpb == 0
     if weights <= card_gib * GIB:                 # a fraction never sizes the pool past the card
         assert weights + tokens * bpt <= card_gib * GIB
@@ -92,13 +130,22 @@ def test_plan_invariants(layers, kv_heads, head_dim, kv, tpb, card_gib, weights_
 
 
 def test_replicas_share_the_memory_left_after_every_copy_of_the_weights():
-    kw = dict(card_memory_bytes=32 * GIB, weights_bytes=kvmath.gib(7.2), bytes_per_token=65536, tokens_per_block=32,
-              free_gpu_memory_fraction=0.85, max_tokens=None)
+    kw = dict(
+        card_memory_bytes=32 * GIB,
+        weights_bytes=kvmath.gib(7.2),
+        bytes_per_token=65536,
+        tokens_per_block=32,
+        free_gpu_memory_fraction=0.85,
+        max_tokens=None,
+    )
     one, two = kvmath.pool_tokens(**kw), kvmath.pool_tokens(replicas=2, **kw)
     assert two == int((32 * GIB - 2 * kvmath.gib(7.2)) // 2 * 0.85) // 65536 // 32 * 32 == 122528
-    assert two < one // 2                                    # the second copy of the weights is paid for
-    assert kvmath.pool_tokens(replicas=5, **kw) == 0         # 5 x 7.2 GiB of weights leave nothing
-    assert kvmath.pool_tokens(**dict(kw, free_gpu_memory_fraction=None, max_tokens=4096), replicas=3) == 4096
+    assert two < one // 2                             # the second copy of the weights is paid for
+    assert kvmath.pool_tokens(replicas=5, **kw) == 0  # 5 x 7.2 GiB of weights leave nothing
+    assert (
+        kvmath.pool_tokens(**dict(kw, free_gpu_memory_fraction=None, max_tokens=4096), replicas=3)
+        == 4096
+    )
 
 
 def test_plan_of_a_card_with_replicas_and_its_engines():
@@ -110,10 +157,18 @@ def test_plan_of_a_card_with_replicas_and_its_engines():
     assert p.card_bytes == 2 * (p.weights_bytes + p.kv_pool_bytes) and p.fits_memory
     assert p.engine_id == "gpu0" and "replicas: 2" in one_engine(p)
     reps = replica_plans(p)
-    assert [r.engine_id for r in reps] == ["gpu0.r0", "gpu0.r1"] and [r.replica for r in reps] == [0, 1]
-    assert all(r.num_blocks == p.num_blocks and r.card_id == "gpu0" and one_engine(r) is None for r in reps)
+    assert [r.engine_id for r in reps] == ["gpu0.r0", "gpu0.r1"] and [r.replica for r in reps] == [
+        0,
+        1,
+    ]
+    assert all(
+        r.num_blocks == p.num_blocks and r.card_id == "gpu0" and one_engine(r) is None for r in reps
+    )
     single = plan_card(GPU32, Contract.model_validate(trt_contract()))
     assert [r.engine_id for r in engine_plans([single, p])] == ["gpu0", "gpu0.r0", "gpu0.r1"]
     assert one_engine(single) is None
-    five = plan_card(GPU32.model_copy(update={"replicas": 5}), Contract.model_validate(trt_contract()))
-    assert five.num_blocks == 0 and not five.fits_memory            # 5 x 7.2 GiB leave no KV: validation refuses
+    five = plan_card(
+        GPU32.model_copy(update={"replicas": 5}), Contract.model_validate(trt_contract())
+    )
+    # 5 x 7.2 GiB leave no KV: validation refuses
+    assert five.num_blocks == 0 and not five.fits_memory

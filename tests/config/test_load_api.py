@@ -18,7 +18,10 @@ def test_load_node_returns_node_contracts_plans_and_warnings(write, tmp_path):
     loaded = load_node(path)
     assert isinstance(loaded, LoadedDescription)
     assert loaded.node.node == "n" and loaded.node.source == path
-    assert list(loaded.contracts) == ["t1k"] and loaded.contracts["t1k"].source == tmp_path / "t1k.yaml"
+    assert (
+        list(loaded.contracts) == ["t1k"]
+        and loaded.contracts["t1k"].source == tmp_path / "t1k.yaml"
+    )
     assert [p.full_length_slots for p in loaded.plans] == [106]
     (w,) = loaded.warnings
     assert w.severity == "warning" and w.path == "$.cards[0].engine"
@@ -42,20 +45,29 @@ def test_load_node_reports_every_problem_of_the_file(write):
     path = write("node.yaml", node(**{"host.cpu_cores": 0, "metrics.port": "x", "cards": []}))
     with pytest.raises(ConfigError) as e:
         load_node(path)
-    assert sorted(p.path for p in e.value.problems) == ["$.cards", "$.host.cpu_cores", "$.metrics.port"]
+    assert sorted(p.path for p in e.value.problems) == [
+        "$.cards",
+        "$.host.cpu_cores",
+        "$.metrics.port",
+    ]
 
 
 def test_model_rules_land_on_their_section(write, tmp_path, monkeypatch):
     write("c.yaml", trt_contract(**{"kv_cache.max_tokens": 4096}))
     monkeypatch.chdir(tmp_path)
     (p,) = load_paths(["c.yaml"]).problems
-    assert p.render() == "c.yaml::$.kv_cache: exactly one of free_gpu_memory_fraction | max_tokens must be given"
+    assert (
+        p.render()
+        == "c.yaml::$.kv_cache: exactly one of free_gpu_memory_fraction | max_tokens must be given"
+    )
 
 
 def test_contract_paths_resolve_against_the_contract_file(write, tmp_path):
     write("tiers/c.yaml", trt_contract(**{"artifact.engine_dir": "../../engines/x"}))
-    loaded = load_paths([tmp_path / "tiers"])       # the registered backends: trtllm reads the engine directory
-    assert [p.message for p in loaded.errors] == [f"engine directory {tmp_path.parent / 'engines/x'} does not exist"]
+    # the registered backends: trtllm reads the engine directory
+    loaded = load_paths([tmp_path / "tiers"])
+    assert [p.message for p in loaded.errors] == ["engine directory "
+                                                  f"{tmp_path.parent / 'engines/x'} does not exist"]
 
 
 def test_registered_sections_are_validated_and_stored(write, tmp_path, monkeypatch):
@@ -78,7 +90,9 @@ def test_registered_sections_are_validated_and_stored(write, tmp_path, monkeypat
 def test_unknown_backend_suggests_the_known_ones(write, tmp_path, monkeypatch):
     write("c.yaml", trt_contract(backend="trtlm"))
     monkeypatch.chdir(tmp_path)
-    (p,) = load_paths(["c.yaml"], registry=build([("trtllm", None), ("transformers", None)], [], [])).problems
+    (p,) = load_paths(
+        ["c.yaml"], registry=build([("trtllm", None), ("transformers", None)], [], [])
+    ).problems
     assert p.render() == "c.yaml::$.backend: unknown backend 'trtlm' (did you mean 'trtllm'?)"
 
 
@@ -98,7 +112,9 @@ def test_a_failing_plugin_rule_is_named(write, tmp_path):
 
     write("c.yaml", trt_contract())
     with pytest.raises(ForgeError, match="broken_rule"):
-        load_paths([tmp_path], registry=Registry(backends=frozenset({"trtllm"}), rules=(broken_rule,)))
+        load_paths(
+            [tmp_path], registry=Registry(backends=frozenset({"trtllm"}), rules=(broken_rule,))
+        )
 
 
 def test_same_file_twice_is_loaded_once(write, tmp_path):
@@ -124,5 +140,6 @@ def test_a_copied_node_file_names_where_its_relative_contracts_point(tmp_path, m
     with pytest.raises(ConfigError) as e:
         load_node(Path("mynode.yaml"))
     looked = tmp_path / "forge" / "embedded" / "tiny-llama-cpu.yaml"
-    assert str(e.value) == (f"mynode.yaml::$.contracts: '../forge/embedded/tiny-llama-cpu.yaml' (relative to the node "
+    assert str(e.value) == ("mynode.yaml::$.contracts: '../forge/embedded/tiny-llama-cpu.yaml' "
+                            "(relative to the node "
                             f"file's folder: {looked}) does not exist")

@@ -1,4 +1,5 @@
-"""The example plugin package under plugins/: registered like any plugin, its rule runs with the built-ins."""
+"""The example plugin package under plugins/: registered like any plugin, its rule runs with the
+built-ins."""
 from __future__ import annotations
 
 import importlib
@@ -40,7 +41,8 @@ def test_its_rule_fires_on_a_card_without_headroom(example_plugin, write, tmp_pa
     loaded = load_paths(["."])
     (problem,) = loaded.problems
     assert problem.file == "node.yaml" and problem.path == "$.cards[0]"
-    assert problem.message.startswith("headroom 0.25 GiB on NVIDIA GeForce RTX 5090 is below the site minimum")
+    assert problem.message.startswith("headroom 0.25 GiB on NVIDIA GeForce RTX 5090 is below the "
+                                      "site minimum")
 
 
 def test_its_rule_is_quiet_on_the_examples(example_plugin):

@@ -18,12 +18,15 @@ DOCS = REPO / "docs" / "schemas"
 def test_committed_schema_matches_the_models(kind):
     committed = (DOCS / schemas.file_name(kind)).read_text(encoding="utf-8")
     assert committed == schemas.dump(schemas.json_schemas()[kind]), (
-        f"docs/schemas/{schemas.file_name(kind)} drifted from the models: run `forge schema --out docs/schemas`")
+        f"docs/schemas/{schemas.file_name(kind)} drifted from the models: run `forge schema --out "
+        "docs/schemas`")
 
 
 def test_examples_validate_against_the_committed_schemas():
     for folder, kind in (("node_descriptions", "node"), ("engine_contracts", "contract")):
-        validator = jsonschema.Draft202012Validator(json.loads((DOCS / schemas.file_name(kind)).read_text()))
+        validator = jsonschema.Draft202012Validator(
+            json.loads((DOCS / schemas.file_name(kind)).read_text())
+        )
         for path in sorted((REPO / folder).glob("*.yaml")):
             errors = list(validator.iter_errors(yaml.safe_load(path.read_text())))
             assert errors == [], f"{path.name}: {[e.message for e in errors]}"
@@ -32,9 +35,15 @@ def test_examples_validate_against_the_committed_schemas():
 def test_schemas_are_strict_and_leave_no_default_for_limits_or_kv_cache():
     c = schemas.json_schemas(Registry())["contract"]
     assert c["additionalProperties"] is False and "sections" not in c["properties"]
-    assert set(c["$defs"]["Limits"]["required"]) == {"max_batch_size", "max_num_tokens", "max_input_len",
-                                                     "max_output_len"}
-    assert {"tokens_per_block", "host_cache_size", "block_reuse"} <= set(c["$defs"]["KvCache"]["required"])
+    assert set(c["$defs"]["Limits"]["required"]) == {
+        "max_batch_size",
+        "max_num_tokens",
+        "max_input_len",
+        "max_output_len",
+    }
+    assert {"tokens_per_block", "host_cache_size", "block_reuse"} <= set(
+        c["$defs"]["KvCache"]["required"]
+    )
     for name in ("Limits", "KvCache"):
         for field, spec in c["$defs"][name]["properties"].items():
             assert spec.get("default") is None, f"{name}.{field} has a default"

@@ -1,7 +1,7 @@
-"""llm.chat and llm.generate(stop=...) through `forge run` and `forge deploy` on the real transformers engine:
-the embedded tiny-llama has no chat template (llm.chat is refused in one line, the record's error row says so);
-a copy of it with a small template added gets the template's prompt; stop strings cut the text, the finish reason
-and the token count."""
+"""llm.chat and llm.generate(stop=...) through `forge run` and `forge deploy` on the real
+transformers engine: the embedded tiny-llama has no chat template (llm.chat is refused in one line,
+the record's error row says so); a copy of it with a small template added gets the template's
+prompt; stop strings cut the text, the finish reason and the token count."""
 import json
 import os
 import shutil
@@ -18,18 +18,35 @@ FN = REPO / "tests" / "e2e" / "fixtures" / "chat_stop.py"
 TINY = REPO / "forge" / "embedded" / "tiny-llama"
 TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
             "{% if add_generation_prompt %}<|assistant|>{% endif %}")
-MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Tell me about the Queen."}]
+MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Tell me about "
+                                                                                    "the Queen."}]
 AS_PROMPT = "<|system|>Be brief.\n<|user|>Tell me about the Queen.\n<|assistant|>"
 
 
 def _templated_node(tmp_path):
-    """A copy of the tiny model with a chat template, and a contract + node for it (made by `forge contract new`)."""
+    """A copy of the tiny model with a chat template, and a contract + node for it (made by `forge
+    contract new`)."""
     model = tmp_path / "tiny-chat"
     shutil.copytree(TINY, model)
     cfg = json.loads((model / "tokenizer_config.json").read_text())
     (model / "tokenizer_config.json").write_text(json.dumps({**cfg, "chat_template": TEMPLATE}))
-    r = forge("contract", "new", model, "--card", "cpu", "--memory-gib", "0.25", "--max-input-len", "256",
-              "--max-output-len", "64", "--out", tmp_path / "c.yaml", "--node-out", tmp_path / "node.yaml")
+    r = forge(
+        "contract",
+        "new",
+        model,
+        "--card",
+        "cpu",
+        "--memory-gib",
+        "0.25",
+        "--max-input-len",
+        "256",
+        "--max-output-len",
+        "64",
+        "--out",
+        tmp_path / "c.yaml",
+        "--node-out",
+        tmp_path / "node.yaml",
+    )
     assert r.returncode == 0, r.stderr
     return fill_in(tmp_path / "node.yaml", memory_gib=8, cpu_cores=2)
 
@@ -61,14 +78,30 @@ def _check_stops(rows):
 @pytest.mark.timeout(400)
 def test_chat_is_refused_without_a_template_and_stop_strings_cut(tmp_path):
     out = tmp_path / "out.jsonl"
-    r = forge("run", FN, "--node", REPO / "node_descriptions" / "local.yaml", "--input", _input(tmp_path),
-              "--output", out, "--progress", "off", "--no-report", "--concurrency", "1", timeout=240)
+    r = forge(
+        "run",
+        FN,
+        "--node",
+        REPO / "node_descriptions" / "local.yaml",
+        "--input",
+        _input(tmp_path),
+        "--output",
+        out,
+        "--progress",
+        "off",
+        "--no-report",
+        "--concurrency",
+        "1",
+        timeout=240,
+    )
     assert r.returncode == 3, r.stderr       # complete, with the chat record's error row
     rows = _rows(out)
     err = rows[0]["error"]
     assert err["type"] == "RequestRejected"
     assert err["message"].startswith("llm.chat: the model has no chat template (")
-    assert "tokenizer_config.json has no chat_template); build the prompt yourself" in err["message"]
+    assert (
+        "tokenizer_config.json has no chat_template); build the prompt yourself" in err["message"]
+    )
     _check_stops(rows)
 
 
@@ -76,20 +109,50 @@ def test_chat_is_refused_without_a_template_and_stop_strings_cut(tmp_path):
 def test_chat_applies_the_models_template_on_run_and_on_deploy(tmp_path):
     node = _templated_node(tmp_path)
     out = tmp_path / "out.jsonl"
-    r = forge("run", FN, "--node", node, "--input", _input(tmp_path), "--output", out, "--progress", "off",
-              "--no-report", "--concurrency", "1", timeout=240)
+    r = forge(
+        "run",
+        FN,
+        "--node",
+        node,
+        "--input",
+        _input(tmp_path),
+        "--output",
+        out,
+        "--progress",
+        "off",
+        "--no-report",
+        "--concurrency",
+        "1",
+        timeout=240,
+    )
     assert r.returncode == 0, r.stderr
     rows = _rows(out)
     chat = rows[0]["result"]
-    assert chat["chat"] == chat["plain"], chat      # the same prompt: the template's, tokenized by the node
+    # the same prompt: the template's, tokenized by the node
+    assert chat["chat"] == chat["plain"], chat
     _check_stops(rows)
 
     # forge deploy: the provisioned node applies its own template and stop strings
     env = {**os.environ, "FORGE_HOME": str(tmp_path / "home"), "PYTHONUNBUFFERED": "1"}
     ready = tmp_path / "ready"
-    proc = subprocess.Popen([sys.executable, "-m", "forge", "provision", str(node), "--port", "0", "--ready-file",
-                             str(ready)], cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "forge",
+            "provision",
+            str(node),
+            "--port",
+            "0",
+            "--ready-file",
+            str(ready),
+        ],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         t0 = time.monotonic()
         while not ready.exists():
@@ -97,9 +160,29 @@ def test_chat_applies_the_models_template_on_run_and_on_deploy(tmp_path):
             assert time.monotonic() - t0 < 120
             time.sleep(0.1)
         out2 = tmp_path / "deploy.jsonl"
-        d = subprocess.run([sys.executable, "-m", "forge", "deploy", str(FN), "--input", str(tmp_path / "in.jsonl"),
-                            "--output", str(out2), "--progress", "off", "--no-report", "--concurrency", "1"],
-                           cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
+        d = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "forge",
+                "deploy",
+                str(FN),
+                "--input",
+                str(tmp_path / "in.jsonl"),
+                "--output",
+                str(out2),
+                "--progress",
+                "off",
+                "--no-report",
+                "--concurrency",
+                "1",
+            ],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )
         assert d.returncode == 0, d.stderr
         assert_no_traceback(d.stderr)
         rows2 = _rows(out2)

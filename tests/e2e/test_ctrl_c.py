@@ -1,5 +1,5 @@
-"""The first Ctrl-C says at once what forge is doing and how to stop now; the second stops now. A real
-`forge run` in a subprocess, real SIGINTs."""
+"""The first Ctrl-C says at once what forge is doing and how to stop now; the second stops now. A
+real `forge run` in a subprocess, real SIGINTs."""
 import signal
 import time
 
@@ -24,19 +24,24 @@ def _wait_for(path, text: str, proc, timeout_s: float) -> str:
 def test_first_ctrl_c_says_what_is_happening_and_the_second_stops_now(tmp_path):
     inp = write_echo_input(tmp_path / "in.jsonl", 200)
     out, err = tmp_path / "out.jsonl", tmp_path / "run.err"
-    proc = start(run_argv(FIXTURE, inp, out, NODES / "instant.yaml", "--concurrency", 16), stderr_path=err)
+    proc = start(
+        run_argv(FIXTURE, inp, out, NODES / "instant.yaml", "--concurrency", 16), stderr_path=err
+    )
     try:
         assert wait_for_growth(out, proc, beyond=0, timeout_s=60), err.read_text()
         t0 = time.monotonic()
-        while len(out.read_text().splitlines()) < 4 and time.monotonic() - t0 < 30:   # records 0-3 written
+        # records 0-3 written
+        while len(out.read_text().splitlines()) < 4 and time.monotonic() - t0 < 30:
             time.sleep(0.05)
         time.sleep(0.3)
         proc.send_signal(signal.SIGINT)
         text = _wait_for(err, "press Ctrl-C again", proc, 5)
         # said while the drain is still going on (the records in flight sleep for a minute)
         assert proc.poll() is None
-        assert ("forge: SIGINT: stopping — no new record starts; waiting up to 30 s for the 16 record(s) in flight "
-                "to finish; press Ctrl-C again to stop now (they stay in the ledger and run next time)") in text, text
+        assert ("forge: SIGINT: stopping — no new record starts; waiting up to 30 s for the 16 "
+                "record(s) in flight "
+                "to finish; press Ctrl-C again to stop now (they stay in the ledger and run next "
+                "time)") in text, text
         proc.send_signal(signal.SIGINT)
         rc = proc.wait(timeout=20)
     finally:
@@ -50,8 +55,9 @@ def test_first_ctrl_c_says_what_is_happening_and_the_second_stops_now(tmp_path):
 @pytest.mark.engine
 @pytest.mark.timeout(120)
 def test_ctrl_c_while_the_engine_loads_stops_at_once(tmp_path):
-    """The ledger is opened before the node starts; a Ctrl-C then lands while the real engine loads in its
-    thread. Python's own handling would wait for that thread (it hung: the engine's threads never stopped)."""
+    """The ledger is opened before the node starts; a Ctrl-C then lands while the real engine loads
+    in its thread. Python's own handling would wait for that thread (it hung: the engine's threads
+    never stopped)."""
     inp = write_echo_input(tmp_path / "in.jsonl", 20)
     out, err = tmp_path / "out.jsonl", tmp_path / "run.err"
     proc = start(run_argv(FIXTURE, inp, out, None), stderr_path=err)
@@ -65,5 +71,8 @@ def test_ctrl_c_while_the_engine_loads_stops_at_once(tmp_path):
     finally:
         kill9(proc)
     assert rc == 130
-    assert err.read_text().strip() == "forge: SIGINT before any record ran (the output is as it was): stopping now"
+    assert (
+        err.read_text().strip()
+        == "forge: SIGINT before any record ran (the output is as it was): stopping now"
+    )
     assert not out.exists() or out.read_text() == ""

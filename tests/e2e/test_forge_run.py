@@ -11,7 +11,14 @@ pytestmark = pytest.mark.engine
 
 def test_main_command_runs_summarize_on_the_embedded_node(tmp_path):
     out = tmp_path / "out" / "summarize.jsonl"
-    r = forge("run", "functions/summarize.py", "--input", "functions/data/summarize.jsonl", "--output", out)
+    r = forge(
+        "run",
+        "functions/summarize.py",
+        "--input",
+        "functions/data/summarize.jsonl",
+        "--output",
+        out,
+    )
     assert r.returncode == 0, r.stderr
     rows = read_output(out)
     n_in = len((REPO / "functions/data/summarize.jsonl").read_text().splitlines())
@@ -28,7 +35,9 @@ def test_main_command_runs_summarize_on_the_embedded_node(tmp_path):
 
 def test_two_dependent_generates_and_embeddings(tmp_path):
     out = tmp_path / "refine.jsonl"
-    r = forge("run", "functions/refine.py", "--input", "functions/data/refine.jsonl", "--output", out)
+    r = forge(
+        "run", "functions/refine.py", "--input", "functions/data/refine.jsonl", "--output", out
+    )
     assert r.returncode == 0, r.stderr
     rows = read_output(out)
     assert len(rows) == 16 and all("title" in row["result"] for row in rows)
@@ -41,7 +50,8 @@ def test_two_dependent_generates_and_embeddings(tmp_path):
         vec = row["result"]["embedding"]
         assert row["result"]["dim"] == len(vec) == 256
         assert abs(sum(v * v for v in vec) - 1.0) < 1e-3
-    # An embed's prompt tokens count as prompt tokens (the summary once said `tokens in 0 out 0 | 0 tok/s`).
+    # An embed's prompt tokens count as prompt tokens (the summary once said `tokens in 0 out 0 | 0
+    # tok/s`).
     summary = json.loads(out.with_name(out.name + ".report.json").read_text())["summary"]
     assert summary["input_tokens"] > 16 and summary["output_tokens"] == 0
     line = next(ln for ln in r.stderr.splitlines() if ln.startswith("forge: embed on local:"))
@@ -53,8 +63,9 @@ def test_bad_records_become_error_rows_and_the_run_goes_on(tmp_path):
         {"id": "ok", "text": "Alice was beginning"},
         "{not json",
         {"id": "raises", "text": "x", "boom": True},
-        {"id": "too-long", "text": "word " * 2000},          # fits no engine: refused, never truncated
-        {"id": "too-many", "text": "hi", "max_tokens": 99},  # above the function's max_output_tokens
+        {"id": "too-long", "text": "word " * 2000},  # fits no engine: refused, never truncated
+        # above the function's max_output_tokens
+        {"id": "too-many", "text": "hi", "max_tokens": 99},
         [1, 2, 3],
         "",
         {"id": "ok2", "text": "the Queen said"},
@@ -75,17 +86,21 @@ def test_bad_records_become_error_rows_and_the_run_goes_on(tmp_path):
 def test_rerun_of_a_finished_job_redoes_nothing(tmp_path):
     inp = write_records(tmp_path / "in.jsonl", [{"id": i, "text": f"line {i}"} for i in range(12)])
     out = tmp_path / "out.jsonl"
-    assert forge("run", "tests/e2e/fixtures/short.py", "--input", inp, "--output", out).returncode == 0
+    assert (
+        forge("run", "tests/e2e/fixtures/short.py", "--input", inp, "--output", out).returncode == 0
+    )
     before = out.read_text()
     r = forge("run", "tests/e2e/fixtures/short.py", "--input", inp, "--output", out)
     assert r.returncode == 0, r.stderr
     assert out.read_text() == before
-    assert "is already complete: all 12 records are in it" in r.stderr     # answered before the engine loads
+    # answered before the engine loads
+    assert "is already complete: all 12 records are in it" in r.stderr
 
 
-# Shares of two cards at speeds 3:1 through the real `forge run` (a pool of 64 functions feeding 2 x 16 slots)
-# must sit within 5 points of 75/25. On the shared 2-core dev machine (load 6-8) they measured 0.748 (rate
-# engines) and 0.727-0.738 (CPU-bound engines, one GIL): +-5 points holds with room; tighter would not.
+# Shares of two cards at speeds 3:1 through the real `forge run` (a pool of 64 functions feeding 2 x
+# 16 slots) must sit within 5 points of 75/25. On the shared 2-core dev machine (load 6-8) they
+# measured 0.748 (rate engines) and 0.727-0.738 (CPU-bound engines, one GIL): +-5 points holds with
+# room; tighter would not.
 def _fast_share(tmp_path, node: str, records: list[dict]) -> float:
     inp = write_records(tmp_path / "in.jsonl", records)
     out = tmp_path / "out.jsonl"
@@ -99,18 +114,24 @@ def _fast_share(tmp_path, node: str, records: list[dict]) -> float:
 
 def test_two_cards_of_different_speed_share_one_queue_in_proportion(tmp_path):
     """instant engines at 3,000 and 1,000 tokens/s on one node: the fast card takes 3/4."""
-    fast = _fast_share(tmp_path, "tests/e2e/fixtures/two-speed/node.yaml",
-                       [{"id": i, "text": f"record {i} " * 8, "max_tokens": 16} for i in range(600)])
+    fast = _fast_share(
+        tmp_path,
+        "tests/e2e/fixtures/two-speed/node.yaml",
+        [{"id": i, "text": f"record {i} " * 8, "max_tokens": 16} for i in range(600)],
+    )
     assert 0.70 <= fast <= 0.80, f"fast card took {fast:.3f} of the work (expected 0.75)"
 
 
 def test_cpu_bound_cards_at_3_to_1_share_one_hot_prefix_in_proportion(tmp_path):
-    """CPU-bound instant engines (4 and 12 ms of Python per step, one interpreter) and every record sharing
-    one prefix: the card that pins the group must not keep it from the other (fast card 0.92 before the
-    broker's work-conserving spill)."""
+    """CPU-bound instant engines (4 and 12 ms of Python per step, one interpreter) and every record
+    sharing one prefix: the card that pins the group must not keep it from the other (fast card 0.92
+    before the broker's work-conserving spill)."""
     head = "Family 0: the quick brown fox jumps over the lazy dog, again and again, said the narrator. " * 2
-    fast = _fast_share(tmp_path, "tests/e2e/fixtures/two-speed-cpu/node.yaml",
-                       [{"id": i, "text": head + f"record {i} " * 4, "max_tokens": 16} for i in range(600)])
+    fast = _fast_share(
+        tmp_path,
+        "tests/e2e/fixtures/two-speed-cpu/node.yaml",
+        [{"id": i, "text": head + f"record {i} " * 4, "max_tokens": 16} for i in range(600)],
+    )
     assert 0.70 <= fast <= 0.80, f"fast card took {fast:.3f} of the work (expected 0.75)"
 
 
@@ -118,7 +139,9 @@ def test_parquet_in_and_out(tmp_path):
     pa = pytest.importorskip("pyarrow")
     import pyarrow.parquet as pq
 
-    table = pa.table({"id": [f"p{i}" for i in range(10)], "text": [f"the cat said {i}" for i in range(10)]})
+    table = pa.table(
+        {"id": [f"p{i}" for i in range(10)], "text": [f"the cat said {i}" for i in range(10)]}
+    )
     inp = tmp_path / "in.parquet"
     pq.write_table(table, inp)
     out = tmp_path / "out.parquet"
@@ -131,12 +154,22 @@ def test_parquet_in_and_out(tmp_path):
 def test_a_node_whose_engine_dies_stops_the_run_and_the_rerun_resumes(tmp_path):
     inp = write_records(tmp_path / "in.jsonl", [{"id": i, "text": f"line {i}"} for i in range(40)])
     out = tmp_path / "out.jsonl"
-    r = forge("run", "tests/e2e/fixtures/short.py", "--node", "tests/e2e/fixtures/crashing/node.yaml",
-              "--input", inp, "--output", out, "--concurrency", "4")
+    r = forge(
+        "run",
+        "tests/e2e/fixtures/short.py",
+        "--node",
+        "tests/e2e/fixtures/crashing/node.yaml",
+        "--input",
+        inp,
+        "--output",
+        out,
+        "--concurrency",
+        "4",
+    )
     assert r.returncode == EXIT_INCOMPLETE, r.stderr
     assert "no engine can work" in r.stderr and "resume" in r.stderr and "Traceback" not in r.stderr
     first = read_output(out)
-    assert all("result" in row for row in first)          # no error rows for records the node never ran
+    assert all("result" in row for row in first)  # no error rows for records the node never ran
     assert 10 <= len(first) < 40
     r = forge("run", "tests/e2e/fixtures/short.py", "--input", inp, "--output", out)
     assert r.returncode == 0, r.stderr

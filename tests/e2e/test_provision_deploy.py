@@ -1,4 +1,5 @@
-"""`forge provision` + `forge deploy` + `forge status` end to end, with real HTTP and real signals."""
+"""`forge provision` + `forge deploy` + `forge status` end to end, with real HTTP and real
+signals."""
 import json
 import os
 import signal
@@ -19,9 +20,24 @@ def node(tmp_path):
     env = {**os.environ, "FORGE_HOME": str(tmp_path / "home"), "PYTHONUNBUFFERED": "1"}
     ready = tmp_path / "ready"
     t0 = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-m", "forge", "provision", "node_descriptions/local.yaml",
-                             "--port", "0", "--ready-file", str(ready)], cwd=REPO, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "forge",
+            "provision",
+            "node_descriptions/local.yaml",
+            "--port",
+            "0",
+            "--ready-file",
+            str(ready),
+        ],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     while not ready.exists():
         assert proc.poll() is None, proc.communicate()
         assert time.monotonic() - t0 < 120, "node did not come up"
@@ -44,16 +60,27 @@ def test_provision_serves_deploy_and_drains_on_sigterm(node, tmp_path):
     assert entry["node"] == "local" and entry["live"]["cards"][0]["tier"] == "tiny-llama-cpu"
 
     out = tmp_path / "out.jsonl"
-    r = forge("deploy", "functions/summarize.py", "--input", "functions/data/summarize.jsonl", "--output", out,
-              env=env)
+    r = forge(
+        "deploy",
+        "functions/summarize.py",
+        "--input",
+        "functions/data/summarize.jsonl",
+        "--output",
+        out,
+        env=env,
+    )
     assert r.returncode == 0, r.stderr
     rows = read_output(out)
     assert sorted(row["index"] for row in rows) == list(range(48))
     assert all(row["result"]["summary"] is not None for row in rows)
 
     # the node refuses what does not fit its contract, with a reason
-    req = urllib.request.Request(url + "/v1/generate", method="POST", headers={"content-type": "application/json"},
-                                 data=json.dumps({"requests": [{"prompt": "hi", "max_tokens": 999}]}).encode())
+    req = urllib.request.Request(
+        url + "/v1/generate",
+        method="POST",
+        headers={"content-type": "application/json"},
+        data=json.dumps({"requests": [{"prompt": "hi", "max_tokens": 999}]}).encode(),
+    )
     with urllib.request.urlopen(req, timeout=30) as r:
         [res] = json.load(r)["results"]
     assert res["error"]["type"] == "RequestRejected" and "max_output_len" in res["error"]["message"]

@@ -1,6 +1,7 @@
-"""On a machine shared by several checkouts of forge (one FORGE_HOME): `forge status` marks the nodes another
-checkout started, `forge deploy` without --node never picks one of them (it says so and how to choose), and naming
-one works with a note. Real nodes: one provisioned from a copy of this checkout, one from this checkout."""
+"""On a machine shared by several checkouts of forge (one FORGE_HOME): `forge status` marks the
+nodes another checkout started, `forge deploy` without --node never picks one of them (it says so
+and how to choose), and naming one works with a note. Real nodes: one provisioned from a copy of
+this checkout, one from this checkout."""
 import json
 import os
 import shutil
@@ -16,19 +17,45 @@ pytestmark = pytest.mark.engine
 
 
 def _env(home, checkout):
-    return {**os.environ, "FORGE_HOME": str(home), "PYTHONPATH": str(checkout), "PYTHONUNBUFFERED": "1",
-            "FORGE_LOAD_PLUGINS": ""}
+    return {
+        **os.environ,
+        "FORGE_HOME": str(home),
+        "PYTHONPATH": str(checkout),
+        "PYTHONUNBUFFERED": "1",
+        "FORGE_LOAD_PLUGINS": "",
+    }
 
 
 def _forge(args, env, cwd=REPO, timeout=240):
-    return subprocess.run([sys.executable, "-m", "forge", *map(str, args)], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "forge", *map(str, args)],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def _provision(desc, env, cwd, ready):
-    proc = subprocess.Popen([sys.executable, "-m", "forge", "provision", str(desc), "--port", "0", "--ready-file",
-                             str(ready)], cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "forge",
+            "provision",
+            str(desc),
+            "--port",
+            "0",
+            "--ready-file",
+            str(ready),
+        ],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     t0 = time.monotonic()
     while not ready.exists():
         assert proc.poll() is None, proc.communicate()
@@ -53,8 +80,18 @@ def test_nodes_of_another_checkout_are_marked_and_never_picked_unnamed(tmp_path)
         assert f"* not this checkout's: from another checkout, {other}" in st.stdout
 
         inp = tmp_path / "in.jsonl"
-        inp.write_text("".join(json.dumps({"id": i, "text": f"record {i}"}) + "\n" for i in range(4)))
-        deploy = ["deploy", "functions/summarize.py", "--input", inp, "--progress", "off", "--no-report"]
+        inp.write_text(
+            "".join(json.dumps({"id": i, "text": f"record {i}"}) + "\n" for i in range(4))
+        )
+        deploy = [
+            "deploy",
+            "functions/summarize.py",
+            "--input",
+            inp,
+            "--progress",
+            "off",
+            "--no-report",
+        ]
         r = _forge([*deploy, "--output", tmp_path / "a.jsonl"], mine_env)
         assert r.returncode == 2, r.stderr
         assert f"no node started from this checkout ({REPO}) is provisioned; running here: local (from another " \
@@ -75,7 +112,11 @@ def test_nodes_of_another_checkout_are_marked_and_never_picked_unnamed(tmp_path)
 
         # a node of this checkout's own: deploy picks it by itself
         desc = tmp_path / "mine.yaml"
-        text = (REPO / "node_descriptions" / "local.yaml").read_text().replace("node: local", "node: mine")
+        text = (
+            (REPO / "node_descriptions" / "local.yaml")
+            .read_text()
+            .replace("node: local", "node: mine")
+        )
         desc.write_text(text.replace("../forge/embedded/", f"{REPO}/forge/embedded/"))
         procs.append(_provision(desc, mine_env, REPO, tmp_path / "ready-mine"))
         r = _forge([*deploy, "--output", tmp_path / "c.jsonl"], mine_env)

@@ -1,5 +1,5 @@
-"""A backend is one object (forge.backends.Backend) registered through one hook; built-ins and third parties
-alike. What each built-in declares, and what the registry refuses."""
+"""A backend is one object (forge.backends.Backend) registered through one hook; built-ins and third
+parties alike. What each built-in declares, and what the registry refuses."""
 from __future__ import annotations
 
 import sys
@@ -17,8 +17,12 @@ def test_every_built_in_is_one_object():
     got = backends.registered()
     assert sorted(got) == ["faults", "instant", "transformers", "trtllm", "vllm"]
     assert {n: b.section.__name__ if b.section else None for n, b in got.items()} == {
-        "faults": "FaultsSection", "instant": "InstantSection", "transformers": "TransformersSection",
-        "trtllm": "TrtllmSection", "vllm": "VllmSection"}
+        "faults": "FaultsSection",
+        "instant": "InstantSection",
+        "transformers": "TransformersSection",
+        "trtllm": "TrtllmSection",
+        "vllm": "VllmSection",
+    }
     assert {n for n, b in got.items() if b.engine_arguments} == {"transformers", "trtllm", "vllm"}
     assert {n for n, b in got.items() if b.working_memory} == {"transformers"}
     assert len(got["transformers"].rules) == 5 and len(got["vllm"].rules) == 1
@@ -28,7 +32,8 @@ def test_the_plugin_modules_import_without_engine_libraries():
     import subprocess
 
     code = ("import sys; from forge.backends import registered; registered(); "
-            "print([m for m in ('torch', 'transformers', 'vllm', 'tensorrt_llm') if m in sys.modules])")
+            "print([m for m in ('torch', 'transformers', 'vllm', 'tensorrt_llm') if m in "
+            "sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "[]", out.stderr
 
@@ -36,10 +41,18 @@ def test_the_plugin_modules_import_without_engine_libraries():
 def test_no_import_circle_between_the_transformers_plugin_and_its_helpers():
     import subprocess
 
-    for first in ("forge.engines.transformers.sizing", "forge.engines.transformers.graph_shapes", "forge.engines.transformers.attention_memory"):
-        code = f"import {first}; import sys; print('forge.engines.transformers.backend' in sys.modules)"
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-        assert out.stdout.strip() == "False", (first, out.stderr)     # the helpers never need the plugin module
+    for first in (
+        "forge.engines.transformers.sizing",
+        "forge.engines.transformers.graph_shapes",
+        "forge.engines.transformers.attention_memory",
+    ):
+        code = (f"import {first}; import sys; print('forge.engines.transformers.backend' in "
+                "sys.modules)")
+        out = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=60
+        )
+        # the helpers never need the plugin module
+        assert out.stdout.strip() == "False", (first, out.stderr)
 
 
 @pytest.fixture

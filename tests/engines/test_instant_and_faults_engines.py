@@ -1,4 +1,5 @@
-"""The instant backend (no model) and the faults wrapper, called directly through the Engine interface."""
+"""The instant backend (no model) and the faults wrapper, called directly through the Engine
+interface."""
 from __future__ import annotations
 
 import time
@@ -12,13 +13,21 @@ from forge.config.models import Card
 from forge.engines.interface import EngineBusy, EngineFailed, EngineRequest, Guide
 from forge.errors import ForgeError
 from forge.backends import factories as backend_factories
-from forge_bench.engines.instant import ByteTokenizer, InstantEngine, InstantSection, JsonTokenizer, synthetic_output
+from forge_bench.engines.instant import (
+    ByteTokenizer,
+    InstantEngine,
+    InstantSection,
+    JsonTokenizer,
+    synthetic_output,
+)
 
 pytestmark = pytest.mark.timeout(20)
 
 
 def req(i: int, n_in: int = 10, n_out: int = 8, **kw) -> EngineRequest:
-    return EngineRequest(request_id=f"q{i}", prompt_ids=tuple(range(3, 3 + n_in)), max_new_tokens=n_out, **kw)
+    return EngineRequest(
+        request_id=f"q{i}", prompt_ids=tuple(range(3, 3 + n_in)), max_new_tokens=n_out, **kw
+    )
 
 
 def drain(eng, n: int, timeout_s: float = 5.0):
@@ -68,7 +77,8 @@ def test_instant_rate_limit_and_cancel():
     took = time.monotonic() - t0
     assert 0.25 < took < 2.0
     assert {r.request_id: r.finish_reason for r in results}["q3"] == "cancelled"
-    assert [r.request_id for r in results if r.finish_reason == "length"] == ["q0", "q1", "q2"]   # FIFO
+    # FIFO
+    assert [r.request_id for r in results if r.finish_reason == "length"] == ["q0", "q1", "q2"]
 
 
 def test_instant_errors_for_what_it_cannot_do():
@@ -87,7 +97,9 @@ def test_instant_tokenizer_is_the_checkpoints_or_bytes(tmp_path):
     assert isinstance(tok, JsonTokenizer) and tok.eos_token_id == 2
     ids = tok.encode("Hello world")
     assert ids[0] == 1 and tok.decode(ids) == "Hello world"
-    bare = c.model_copy(update={"artifact": c.artifact.model_copy(update={"checkpoint": str(tmp_path)})})
+    bare = c.model_copy(
+        update={"artifact": c.artifact.model_copy(update={"checkpoint": str(tmp_path)})}
+    )
     tok = InstantEngine(bare, plan(bare)).tokenizer
     assert isinstance(tok, ByteTokenizer) and tok.decode(tok.encode("héllo")) == "héllo"
 
@@ -111,7 +123,8 @@ def test_faults_freeze_is_exact_and_recovers():
     stats = eng.stats()
     t0 = time.monotonic()
     p = eng.poll(0.1)
-    assert p.results == [] and p.new_tokens == 0 and 0.08 < time.monotonic() - t0 < 0.5   # honours its timeout
+    # honours its timeout
+    assert p.results == [] and p.new_tokens == 0 and 0.08 < time.monotonic() - t0 < 0.5
     assert eng.stats() == stats                             # frozen stats
     rest, _ = drain(eng, 2, timeout_s=2.0)
     assert {r.request_id for r in first + rest} == {f"q{i}" for i in range(5)}
@@ -142,7 +155,8 @@ def test_faults_slow_factor_stretches_each_request():
 
 
 def _tiny_contract(name: str, backend: str, sections: str) -> str:
-    """A contract of the tiny model's geometry for `backend`, with its own sections (YAML) appended."""
+    """A contract of the tiny model's geometry for `backend`, with its own sections (YAML)
+    appended."""
     return f"""contract: {name}
 backend: {backend}
 model: {{architecture: LlamaForCausalLM, num_layers: 4, num_kv_heads: 4, head_dim: 32, vocab_size: 2048,
@@ -157,7 +171,8 @@ target: {{kind: cpu}}
 
 
 def test_faults_contract_loads_and_builds_through_the_plugins(tmp_path):
-    sections = "faults: {wraps: instant, crash_after_requests: 1}\ninstant: {tokens_per_s_limit: 5000}"
+    sections = ("faults: {wraps: instant, crash_after_requests: 1}\ninstant: {tokens_per_s_limit: "
+                "5000}")
     (tmp_path / "f.yaml").write_text(_tiny_contract("flaky", "faults", sections))
     loaded = load_paths([tmp_path / "f.yaml"])
     assert loaded.ok, [p.render() for p in loaded.problems]
@@ -188,28 +203,34 @@ def test_faults_section_refuses_nonsense(section, message):
         factories["faults"](c, plan(c))
 
 
-# ---------------------------------------------------------------- the step model (instant: {step_cpu_ms: X})
+# ---------------------------------------------------------------- the step model (instant:
+# {step_cpu_ms: X})
 def stepper(c, cpu_ms: float = 1.0) -> InstantEngine:
     return InstantEngine(c, plan(c), InstantSection(step_cpu_ms=cpu_ms))
 
 
 def test_step_engine_prefills_then_decodes_one_token_per_request_per_step():
-    c = contract(slots=4)                                   # budget 512: all four prompts prefill in one step
+    c = contract(slots=4)  # budget 512: all four prompts prefill in one step
     eng = stepper(c)
     eng.submit([req(i, n_in=10, n_out=8) for i in range(4)])
     results, tokens = drain(eng, 4)
-    assert tokens == 32 and all(len(r.output_ids) == 8 and r.finish_reason == "length" for r in results)
+    assert tokens == 32 and all(
+        len(r.output_ids) == 8 and r.finish_reason == "length" for r in results
+    )
     assert results[0].output_ids == synthetic_output(tuple(range(3, 13)), 8, 3, 2048)
     st = eng.stats()
-    assert st.steps == 1 + 8 and st.tokens_last_step == 4     # one prefill step, eight decode steps of 4 tokens
+    # one prefill step, eight decode steps of 4 tokens
+    assert st.steps == 1 + 8 and st.tokens_last_step == 4
 
 
 def test_step_engine_budget_chunks_prefill_and_caps_every_step():
-    c = contract(slots=4).model_copy(update={"limits": contract().limits.model_copy(update={"max_num_tokens": 16})})
+    c = contract(slots=4).model_copy(
+        update={"limits": contract().limits.model_copy(update={"max_num_tokens": 16})}
+    )
     eng = stepper(c)
     eng.submit([req_ids(i, range(100 * i + 3, 100 * i + 13), n_out=2) for i in range(4)])
-    # budget 16; decode goes first, then prefill in arrival order:
-    # step 1: p0 10 + p1 6 | 2: d0, p1 4, p2 10, p3 1 | 3: d0 (done), d1, d2, p3 9 | 4: d1, d2 (done), d3 | 5: d3
+    # budget 16; decode goes first, then prefill in arrival order: step 1: p0 10 + p1 6 | 2: d0, p1
+    # 4, p2 10, p3 1 | 3: d0 (done), d1, d2, p3 9 | 4: d1, d2 (done), d3 | 5: d3
     seen = []
     while len(seen) < 4:
         seen += eng.poll(0.05).results
@@ -233,13 +254,14 @@ def test_step_engine_reuses_cached_prefix_blocks_and_counts_them():
     eng.submit([req_ids(1, head + [600, 601])])
     drain(eng, 1)
     assert eng.stats().prefix_hit_tokens == 64
-    eng.submit([req_ids(2, head)])                          # a whole-prompt hit still computes its last token
+    eng.submit([req_ids(2, head)])  # a whole-prompt hit still computes its last token
     drain(eng, 1)
     assert eng.stats().prefix_hit_tokens == 64 + 63
 
 
 def test_step_engine_spends_its_cpu_in_the_polling_thread():
-    """The work is Python on the caller's thread (thread CPU time), not a sleep and not another thread."""
+    """The work is Python on the caller's thread (thread CPU time), not a sleep and not another
+    thread."""
     c = contract(slots=2)
     eng = stepper(c, cpu_ms=20.0)
     eng.submit([req(0, n_in=10, n_out=4)])
@@ -259,14 +281,22 @@ def test_step_engine_cancel_and_errors_come_back_without_a_step():
     assert eng.stats().steps == 0
 
 
-@pytest.mark.parametrize("section, message", [
-    ("{step_cpu_ms: 5, tokens_per_s_limit: 100}", "give tokens_per_s_limit or step_cpu_ms, not both"),
-    ("{step_cpu_ms: 0}", "greater than 0"),
-    ("{step_cpu_ms: 5000}", "must be at most 1000.0, got 5000"),
-    ("{step_ms: 5}", "step_ms"),
-])
+@pytest.mark.parametrize(
+    "section, message",
+    [
+        (
+            "{step_cpu_ms: 5, tokens_per_s_limit: 100}",
+            "give tokens_per_s_limit or step_cpu_ms, not both",
+        ),
+        ("{step_cpu_ms: 0}", "greater than 0"),
+        ("{step_cpu_ms: 5000}", "must be at most 1000.0, got 5000"),
+        ("{step_ms: 5}", "step_ms"),
+    ],
+)
 def test_instant_section_is_validated_at_load(tmp_path, section, message):
     (tmp_path / "i.yaml").write_text(_tiny_contract("spin", "instant", f"instant: {section}"))
     loaded = load_paths([tmp_path / "i.yaml"])
     lines = [p.render() for p in loaded.problems]
-    assert not loaded.ok and any("i.yaml::$.instant" in line and message in line for line in lines), lines
+    assert not loaded.ok and any(
+        "i.yaml::$.instant" in line and message in line for line in lines
+    ), lines

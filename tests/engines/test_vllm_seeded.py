@@ -1,5 +1,6 @@
-"""forge's seeded draw for vLLM's CPU card (forge/engines/vllm/seeded.py), as pure functions over torch tensors: which
-tokens temperature / top-k / top-p leave, and that a draw depends on (seed, position) only."""
+"""forge's seeded draw for vLLM's CPU card (forge/engines/vllm/seeded.py), as pure functions over
+torch tensors: which tokens temperature / top-k / top-p leave, and that a draw depends on (seed,
+position) only."""
 from __future__ import annotations
 
 import math
@@ -21,7 +22,9 @@ def logits():
 
 
 def spec(seed=7, temperature=1.0, top_p=1.0, top_k=0):
-    return seeded.extra_args(Sampling(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed))[seeded.EXTRA_KEY]
+    return seeded.extra_args(
+        Sampling(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
+    )[seeded.EXTRA_KEY]
 
 
 def kept(scores) -> list[int]:
@@ -35,7 +38,8 @@ def test_top_k_and_top_p_leave_the_most_likely_tokens(logits):
     assert kept(seeded.shaped_logits(logits, 1.0, 0, 0.7)) == [0, 1]          # 0.5 < 0.7 <= 0.75
     assert kept(seeded.shaped_logits(logits, 1.0, 0, 0.75)) == [0, 1]
     assert kept(seeded.shaped_logits(logits, 1.0, 0, 0.76)) == [0, 1, 2]
-    assert kept(seeded.shaped_logits(logits, 1.0, 0, 0.01)) == [0]            # the most likely token always stays
+    # the most likely token always stays
+    assert kept(seeded.shaped_logits(logits, 1.0, 0, 0.01)) == [0]
     scaled = seeded.shaped_logits(logits, 0.5, 0, 1.0)
     assert torch.allclose(scaled, logits * 2)
 
@@ -44,7 +48,7 @@ def test_a_draw_depends_on_seed_and_position_only(logits):
     first = [seeded.draw(logits, spec(seed=7), p) for p in range(64)]
     assert first == [seeded.draw(logits.clone(), spec(seed=7), p) for p in range(64)]
     assert first != [seeded.draw(logits, spec(seed=8), p) for p in range(64)]
-    assert len(set(first)) > 1                                                  # it samples, not argmax
+    assert len(set(first)) > 1  # it samples, not argmax
     assert {seeded.draw(logits, spec(top_k=2), p) for p in range(64)} == {0, 1}
 
 

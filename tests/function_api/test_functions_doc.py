@@ -1,6 +1,7 @@
-"""docs/functions.md against the code: every public parameter of forge.function, LLM.generate, LLM.chat and
-LLM.embed is in its table with its default, every field of Generation is listed, every bound quoted with a constant
-name equals that constant, and the bounds the tables state are the ones GenerateParams enforces."""
+"""docs/functions.md against the code: every public parameter of forge.function, LLM.generate,
+LLM.chat and LLM.embed is in its table with its default, every field of Generation is listed, every
+bound quoted with a constant name equals that constant, and the bounds the tables state are the ones
+GenerateParams enforces."""
 import dataclasses
 import inspect
 import re
@@ -41,14 +42,23 @@ def _shown(p: inspect.Parameter) -> str:
     return "required" if p.default is inspect.Parameter.empty else f"`{p.default!r}`"
 
 
-@pytest.mark.parametrize("title, fn", [("`@forge.function`", forge.function), ("`llm.generate`", LLM.generate),
-                                       ("`llm.chat`", LLM.chat), ("`llm.embed`", LLM.embed)])
+@pytest.mark.parametrize(
+    "title, fn",
+    [
+        ("`@forge.function`", forge.function),
+        ("`llm.generate`", LLM.generate),
+        ("`llm.chat`", LLM.chat),
+        ("`llm.embed`", LLM.embed),
+    ],
+)
 def test_every_parameter_is_documented_with_its_default(title, fn):
     table = _table(title)
     params = _params(fn)
     assert set(table) == set(params), f"{title}: doc {sorted(table)} vs code {sorted(params)}"
     for name, p in params.items():
-        assert table[name][0] == _shown(p), f"{title} {name}: doc says {table[name][0]}, code {_shown(p)}"
+        assert table[name][0] == _shown(p), (
+            f"{title} {name}: doc says {table[name][0]}, code {_shown(p)}"
+        )
 
 
 def test_the_handle_jobs_get_takes_what_the_interface_declares():
@@ -62,15 +72,23 @@ def test_generation_fields_are_listed():
 
 def test_every_quoted_constant_has_its_value():
     quoted = re.findall(r"([0-9][0-9.*,]*(?: - 1)?)\]?(?: [a-z]+)? \(`([A-Z0-9_]+)`\)", DOC)
-    assert {name for _, name in quoted} >= {"INT32_MAX", "MIN_SAMPLING_TEMPERATURE", "MAX_SAMPLING_TEMPERATURE",
-                                             "MAX_GUIDE_CHOICES", "MAX_GUIDE_BYTES", "MAX_STOP_STRINGS",
-                                             "MAX_STOP_CHARS", "MAX_CHAT_MESSAGES"}, quoted
+    assert {name for _, name in quoted} >= {
+        "INT32_MAX",
+        "MIN_SAMPLING_TEMPERATURE",
+        "MAX_SAMPLING_TEMPERATURE",
+        "MAX_GUIDE_CHOICES",
+        "MAX_GUIDE_BYTES",
+        "MAX_STOP_STRINGS",
+        "MAX_STOP_CHARS",
+        "MAX_CHAT_MESSAGES",
+    }, quoted
     for value, name in quoted:
         assert hasattr(constants, name), name
         assert eval(value.replace(",", "")) == getattr(constants, name), f"{value} ({name})"  # noqa: S307 - the doc's own numbers
 
 
-# The bounds the generate table states, at their edges: inside is taken, just outside is refused by GenerateParams.
+# The bounds the generate table states, at their edges: inside is taken, just outside is refused by
+# GenerateParams.
 EDGES = [
     ("max_tokens", 1, 0), ("max_tokens", constants.INT32_MAX, constants.INT32_MAX + 1),
     ("temperature", constants.MIN_SAMPLING_TEMPERATURE, 0.005),

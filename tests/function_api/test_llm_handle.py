@@ -1,6 +1,7 @@
-"""The `llm` handle's own checks: what it refuses before a request reaches the node, and that the settings a job
-repeats for every record are made and checked once (forge/functions/llm.py); and the node edge's one prompt check
-(forge/requests/prompt_bounds.py's checked_prompt, called by Node.submit). Pure logic: the node is a recorder."""
+"""The `llm` handle's own checks: what it refuses before a request reaches the node, and that the
+settings a job repeats for every record are made and checked once (forge/functions/llm.py); and the
+node edge's one prompt check (forge/requests/prompt_bounds.py's checked_prompt, called by
+Node.submit). Pure logic: the node is a recorder."""
 from __future__ import annotations
 
 import asyncio
@@ -59,7 +60,7 @@ def test_a_kept_params_never_stands_in_for_a_value_of_another_type():
     ask(llm, temperature=1)
     assert type(node.got[-1][1].temperature) is float
     with pytest.raises(RequestRejected, match="max_tokens must be an int"):
-        ask(llm, max_tokens=[1])               # unhashable: refused by GenerateParams, not a TypeError
+        ask(llm, max_tokens=[1])  # unhashable: refused by GenerateParams, not a TypeError
     with pytest.raises(RequestRejected, match="temperature must be 0"):
         ask(llm, temperature=float("nan"))
     with pytest.raises(RequestRejected, match="temperature must be 0"):
@@ -92,7 +93,7 @@ class Tok(enum.IntEnum):
 def test_prompts_of_ints_or_text_are_taken(prompt):
     node = Recorder()
     asyncio.run(NodeLLM(node).generate(prompt, max_tokens=1))
-    assert node.got[0][0] == prompt                       # the handle passes it on; the node's submit checks it
+    assert node.got[0][0] == prompt  # the handle passes it on; the node's submit checks it
     got = checked_prompt(prompt, 0, "n")
     assert got == (prompt if isinstance(prompt, str) else tuple(prompt))
     assert all(type(t) is int for t in got if not isinstance(prompt, str))
@@ -100,14 +101,16 @@ def test_prompts_of_ints_or_text_are_taken(prompt):
 
 @pytest.mark.parametrize("prompt", [[1, True], [1.0], [1, "2"], {1: 2}, None, [[1]], "a\udc80b"])
 def test_prompts_of_anything_else_are_refused(prompt):
-    with pytest.raises(RequestRejected, match="prompt must be a string or a list of token ids|token ids are ints in"
+    with pytest.raises(RequestRejected, match="prompt must be a string or a list of token "
+                                              "ids|token ids are ints in"
                                               "|not valid Unicode"):
         checked_prompt(prompt, 0, "n")
 
 
 def test_a_records_later_calls_are_queued_ahead_of_first_calls():
-    """Inside a record (the runner sets CURRENT_RECORD), its k-th call goes at the job's priority minus
-    (LATER_CALLS - k), its calls from the LATER_CALLS-th on at the job's own; outside one, the job's priority."""
+    """Inside a record (the runner sets CURRENT_RECORD), its k-th call goes at the job's priority
+    minus (LATER_CALLS - k), its calls from the LATER_CALLS-th on at the job's own; outside one, the
+    job's priority."""
     from forge.functions.llm import CURRENT_RECORD, LATER_CALLS, RecordCalls
 
     node = Recorder()
@@ -118,12 +121,15 @@ def test_a_records_later_calls_are_queued_ahead_of_first_calls():
         try:
             for _ in range(LATER_CALLS + 2):
                 await llm.generate([1, 2], max_tokens=4)
-            await llm.generate([1, 2], max_tokens=4, choice=["a", "b"])     # guided: not kept, still counted
+            # guided: not kept, still counted
+            await llm.generate([1, 2], max_tokens=4, choice=["a", "b"])
         finally:
             CURRENT_RECORD.reset(token)
 
     asyncio.run(record())
-    assert [p.priority for _, p in node.got] == [5 - LATER_CALLS + k for k in range(LATER_CALLS)] + [5] * 3
+    assert [p.priority for _, p in node.got] == [
+        5 - LATER_CALLS + k for k in range(LATER_CALLS)
+    ] + [5] * 3
     ask(llm)
     assert node.got[-1][1].priority == 5                    # no record: the job's priority as given
 
@@ -136,7 +142,8 @@ def test_calls_a_record_makes_in_parallel_count_once_each():
 
     async def record():
         CURRENT_RECORD.set(RecordCalls())
-        await asyncio.gather(*(llm.generate([1], max_tokens=2) for _ in range(3)))   # tasks copy the context
+        # tasks copy the context
+        await asyncio.gather(*(llm.generate([1], max_tokens=2) for _ in range(3)))
 
     asyncio.run(record())
     assert sorted(p.priority for _, p in node.got) == [-3, -2, -1]

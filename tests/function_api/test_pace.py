@@ -1,6 +1,6 @@
-"""The job's pace (forge/functions/pace.py): records in flight follow the rate they finish x HORIZON_S, within the
-cards' floor and --concurrency; a record waits at the gate while the limit is reached, and every waiter goes on
-once the job stops. Pure logic on a clock the test passes in."""
+"""The job's pace (forge/functions/pace.py): records in flight follow the rate they finish x
+HORIZON_S, within the cards' floor and --concurrency; a record waits at the gate while the limit is
+reached, and every waiter goes on once the job stops. Pure logic on a clock the test passes in."""
 from __future__ import annotations
 
 import asyncio
@@ -12,9 +12,10 @@ from forge.functions.pace import FLOOR_PER_SLOT, HORIZON_S, UNKNOWN_FLOOR, WINDO
 
 def test_the_limit_is_the_floor_until_records_finish_then_the_rate_times_the_horizon():
     pace = RecordPace(1024)
-    assert pace.limit == UNKNOWN_FLOOR                      # the node has not reported its cards yet
+    assert pace.limit == UNKNOWN_FLOOR  # the node has not reported its cards yet
     assert pace.adjust(0.0, 0, slots=32) == FLOOR_PER_SLOT * 32
-    assert pace.adjust(0.5, 10, slots=32) == FLOOR_PER_SLOT * 32     # under a second of samples: no rate yet
+    # under a second of samples: no rate yet
+    assert pace.adjust(0.5, 10, slots=32) == FLOOR_PER_SLOT * 32
     # 100 records a second: what the cards finish in HORIZON_S
     for t in range(1, 11):
         limit = pace.adjust(float(t), 100 * t, slots=32)
@@ -30,10 +31,10 @@ def test_the_limit_is_the_floor_until_records_finish_then_the_rate_times_the_hor
 def test_the_limit_stays_within_the_cards_floor_and_the_ceiling():
     pace = RecordPace(100)
     pace.adjust(0.0, 0, slots=8)
-    assert pace.adjust(5.0, 5, slots=8) == FLOOR_PER_SLOT * 8          # 1 record/s x 5 s is below the floor
-    assert pace.adjust(6.0, 10_000, slots=8) == 100                    # fast: capped at --concurrency
+    assert pace.adjust(5.0, 5, slots=8) == FLOOR_PER_SLOT * 8  # 1 record/s x 5 s is below the floor
+    assert pace.adjust(6.0, 10_000, slots=8) == 100            # fast: capped at --concurrency
     small = RecordPace(4)
-    assert small.adjust(0.0, 0, slots=32) == 4                        # --concurrency below the floor wins
+    assert small.adjust(0.0, 0, slots=32) == 4  # --concurrency below the floor wins
 
 
 def test_a_record_waits_at_the_limit_and_starts_when_one_leaves():

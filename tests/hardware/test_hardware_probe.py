@@ -23,7 +23,12 @@ def test_nvml_probe_with_gpu_describes_each_card():
     cards = probe_nvml()
     assert cards and [c.index for c in cards] == list(range(len(cards)))
     for c in cards:
-        assert c.kind == "gpu" and c.model and c.memory_gib > 1 and c.compute_capability.count(".") == 1
+        assert (
+            c.kind == "gpu"
+            and c.model
+            and c.memory_gib > 1
+            and c.compute_capability.count(".") == 1
+        )
 
 
 def test_cpu_probe_reports_this_host():
@@ -44,7 +49,8 @@ def test_probes_are_registered_plugins_and_probe_all_merges_them():
 
 
 def test_parse_meminfo():
-    text = "MemTotal:       24684092 kB\nMemFree:         1000 kB\nMemAvailable:   23621496 kB\nHugePages_Total: 0\n"
+    text = ("MemTotal:       24684092 kB\nMemFree:         1000 kB\nMemAvailable:   23621496 "
+            "kB\nHugePages_Total: 0\n")
     assert parse_meminfo(text) == (24684092 * 1024, 23621496 * 1024)
     assert parse_meminfo("MemTotal: 2048 kB\nMemFree: 1024 kB\n") == (2048 * 1024, 1024 * 1024)
     with pytest.raises(ValueError):

@@ -1,5 +1,5 @@
-"""The pure parts of admission: the in-flight table, the stall state machine, the delivery rate, and the request
-a wire item becomes in the host."""
+"""The pure parts of admission: the in-flight table, the stall state machine, the delivery rate, and
+the request a wire item becomes in the host."""
 from __future__ import annotations
 
 import time
@@ -49,7 +49,8 @@ def test_flight_table_refuses_a_key_the_engine_still_holds():
     f = t.add(hreq(0), blocks=1, input_tokens=3, deadline=None)
     t.release(f, engine_holds=True)
     assert t.add(hreq(0), blocks=1, input_tokens=3, deadline=None) is None
-    assert t.add(hreq(0, attempt=1), blocks=1, input_tokens=3, deadline=None) is not None   # the next attempt
+    # the next attempt
+    assert t.add(hreq(0, attempt=1), blocks=1, input_tokens=3, deadline=None) is not None
     assert t.returned(RequestKey("s", "r0", 0)) is None and t.reserved == 1 and t.in_flight() == 1
 
 
@@ -66,7 +67,7 @@ def test_stall_watch_pause_then_take_back_then_wedged_then_recovery():
     w = StallWatch(window_s=1.0, takeback_interval_s=0.25, now=0.0)
     assert w.check(0.9, owed=True, can_take_back=True) is None
     assert w.check(1.0, owed=True, can_take_back=True) == "pause"
-    assert w.check(1.5, owed=True, can_take_back=True) is None          # the second window is the pause
+    assert w.check(1.5, owed=True, can_take_back=True) is None  # the second window is the pause
     assert w.check(2.0, owed=True, can_take_back=True) == "take_back"
     assert w.check(2.1, owed=True, can_take_back=True) is None
     assert w.check(2.25, owed=True, can_take_back=True) == "take_back"
@@ -79,7 +80,7 @@ def test_stall_watch_pause_then_take_back_then_wedged_then_recovery():
 def test_stall_watch_ignores_silence_when_nothing_is_owed():
     w = StallWatch(window_s=1.0, takeback_interval_s=0.1, now=0.0)
     assert w.check(5.0, owed=False, can_take_back=False) is None
-    assert w.check(5.9, owed=True, can_take_back=True) is None           # the clock restarted at 5.0
+    assert w.check(5.9, owed=True, can_take_back=True) is None  # the clock restarted at 5.0
     assert w.check(6.0, owed=True, can_take_back=True) == "pause"
 
 
@@ -126,25 +127,39 @@ def test_a_wire_item_becomes_a_host_request_keyed_once_with_its_options_and_age(
 
 
 def test_an_engine_queue_adds_to_what_may_be_held_not_to_occupancy():
-    """An engine that queues beyond its slots (vLLM) is handed up to slots + queue_slots, KV still bounding; the
-    occupancy the broker's speed is measured against counts running slots only."""
+    """An engine that queues beyond its slots (vLLM) is handed up to slots + queue_slots, KV still
+    bounding; the occupancy the broker's speed is measured against counts running slots only."""
     t = FlightTable(slots=4, kv_blocks=100, queue_slots=4)
     flights = [t.add(hreq(i), blocks=10, input_tokens=3, deadline=None) for i in range(9)]
     assert sum(f is not None for f in flights) == 8 and t.free_slots() == 0
-    assert t.occupancy() == 1.0                        # 4 running slots full; 80 of 100 blocks reserved
+    assert t.occupancy() == 1.0  # 4 running slots full; 80 of 100 blocks reserved
     for f in flights[:6]:
         t.returned(f.key)
     assert t.free_slots() == 6 and t.occupancy() == 0.5    # 2 held: half the slots; 20 blocks
     tight = FlightTable(slots=4, kv_blocks=25, queue_slots=4)
-    assert sum(tight.add(hreq(i), blocks=10, input_tokens=3, deadline=None) is not None for i in range(8)) == 2
+    assert (
+        sum(
+            tight.add(hreq(i), blocks=10, input_tokens=3, deadline=None) is not None
+            for i in range(8)
+        )
+        == 2
+    )
 
 
 def test_a_links_credit_covers_the_engines_queue_too():
     from forge.broker import EngineGeometry
     from forge.link.credit import CREDIT_FACTOR, Credit
 
-    g = EngineGeometry(engine_id="cpu0", tokenizer_key="k", max_batch_size=32, max_num_tokens=512, max_input_len=384,
-                       max_output_len=128, tokens_per_block=32, kv_blocks_total=512)
+    g = EngineGeometry(
+        engine_id="cpu0",
+        tokenizer_key="k",
+        max_batch_size=32,
+        max_num_tokens=512,
+        max_input_len=384,
+        max_output_len=128,
+        tokens_per_block=32,
+        kv_blocks_total=512,
+    )
     assert Credit(g).free_slots() == int(32 * CREDIT_FACTOR)
     assert Credit(replace(g, queue_slots=32)).free_slots() == int(64 * CREDIT_FACTOR)
     with pytest.raises(ValueError, match="queue_slots"):

@@ -1,6 +1,6 @@
-"""Stalls, wedged engines and crashes: work is taken back, given back to its link and finished (elsewhere, when the
-node has another card), never lost. One card: its LinkSessions fed as a link feeds it; several: the node's broker and
-links (_admission_harness.py)."""
+"""Stalls, wedged engines and crashes: work is taken back, given back to its link and finished
+(elsewhere, when the node has another card), never lost. One card: its LinkSessions fed as a link
+feeds it; several: the node's broker and links (_admission_harness.py)."""
 from __future__ import annotations
 
 import asyncio
@@ -8,7 +8,15 @@ import time
 
 import pytest
 
-from tests.host._admission_harness import Harness, LinkedCards, contract, faulty, instant, plan, until
+from tests.host._admission_harness import (
+    Harness,
+    LinkedCards,
+    contract,
+    faulty,
+    instant,
+    plan,
+    until,
+)
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -55,7 +63,7 @@ def test_stall_takes_back_the_youngest_first_and_pauses_admission():
         h.put(8)
         await until(lambda: len(rt._table.running()) == 4)
         admitted = sorted(rt._table.live.values(), key=lambda f: f.seq)
-        await until(lambda: rt.state == "stalled")        # one window: paused, nothing taken back yet
+        await until(lambda: rt.state == "stalled")  # one window: paused, nothing taken back yet
         assert rt.stats().stalls == 1 and len(rt._table.live) == 4 and h.pending() == 4
         await until(lambda: len(rt._table.live) == 3)      # a second window: the youngest went back
         assert admitted[-1].key not in rt._table.live and admitted[0].key in rt._table.live
@@ -64,20 +72,28 @@ def test_stall_takes_back_the_youngest_first_and_pauses_admission():
         assert not rt._table.live and not rt.stats().healthy
         assert [f.key for f in admitted][::-1] == list(rt._table.orphans)   # youngest first
         assert h.results == {} and h.pending() == 8 and rt.stats().in_flight == 4
-        assert h.feed.queue.pending() == 0                 # unhealthy: what was queued went back to the link too
+        assert h.feed.queue.pending() == 0  # unhealthy: what was queued went back to the link too
         await h.stop()
 
     run(go())
 
 
 def test_work_on_a_frozen_engine_moves_to_a_healthy_one():
-    a = contract(name="a", backend="faults", slots=4, sections={
-        "faults": {"wraps": "instant", "freeze_after_requests": 2}, "instant": {"tokens_per_s_limit": 3000.0}})
+    a = contract(
+        name="a",
+        backend="faults",
+        slots=4,
+        sections={
+            "faults": {"wraps": "instant", "freeze_after_requests": 2},
+            "instant": {"tokens_per_s_limit": 3000.0},
+        },
+    )
     b = contract(name="b", slots=4, sections={"instant": {"tokens_per_s_limit": 3000.0}})
     pa, pb = plan(a, 0), plan(b, 1)
 
     async def go():
-        h = LinkedCards([pa, pb], stall_window_s=0.2)      # take-backs every 0.02 s (a tenth of the window)
+        # take-backs every 0.02 s (a tenth of the window)
+        h = LinkedCards([pa, pb], stall_window_s=0.2)
         await h.start()
         ra, rb = h.runtime(0), h.runtime(1)
         ids = h.put(40)
@@ -97,8 +113,15 @@ def test_work_on_a_frozen_engine_moves_to_a_healthy_one():
 
 
 def test_a_crash_requeues_in_flight_work_to_the_other_engine():
-    a = contract(name="a", backend="faults", slots=4, sections={
-        "faults": {"wraps": "instant", "crash_after_requests": 5}, "instant": {"tokens_per_s_limit": 3000.0}})
+    a = contract(
+        name="a",
+        backend="faults",
+        slots=4,
+        sections={
+            "faults": {"wraps": "instant", "crash_after_requests": 5},
+            "instant": {"tokens_per_s_limit": 3000.0},
+        },
+    )
     b = contract(name="b", slots=4, sections={"instant": {"tokens_per_s_limit": 3000.0}})
     pa, pb = plan(a, 0), plan(b, 1)
 
@@ -148,7 +171,7 @@ def test_an_engine_call_that_never_returns_is_a_dead_engine():
     real_poll = eng.poll
 
     def hung_poll(timeout_s):
-        release.wait(30)                                   # breaks the interface's promise on purpose
+        release.wait(30)  # breaks the interface's promise on purpose
         return real_poll(timeout_s)
 
     eng.poll = hung_poll
@@ -161,7 +184,7 @@ def test_an_engine_call_that_never_returns_is_a_dead_engine():
         assert rt.state == "failed" and "has not returned" in rt.failure
         assert h.pending() == len(ids) and h.results == {}
         release.set()
-        await h.stop()                                     # the thread, released, shuts the engine down
+        await h.stop()  # the thread, released, shuts the engine down
 
     run(go())
 

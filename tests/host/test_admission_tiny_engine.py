@@ -1,4 +1,5 @@
-"""The admission runtime around the real tiny model (transformers backend), with and without injected faults."""
+"""The admission runtime around the real tiny model (transformers backend), with and without
+injected faults."""
 from __future__ import annotations
 
 import asyncio
@@ -16,7 +17,8 @@ from forge.requests import RequestOptions  # noqa: E402
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(90)]
 
-FULL_LENGTH = RequestOptions(sampling=Sampling(stop_at_eos=False))    # every result has exactly max_new tokens
+# every result has exactly max_new tokens
+FULL_LENGTH = RequestOptions(sampling=Sampling(stop_at_eos=False))
 
 
 def build(c, p):
@@ -41,7 +43,10 @@ def test_tiny_engine_delivers_everything_within_slots_and_kv_blocks():
         sampler.cancel()
         h.assert_exactly_once(ids)
         s = rt.stats()
-        assert all(r.finish_reason == "length" and len(r.output_ids) == 40 for [(_, r)] in h.results.values())
+        assert all(
+            r.finish_reason == "length" and len(r.output_ids) == 40
+            for [(_, r)] in h.results.values()
+        )
         assert h.max_in_flight["cpu0"] == 4 and h.max_reserved["cpu0"] == 8
         assert s.admission_refusals == 0 and s.requests_ok == 24 and s.output_tokens == 24 * 40
         assert s.engine_steps > 0 and s.kv_blocks_used <= s.kv_blocks_total and s.tokens_per_s > 0
@@ -62,8 +67,13 @@ def test_tiny_engine_frozen_then_recovered_loses_nothing():
         await h.wait_all(ids, 45)
         h.assert_exactly_once(ids)
         s = rt.stats()
-        assert all(r.finish_reason == "length" and len(r.output_ids) == 24 for [(_, r)] in h.results.values())
-        assert s.stalls >= 1 and s.progress_only_steps >= 1 and s.requests_requeued >= 1 and s.healthy
+        assert all(
+            r.finish_reason == "length" and len(r.output_ids) == 24
+            for [(_, r)] in h.results.values()
+        )
+        assert (
+            s.stalls >= 1 and s.progress_only_steps >= 1 and s.requests_requeued >= 1 and s.healthy
+        )
         await h.stop()
 
     run(go())
@@ -76,7 +86,8 @@ def test_tiny_engine_crash_moves_its_work_to_another_card():
     pa, pb = plan(a, 0), plan(b, 1)
 
     async def go():
-        h = LinkedCards([pa, pb], stall_window_s=10.0)    # the node's broker and links between the two cards
+        # the node's broker and links between the two cards
+        h = LinkedCards([pa, pb], stall_window_s=10.0)
         await h.start()
         ra = h.runtime(0)
         ids = h.put(16, prompt_len=20, max_new=24, payload=FULL_LENGTH)

@@ -1,12 +1,20 @@
-"""The admission runtime against the instant engine and the faults wrapper (real engines, no model), taking from an
-engine host's LinkSessions fed as a link feeds it (_admission_harness.py)."""
+"""The admission runtime against the instant engine and the faults wrapper (real engines, no model),
+taking from an engine host's LinkSessions fed as a link feeds it (_admission_harness.py)."""
 from __future__ import annotations
 
 import asyncio
 
 import pytest
 
-from tests.host._admission_harness import Harness, LinkedCards, contract, faulty, instant, plan, prompt
+from tests.host._admission_harness import (
+    Harness,
+    LinkedCards,
+    contract,
+    faulty,
+    instant,
+    plan,
+    prompt,
+)
 from forge import constants
 from forge.requests import RequestOptions
 from forge_bench.engines.instant import synthetic_output
@@ -19,7 +27,8 @@ def run(coro):
 
 
 def test_all_delivered_exactly_once_within_slots_and_kv_blocks():
-    # 8 slots, but the KV pool (256 tokens = 8 blocks of 32) holds only 4 requests of 20 + 40 tokens.
+    # 8 slots, but the KV pool (256 tokens = 8 blocks of 32) holds only 4 requests of 20 + 40
+    # tokens.
     c = contract(slots=8, kv_tokens=256)
     p = plan(c)
 
@@ -33,8 +42,9 @@ def test_all_delivered_exactly_once_within_slots_and_kv_blocks():
         sampler.cancel()
         h.assert_exactly_once(ids)
         s = rt.stats()
-        assert h.max_reserved["cpu0"] == 8 and h.max_in_flight["cpu0"] == 4      # KV was the binding bound
-        assert s.admission_refusals == 0          # the engine (which refuses overflow) never saw too much
+        # KV was the binding bound
+        assert h.max_reserved["cpu0"] == 8 and h.max_in_flight["cpu0"] == 4
+        assert s.admission_refusals == 0  # the engine (which refuses overflow) never saw too much
         assert s.requests_ok == 120 and s.input_tokens == 120 * 20 and s.output_tokens == 120 * 40
         assert s.in_flight == 0 and s.kv_blocks_reserved == 0 and s.tokens_per_s > 0
         for rid, [(card, res)] in h.results.items():
@@ -89,12 +99,20 @@ def test_refusals_beyond_the_retry_limit_go_back_to_the_link(monkeypatch):
 
     async def go():
         h = Harness(p)
-        rt = h.start(faulty(c, p, refuse_first_submits=constants.SUBMIT_RETRY_LIMIT + 1), p, stall_window_s=2.0)
+        rt = h.start(
+            faulty(c, p, refuse_first_submits=constants.SUBMIT_RETRY_LIMIT + 1),
+            p,
+            stall_window_s=2.0,
+        )
         ids = h.put(4)
         await h.wait_all(ids, 10)
         h.assert_exactly_once(ids)
         s = rt.stats()
-        assert s.requests_requeued == 4 and s.retries == constants.SUBMIT_RETRY_LIMIT and s.requests_ok == 4
+        assert (
+            s.requests_requeued == 4
+            and s.retries == constants.SUBMIT_RETRY_LIMIT
+            and s.requests_ok == 4
+        )
         await h.stop()
 
     run(go())
@@ -113,8 +131,14 @@ def test_a_request_that_keeps_coming_back_fails_with_a_reason(monkeypatch):
         await h.wait_all(ids, 10)
         [(card, res)] = h.results["r0"]
         assert res.finish_reason == "error"
-        assert "refused" in res.error and f"{constants.REQUEST_ATTEMPT_LIMIT + 1} attempts" in res.error
-        assert rt.stats().requests_failed == 1 and rt.stats().requests_requeued == constants.REQUEST_ATTEMPT_LIMIT
+        assert (
+            "refused" in res.error
+            and f"{constants.REQUEST_ATTEMPT_LIMIT + 1} attempts" in res.error
+        )
+        assert (
+            rt.stats().requests_failed == 1
+            and rt.stats().requests_requeued == constants.REQUEST_ATTEMPT_LIMIT
+        )
         await h.stop()
 
     run(go())
@@ -165,9 +189,14 @@ def test_the_brokers_priority_reaches_the_engine():
         h = Harness(p)
         eng, seen = instant(c, p), []
         submit = eng.submit
-        eng.submit = lambda reqs: (seen.extend((r.request_id.rid, r.priority) for r in reqs), submit(reqs))[1]
+        eng.submit = lambda reqs: (
+            seen.extend((r.request_id.rid, r.priority) for r in reqs),
+            submit(reqs),
+        )[1]
         h.start(eng, p, stall_window_s=2.0)
-        h.backlog.extend([("online", 0, prompt(0), 4, 10, None, 0.0), ("bulk", 0, prompt(1), 4, 0, None, 0.0)])
+        h.backlog.extend(
+            [("online", 0, prompt(0), 4, 10, None, 0.0), ("bulk", 0, prompt(1), 4, 0, None, 0.0)]
+        )
         h._send()
         await h.wait_all(["online", "bulk"], 5)
         assert sorted(seen) == [("bulk", 0), ("online", 10)]
@@ -208,14 +237,15 @@ def test_stop_gives_in_flight_back_to_the_link_and_shuts_the_engine_down():
         assert rt.stats().in_flight == 4
         await h.stop()
         assert h.results == {}
-        assert h.pending() == 6                  # 4 given back to the link, 2 still queued in the host
+        assert h.pending() == 6  # 4 given back to the link, 2 still queued in the host
         assert rt.stats().requests_requeued == 4 and rt.state == "stopped"
 
     run(go())
 
 
 def test_two_engines_of_known_speed_share_work_by_what_they_deliver():
-    # each host measures what its engine delivers; its link carries that to the node's broker, which balances by it
+    # each host measures what its engine delivers; its link carries that to the node's broker, which
+    # balances by it
     a = contract(name="a", slots=4, sections={"instant": {"tokens_per_s_limit": 2000.0}})
     b = contract(name="b", slots=4, sections={"instant": {"tokens_per_s_limit": 8000.0}})
     pa, pb = plan(a, 0), plan(b, 1)
@@ -224,13 +254,16 @@ def test_two_engines_of_known_speed_share_work_by_what_they_deliver():
         h = LinkedCards([pa, pb], stall_window_s=2.0)
         await h.start()
         ra, rb = h.runtime(0), h.runtime(1)
-        ids = h.put(200, prompt_len=20, max_new=20)               # 8000 tokens: ~0.8 s at 10000 tokens/s
+        ids = h.put(200, prompt_len=20, max_new=20)  # 8000 tokens: ~0.8 s at 10000 tokens/s
         await h.wait_all(ids, 15)
         h.assert_exactly_once(ids)
         sa, sb = ra.stats(), rb.stats()
         done_a, done_b = sa.input_tokens + sa.output_tokens, sb.input_tokens + sb.output_tokens
         assert done_b > 2.5 * done_a, (done_a, done_b)
-        assert 700 < sa.tokens_per_s < 3000 and 2800 < sb.tokens_per_s < 12000, (sa.tokens_per_s, sb.tokens_per_s)
+        assert 700 < sa.tokens_per_s < 3000 and 2800 < sb.tokens_per_s < 12000, (
+            sa.tokens_per_s,
+            sb.tokens_per_s,
+        )
         await h.stop()
 
     run(go())

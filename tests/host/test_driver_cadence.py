@@ -1,6 +1,7 @@
-"""The engine driver's cadence (pure logic, a stand-in engine that only records how it is called): polls are
-short, so a submit queued while requests run reaches the engine within one slice rather than at the next
-result, and token-only progress reaches the event loop at a bounded rate, not once per poll."""
+"""The engine driver's cadence (pure logic, a stand-in engine that only records how it is called):
+polls are short, so a submit queued while requests run reaches the engine within one slice rather
+than at the next result, and token-only progress reaches the event loop at a bounded rate, not once
+per poll."""
 from __future__ import annotations
 
 import asyncio
@@ -12,7 +13,8 @@ from forge.host.driver import COMMAND_LATENCY_S, PROGRESS_EVERY_S, EngineDriver,
 
 
 class RecordingEngine:
-    """Runs nothing: every poll waits its timeout and reports one new token; submits are timestamped."""
+    """Runs nothing: every poll waits its timeout and reports one new token; submits are
+    timestamped."""
 
     def __init__(self):
         self.poll_timeouts: list[float] = []
@@ -45,7 +47,7 @@ def test_polls_are_short_so_a_refill_reaches_a_busy_engine_at_once_and_progress_
         driver = EngineDriver(eng, name="t", poll_timeout_s=0.05, inbox_size=8, outbox_size=64)
         events: list = []
         driver.start(asyncio.get_running_loop(), events.extend)
-        driver.submit([EngineRequest("first", [1, 2, 3], 4)])        # the engine is busy from now on
+        driver.submit([EngineRequest("first", [1, 2, 3], 4)])  # the engine is busy from now on
         await asyncio.sleep(0.1)
         driver.submit([EngineRequest("refill", [1, 2, 3], 4)])
         await asyncio.sleep(0.4)
@@ -54,8 +56,13 @@ def test_polls_are_short_so_a_refill_reaches_a_busy_engine_at_once_and_progress_
         return eng, events
 
     eng, events = asyncio.run(main())
-    # every poll is one slice at most: the refill waited for no result (the old driver polled for 50 ms)
-    assert "refill" in eng.submitted_at and eng.poll_timeouts and max(eng.poll_timeouts) <= COMMAND_LATENCY_S
+    # every poll is one slice at most: the refill waited for no result (the old driver polled for 50
+    # ms)
+    assert (
+        "refill" in eng.submitted_at
+        and eng.poll_timeouts
+        and max(eng.poll_timeouts) <= COMMAND_LATENCY_S
+    )
     progress = [e.progress for e in events if type(e) is Progressed]
     assert progress and sum(p.new_tokens for p in progress) <= len(eng.poll_timeouts)
     assert len(progress) <= 0.5 / PROGRESS_EVERY_S + 2 < len(eng.poll_timeouts)
@@ -89,7 +96,11 @@ def result_batches(hold_results_above, n: int) -> list[int]:
         batches: list[int] = []
 
         def on_events(events):
-            batches.extend(len(e.progress.results) for e in events if type(e) is Progressed and e.progress.results)
+            batches.extend(
+                len(e.progress.results)
+                for e in events
+                if type(e) is Progressed and e.progress.results
+            )
 
         driver.start(asyncio.get_running_loop(), on_events)
         driver.submit([EngineRequest(f"r{i}", [1, 2, 3], 4) for i in range(n)])
@@ -105,8 +116,8 @@ def result_batches(hold_results_above, n: int) -> list[int]:
 
 def test_results_are_held_while_the_engine_has_a_queue_of_its_own_and_go_at_once_when_it_has_not():
     slots, n = 4, 40
-    assert result_batches(None, n) == [1] * n                   # the control: every result on its own
+    assert result_batches(None, n) == [1] * n  # the control: every result on its own
     held = result_batches(slots, n)
-    assert sum(held) == n                                       # every result, once
-    assert len(held) <= 0.6 * n, held                           # held while the engine had a queue to draw on
-    assert held[-slots:] == [1] * slots, held                   # down to its slots: each result at once
+    assert sum(held) == n                      # every result, once
+    assert len(held) <= 0.6 * n, held          # held while the engine had a queue to draw on
+    assert held[-slots:] == [1] * slots, held  # down to its slots: each result at once

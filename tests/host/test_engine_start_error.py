@@ -1,5 +1,6 @@
 """A card whose engine does not come up is reported in one line, the same wherever it is seen
-(forge/errors.py::engine_failed_to_start: the factory, the worker, its link, the local node, a cluster agent)."""
+(forge/errors.py::engine_failed_to_start: the factory, the worker, its link, the local node, a
+cluster agent)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -15,14 +16,29 @@ TINY = Path(__file__).resolve().parents[2] / "forge" / "embedded" / "tiny-llama"
 
 
 def _plan():
-    c = Contract.model_validate(dict(
-        contract="t", backend="instant",
-        model=dict(architecture="LlamaForCausalLM", num_layers=4, num_kv_heads=4, head_dim=32, vocab_size=2048,
-                   weights_gib=0.0),
-        artifact=dict(checkpoint=str(TINY)), precision=dict(weights="fp32", kv_cache="fp32"),
-        limits=dict(max_batch_size=4, max_num_tokens=512, max_input_len=384, max_output_len=128),
-        kv_cache=dict(tokens_per_block=32, max_tokens=4096, host_cache_size=0, block_reuse=True),
-        target=dict(kind="cpu")))
+    c = Contract.model_validate(
+        dict(
+            contract="t",
+            backend="instant",
+            model=dict(
+                architecture="LlamaForCausalLM",
+                num_layers=4,
+                num_kv_heads=4,
+                head_dim=32,
+                vocab_size=2048,
+                weights_gib=0.0,
+            ),
+            artifact=dict(checkpoint=str(TINY)),
+            precision=dict(weights="fp32", kv_cache="fp32"),
+            limits=dict(
+                max_batch_size=4, max_num_tokens=512, max_input_len=384, max_output_len=128
+            ),
+            kv_cache=dict(
+                tokens_per_block=32, max_tokens=4096, host_cache_size=0, block_reuse=True
+            ),
+            target=dict(kind="cpu"),
+        )
+    )
     return plan_card(Card(index=0, kind="cpu", model="cpu", memory_gib=2, engine=c.contract), c)
 
 
@@ -40,4 +56,7 @@ def test_a_factory_that_raises_fails_its_card_in_that_one_line(monkeypatch):
     monkeypatch.setattr("forge.backends.factory", lambda name, *, card: broken)
     with pytest.raises(ForgeError) as e:
         engine_host.build_engine(_plan())
-    assert str(e.value) == "card cpu0 (t): engine failed to start: RuntimeError: cannot map the weights"
+    assert (
+        str(e.value)
+        == "card cpu0 (t): engine failed to start: RuntimeError: cannot map the weights"
+    )

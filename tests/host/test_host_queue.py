@@ -1,5 +1,6 @@
-"""HostQueue, behaviour by behaviour (forge/host/queue.py's docstring lists them), and against the one-engine,
-grouping-off BrokerCore it replaced: the same operations give the same batches, refusals and drains."""
+"""HostQueue, behaviour by behaviour (forge/host/queue.py's docstring lists them), and against the
+one-engine, grouping-off BrokerCore it replaced: the same operations give the same batches, refusals
+and drains."""
 from __future__ import annotations
 
 import asyncio
@@ -16,8 +17,16 @@ from forge.host.request import HostRequest
 
 def geom(*, slots: int = 8, budget: int = 100, max_in: int = 384, max_out: int = 64, tpb: int = 16,
          kv: int = 4096) -> EngineGeometry:
-    return EngineGeometry(engine_id="cpu0", tokenizer_key="t", max_batch_size=slots, max_num_tokens=budget,
-                          max_input_len=max_in, max_output_len=max_out, tokens_per_block=tpb, kv_blocks_total=kv)
+    return EngineGeometry(
+        engine_id="cpu0",
+        tokenizer_key="t",
+        max_batch_size=slots,
+        max_num_tokens=budget,
+        max_input_len=max_in,
+        max_output_len=max_out,
+        tokens_per_block=tpb,
+        kv_blocks_total=kv,
+    )
 
 
 def hr(i: int, n: int = 10, max_new: int = 6, priority: int = 0, attempt: int = 0) -> HostRequest:
@@ -37,41 +46,58 @@ def filled(q: HostQueue, reqs) -> HostQueue:
 def test_priority_first_then_arrival_order_in_takes_and_in_drain():
     reqs = [hr(0), hr(1, priority=2), hr(2), hr(3, priority=2), hr(4, priority=1)]
     q = filled(HostQueue(geom(), node="n", max_pending=10), reqs)
-    assert rids(q.take_now(8, 4096)) == ["r1", "r3"]       # one priority per take, the highest first
+    assert rids(q.take_now(8, 4096)) == ["r1", "r3"]  # one priority per take, the highest first
     assert rids(q.take_now(8, 4096)) == ["r4"]
     assert rids(q.take_now(8, 4096)) == ["r0", "r2"]
-    q2 = filled(HostQueue(geom(), node="n", max_pending=10), [hr(i + 10, priority=r.priority) for i, r in
-                                                                enumerate(reqs)])
+    q2 = filled(
+        HostQueue(geom(), node="n", max_pending=10),
+        [hr(i + 10, priority=r.priority) for i, r in enumerate(reqs)],
+    )
     assert rids(q2.drain()) == ["r11", "r13", "r14", "r10", "r12"]
     assert q2.pending() == 0 and q2.take_now(8, 4096) == []
 
 
 def test_a_take_keeps_its_prompts_within_the_token_budget():
-    q = filled(HostQueue(geom(budget=100), node="n", max_pending=10), [hr(i, n=30) for i in range(6)])
-    assert rids(q.take_now(8, 4096)) == ["r0", "r1", "r2"]            # 90 tokens; a fourth would make 120
+    q = filled(
+        HostQueue(geom(budget=100), node="n", max_pending=10), [hr(i, n=30) for i in range(6)]
+    )
+    assert rids(q.take_now(8, 4096)) == ["r0", "r1", "r2"]  # 90 tokens; a fourth would make 120
     assert rids(q.take_now(8, 4096)) == ["r3", "r4", "r5"]
 
 
 def test_a_prompt_longer_than_the_budget_goes_alone_and_only_first():
-    q = filled(HostQueue(geom(budget=50), node="n", max_pending=10), [hr(0, n=10), hr(1, n=80), hr(2, n=10)])
-    assert rids(q.take_now(8, 4096)) == ["r0"]                        # r1 does not join a batch over budget
-    assert rids(q.take_now(8, 4096)) == ["r1"]                        # first in its take: alone
+    q = filled(
+        HostQueue(geom(budget=50), node="n", max_pending=10),
+        [hr(0, n=10), hr(1, n=80), hr(2, n=10)],
+    )
+    assert rids(q.take_now(8, 4096)) == ["r0"]  # r1 does not join a batch over budget
+    assert rids(q.take_now(8, 4096)) == ["r1"]  # first in its take: alone
     assert rids(q.take_now(8, 4096)) == ["r2"]
 
 
 def test_free_slots_and_free_kv_blocks_bound_a_take():
-    q = filled(HostQueue(geom(tpb=16), node="n", max_pending=10), [hr(i, n=20, max_new=12) for i in range(6)])
-    assert rids(q.take_now(2, 4096)) == ["r0", "r1"]                  # two slots
-    assert rids(q.take_now(8, 5)) == ["r2", "r3"]                     # 2 blocks each (32 tokens of 16): 5 hold 2
+    q = filled(
+        HostQueue(geom(tpb=16), node="n", max_pending=10),
+        [hr(i, n=20, max_new=12) for i in range(6)],
+    )
+    assert rids(q.take_now(2, 4096)) == ["r0", "r1"]  # two slots
+    assert rids(q.take_now(8, 5)) == ["r2", "r3"]     # 2 blocks each (32 tokens of 16): 5 hold 2
     assert q.take_now(8, 1) == [] and q.take_now(0, 4096) == [] and q.take_now(8, 0) == []
     assert q.pending() == 2
 
 
 def test_nothing_overtakes_a_request_that_does_not_fit_not_even_a_lower_priority():
-    q = filled(HostQueue(geom(tpb=16), node="n", max_pending=10),
-               [hr(0, n=100, max_new=28, priority=1), hr(1, n=4, max_new=4, priority=1), hr(2, n=4, max_new=4)])
+    q = filled(
+        HostQueue(geom(tpb=16), node="n", max_pending=10),
+        [
+            hr(0, n=100, max_new=28, priority=1),
+            hr(1, n=4, max_new=4, priority=1),
+            hr(2, n=4, max_new=4),
+        ],
+    )
     assert q.take_now(8, 7) == []             # r0 needs 8 blocks; r1 behind it and r2 below it wait
-    assert rids(q.take_now(8, 9)) == ["r0"]   # 8 blocks, 1 left: r1 needs 1 but its 4 tokens stay in the budget
+    # 8 blocks, 1 left: r1 needs 1 but its 4 tokens stay in the budget
+    assert rids(q.take_now(8, 9)) == ["r0"]
     assert rids(q.take_now(8, 9)) == ["r1"]
 
 
@@ -94,7 +120,8 @@ def test_a_request_the_engine_cannot_hold_is_refused_in_words(n, max_new, why):
     q = HostQueue(geom(kv=20), node="n", max_pending=3)
     with pytest.raises(NoEngineFits) as e:
         q.add(hr(0, n=n, max_new=max_new))
-    assert str(e.value).startswith(f"{why}: it does not fit engine cpu0 on node n (limits: cpu0 (max_input_len 384")
+    assert str(e.value).startswith(f"{why}: it does not fit engine cpu0 on node n (limits: cpu0 "
+                                   "(max_input_len 384")
     assert "request s|r0|0" in str(e.value) and q.pending() == 0
 
 
@@ -140,17 +167,20 @@ def test_take_waits_for_an_arrival_or_for_health_and_times_out_empty():
         q.add(hr(1))
         loop.call_later(0.02, q.set_healthy, True)
         assert rids(await q.take(free_slots=8, free_kv_blocks=4096, timeout_s=5)) == ["r1"]
-        q.add(hr(2, n=10, max_new=30))                       # 3 blocks: a take of 2 free blocks waits it out
+        q.add(hr(2, n=10, max_new=30))  # 3 blocks: a take of 2 free blocks waits it out
         assert await q.take(free_slots=8, free_kv_blocks=2, timeout_s=0.03) == []
-        assert not q._takers                                  # bounded: a timed-out wait leaves nothing behind
+        assert not q._takers  # bounded: a timed-out wait leaves nothing behind
 
     asyncio.run(go())
 
 
-# ----------------------------------------------------------------------------- the one-engine BrokerCore it replaced
-ADD = st.tuples(st.just("add"), st.integers(0, 12), st.integers(0, 52), st.integers(0, 24), st.integers(0, 2))
+# ----------------------------------------------------------------------------- the one-engine
+# BrokerCore it replaced
+ADD = st.tuples(
+    st.just("add"), st.integers(0, 12), st.integers(0, 52), st.integers(0, 24), st.integers(0, 2)
+)
 OPS = st.lists(st.one_of(
-    ADD, ADD, ADD,              # arrivals weigh most: takes then meet several priorities and budgets to respect
+    ADD, ADD, ADD,  # arrivals weigh most: takes then meet several priorities and budgets to respect
     st.tuples(st.just("take"), st.integers(0, 5), st.integers(0, 26)),
     st.tuples(st.just("take"), st.just(4), st.just(24)),
     st.tuples(st.just("done"), st.integers(0, 12)),
@@ -177,8 +207,12 @@ def test_every_operation_answers_as_the_one_engine_broker_core_did(ops):
         if op[0] == "add":
             _, i, n, max_new, prio = op
             prompt = tuple(range(n))
-            a = outcome(lambda: core.add(BrokerRequest(f"r{i}", {"t": prompt}, max_new, priority=prio)))
-            b = outcome(lambda: q.add(HostRequest(RequestKey("s", f"r{i}", 0), prompt, max_new, prio)))
+            a = outcome(
+                lambda: core.add(BrokerRequest(f"r{i}", {"t": prompt}, max_new, priority=prio))
+            )
+            b = outcome(
+                lambda: q.add(HostRequest(RequestKey("s", f"r{i}", 0), prompt, max_new, prio))
+            )
             assert a == b, op
         elif op[0] == "take":
             a = core.take("cpu0", free_slots=op[1], free_kv_blocks=op[2])

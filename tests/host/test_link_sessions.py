@@ -1,6 +1,6 @@
-"""LinkSessions: an engine host's link sessions around its queue, and the AdmissionSource its admission runtime takes
-from. Requests arrive as a link sends them (wire tuples on a session, from_wire); answers and given-back requests wait
-in their session until the link collects them."""
+"""LinkSessions: an engine host's link sessions around its queue, and the AdmissionSource its
+admission runtime takes from. Requests arrive as a link sends them (wire tuples on a session,
+from_wire); answers and given-back requests wait in their session until the link collects them."""
 from __future__ import annotations
 
 import asyncio
@@ -15,8 +15,16 @@ from forge.host.source import AdmissionSource
 
 from forge.host.wire import from_wire
 
-G = EngineGeometry(engine_id="cpu0", tokenizer_key="t", max_batch_size=4, max_num_tokens=512, max_input_len=64,
-                   max_output_len=32, tokens_per_block=16, kv_blocks_total=64)
+G = EngineGeometry(
+    engine_id="cpu0",
+    tokenizer_key="t",
+    max_batch_size=4,
+    max_num_tokens=512,
+    max_input_len=64,
+    max_output_len=32,
+    tokens_per_block=16,
+    kv_blocks_total=64,
+)
 
 
 def wire(i: int, *, attempt: int = 0, n: int = 8, max_new: int = 4, priority: int = 0) -> tuple:
@@ -50,11 +58,17 @@ def test_a_batch_is_queued_and_what_cannot_be_goes_straight_back_to_its_link():
         sessions = LinkSessions(G, node="n", max_pending=2)
         assert send(sessions, "a", [wire(0), wire(1, n=100), wire(2), wire(3)]) == 2
         out = await collect(sessions, "a")
-        assert out.returned == [("r3", 0)]                   # max_pending: the link's broker holds it
+        assert out.returned == [("r3", 0)]  # max_pending: the link's broker holds it
         [(rid, attempt, finish, ids, text, hidden, error, n_in)] = out.results
-        assert (rid, attempt, finish) == ("r1", 0, "error") and "prompt 100 tokens > max_input_len 64" in error
-        sessions.accepting = False                                   # draining: nothing more is queued
-        assert send(sessions, "a", [wire(4)]) == 0 and (await collect(sessions, "a")).returned == [("r4", 0)]
+        assert (rid, attempt, finish) == (
+            "r1",
+            0,
+            "error",
+        ) and "prompt 100 tokens > max_input_len 64" in error
+        sessions.accepting = False  # draining: nothing more is queued
+        assert send(sessions, "a", [wire(4)]) == 0 and (await collect(sessions, "a")).returned == [
+            ("r4", 0)
+        ]
 
     run(go())
 
@@ -82,7 +96,8 @@ def test_given_back_requests_return_to_their_own_session_as_the_attempt_they_wer
         assert (await collect(sessions, "a")).returned == [("r0", 2)]
         assert (await collect(sessions, "b")).returned == [("r1", 0)]
         assert sessions.queue.in_flight() == 0
-        assert send(sessions, "a", [wire(0, attempt=3)]) == 1        # its next attempt comes back as a new key
+        # its next attempt comes back as a new key
+        assert send(sessions, "a", [wire(0, attempt=3)]) == 1
 
     run(go())
 
@@ -92,8 +107,10 @@ def test_abandon_marks_a_queued_request_only():
         sessions = LinkSessions(G, node="n", max_pending=8)
         send(sessions, "a", [wire(0), wire(1)])
         [first] = await take(sessions, slots=1)
-        assert not sessions.abandon(first.key)                       # taken: admission's cancel stops it instead
-        assert sessions.abandon(RequestKey("a", "r1", 0)) and not sessions.abandon(RequestKey("a", "r1", 1))
+        assert not sessions.abandon(first.key)  # taken: admission's cancel stops it instead
+        assert sessions.abandon(RequestKey("a", "r1", 0)) and not sessions.abandon(
+            RequestKey("a", "r1", 1)
+        )
         [second] = await take(sessions)
         assert second.abandoned and not first.abandoned
 
@@ -132,7 +149,8 @@ def test_deliveries_reach_every_session_with_their_mean_occupancy():
 
 
 def test_a_streamed_requests_text_goes_out_in_pieces_an_incomplete_character_waits():
-    words = {1: "Hé", 2: "llo", 3: "\ufffd", 4: "!"}      # id 3 is the first byte of a character id 4 completes
+    # id 3 is the first byte of a character id 4 completes
+    words = {1: "Hé", 2: "llo", 3: "\ufffd", 4: "!"}
 
     def decode(ids):
         text = "".join(words[i] for i in ids)
@@ -145,10 +163,12 @@ def test_a_streamed_requests_text_goes_out_in_pieces_an_incomplete_character_wai
         for upto in (1, 2, 3, 4):
             sessions.partial(req, list(range(1, upto + 1)), decode)
         got = await collect(sessions, "s")
-        assert got.partials == [("r1", 0, "Hé"), ("r1", 0, "llo"), ("r1", 0, "é!")] and not got.results
+        assert (
+            got.partials == [("r1", 0, "Hé"), ("r1", 0, "llo"), ("r1", 0, "é!")] and not got.results
+        )
         assert (await collect(sessions, "s")).partials == []          # each piece goes out once
         sessions.deliver(req, lambda: None)
-        assert not sessions.sessions["s"].streamed                    # the answer ends what it kept for the request
+        assert not sessions.sessions["s"].streamed  # the answer ends what it kept for the request
 
     run(main())
 
@@ -156,12 +176,13 @@ def test_a_streamed_requests_text_goes_out_in_pieces_an_incomplete_character_wai
 def test_a_request_turned_away_at_the_attempt_limit_is_given_up_not_returned():
     async def go():
         sessions = LinkSessions(G, node="n", max_pending=8)
-        sessions.accepting = False                               # draining: everything sent is turned away
+        sessions.accepting = False  # draining: everything sent is turned away
         last = constants.REQUEST_ATTEMPT_LIMIT
         assert send(sessions, "a", [wire(0, attempt=last - 1), wire(1, attempt=last)]) == 0
         out = await collect(sessions, "a")
         assert out.returned == [("r0", last - 1)]                # may go again, as its next attempt
-        assert out.given_up == [("r1", last, f"given back by the engine; gave up after {last + 1} attempts")]
+        assert out.given_up == [("r1", last, f"given back by the engine; gave up after {last + 1} "
+                                             "attempts")]
         assert (await collect(sessions, "a")).given_up == []     # said once
 
     run(go())

@@ -1,9 +1,10 @@
-"""A real run without an engine, for the kill -9 test: records -> a pure function -> ledger + output.
+"""A real run without an engine, for the kill -9 test: records -> a pure function -> ledger +
+output.
 
-usage: _driver.py INPUT OUTPUT GEN_LOG RUN_ID [SLOW_WRITE_S]
-SLOW_WRITE_S makes every output write that much slower (a slow disk), so that random kills also
-land between a ledger commit and the output write. Every generation is logged to GEN_LOG ("RUN_ID INDEX") before its result is handed to the ledger,
-so the test can prove that nothing already settled is ever generated again."""
+usage: _driver.py INPUT OUTPUT GEN_LOG RUN_ID [SLOW_WRITE_S] SLOW_WRITE_S makes every output write
+that much slower (a slow disk), so that random kills also land between a ledger commit and the
+output write. Every generation is logged to GEN_LOG ("RUN_ID INDEX") before its result is handed to
+the ledger, so the test can prove that nothing already settled is ever generated again."""
 from __future__ import annotations
 
 import asyncio
@@ -66,7 +67,8 @@ async def main(input_path: str, output: str, gen_log: str, run_id: str) -> None:
             tasks.add(task)
             task.add_done_callback(tasks.discard)
         await asyncio.gather(*tasks)
-    finally:  # Ctrl-C (the main task is cancelled): stop the producers, then drain what they handed over
+    # Ctrl-C (the main task is cancelled): stop the producers, then drain what they handed over
+    finally:
         for task in list(tasks):
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)

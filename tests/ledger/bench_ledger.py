@@ -44,7 +44,8 @@ def batched(path: Path, rows: int, batch: int = constants.LEDGER_COMMIT_MAX_ROWS
     lines = [encode_result(i, result(i))[0] for i in range(rows)]
     start = time.perf_counter()
     prev: list = []
-    for lo in range(0, rows, batch):   # the committer's pattern: settle this batch, mark the last one
+    # the committer's pattern: settle this batch, mark the last one
+    for lo in range(0, rows, batch):
         chunk = [(i, lines[i], False) for i in range(lo, min(rows, lo + batch))]
         led.apply(settled=chunk, written=prev)
         prev = [(i, False) for i, _, _ in chunk]
@@ -106,20 +107,31 @@ def main() -> None:
         d = Path(d)
         full_rows = min(rows, 2000)
         res = {
-            "one transaction per change (settle, then mark written), synchronous=NORMAL": (rows, per_row(d / "a.sqlite", rows)),
-            "one transaction per change, synchronous=FULL": (full_rows, per_row(d / "f.sqlite", full_rows, "FULL")),
-            f"batched, {constants.LEDGER_COMMIT_MAX_ROWS} rows per transaction (settle + mark written)": (rows, batched(d / "b.sqlite", rows)),
+            "one transaction per change (settle, then mark written), synchronous=NORMAL": (
+                rows,
+                per_row(d / "a.sqlite", rows),
+            ),
+            "one transaction per change, synchronous=FULL": (
+                full_rows,
+                per_row(d / "f.sqlite", full_rows, "FULL"),
+            ),
+            f"batched, {constants.LEDGER_COMMIT_MAX_ROWS} rows per transaction (settle + mark "
+            "written)": (rows, batched(d / "b.sqlite", rows)),
         }
         rate, stats = pipeline(d / "out.jsonl", rows)
         res["whole write path, 2 producer threads, a loop each (aput_result)"] = (rows, rate)
-        res["whole write path, asyncio (aput_result)"] = (rows, pipeline_async(d / "out2.jsonl", rows))
+        res["whole write path, asyncio (aput_result)"] = (
+            rows,
+            pipeline_async(d / "out2.jsonl", rows),
+        )
         opened = resume_open(d / "out.jsonl", rows)
     print(f"{time.strftime('%Y-%m-%d')} {platform.node()} python {platform.python_version()} "
           f"sqlite {__import__('sqlite3').sqlite_version}")
     print("| what | rows | rows/s |\n| --- | ---: | ---: |")
     for name, (n, r) in res.items():
         print(f"| {name} | {n} | {r:,.0f} |")
-    print(f"\npipeline commits: {stats.commits}, mean commit {stats.total_commit_s / max(1, stats.commits) * 1e3:.2f} ms, "
+    print(f"\npipeline commits: {stats.commits}, mean commit "
+          f"{stats.total_commit_s / max(1, stats.commits) * 1e3:.2f} ms, "
           f"rows per commit {stats.rows_committed / max(1, stats.commits):.0f}")
     print(f"resume open of the complete {rows}-row run (reconcile + ledger scan): {opened:.2f} s")
     print(json.dumps({k: round(v[1]) for k, v in res.items()}))

@@ -5,7 +5,8 @@ import asyncio
 
 
 def put_all(run, items, *, attempts=False, between=None) -> None:
-    """Hand the run each (index, result) as the runner does (an attempt first if asked); `between()` after each."""
+    """Hand the run each (index, result) as the runner does (an attempt first if asked); `between()`
+    after each."""
     async def go() -> None:
         for i, result in items:
             if attempts:

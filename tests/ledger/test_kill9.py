@@ -49,7 +49,7 @@ def _settled_now(output: Path, ledger: Path) -> set[int]:
     """Indices durable after a kill: complete output lines + rows settled in the ledger."""
     done: set[int] = set()
     if output.exists():
-        for line in output.read_bytes().split(b"\n")[:-1]:   # the last piece is a torn tail or empty
+        for line in output.read_bytes().split(b"\n")[:-1]:  # the last piece is a torn tail or empty
             done.add(json.loads(line)["index"])
     if ledger.exists():
         db = sqlite3.connect(f"file:{ledger}?mode=ro", uri=True)
@@ -64,9 +64,22 @@ def _settled_now(output: Path, ledger: Path) -> set[int]:
 
 def _start(tmp: Path, run_id: int) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.Popen([sys.executable, str(DRIVER), str(tmp / "in.jsonl"), str(tmp / "out.jsonl"),
-                             str(tmp / "gen.log"), str(run_id), SLOW_WRITE_S],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp)
+    return subprocess.Popen(
+        [
+            sys.executable,
+            str(DRIVER),
+            str(tmp / "in.jsonl"),
+            str(tmp / "out.jsonl"),
+            str(tmp / "gen.log"),
+            str(run_id),
+            SLOW_WRITE_S,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=tmp,
+    )
 
 
 @pytest.mark.timeout(120)
@@ -91,7 +104,8 @@ def test_sigkill_at_random_points_loses_nothing_and_duplicates_nothing(tmp_path)
             if not finished:
                 proc.send_signal(signal.SIGINT)
             _, err = proc.communicate(timeout=30)
-            # a run that ended between poll() and the signal's arrival exits 0, its work done: both are right
+            # a run that ended between poll() and the signal's arrival exits 0, its work done: both
+            # are right
             assert proc.returncode in ((0,) if finished else (0, 130)), err
             interrupts += 1
             after_interrupt.append(run_id + 1)
@@ -111,8 +125,10 @@ def test_sigkill_at_random_points_loses_nothing_and_duplicates_nothing(tmp_path)
                 continue
         out, err = proc.communicate(timeout=60)
         assert proc.returncode == 0, err
-        if out.startswith("ready "):   # not yet read above
-            reports.append({"run": run_id, **json.loads(out.split("ready ", 1)[1].split("\n", 1)[0])})
+        if out.startswith("ready "):  # not yet read above
+            reports.append(
+                {"run": run_id, **json.loads(out.split("ready ", 1)[1].split("\n", 1)[0])}
+            )
         if kills >= KILLS:
             break
     assert kills == KILLS and interrupts == INTERRUPTS

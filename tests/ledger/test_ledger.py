@@ -20,11 +20,15 @@ def test_identity_is_kept_and_a_different_run_is_refused(tmp_path):
     led = Ledger(path, run_key=KEY)
     assert not led.fresh and led.counts().attempts == 1
     led.close()
-    with pytest.raises(LedgerMismatch, match=r"the function file changed since this run started \(.*: function_sha256 "
-                                             r"was aaaaaaaaaaaa…aaaaaaaa, now bbbbbbbbbbbb…bbbbbbbb\); if the change "
-                                             r"leaves the 0 finished row\(s\) valid, pass --accept-changed-function"):
+    with pytest.raises(LedgerMismatch, match=r"the function file changed since this run started "
+                                             r"\(.*: function_sha256 "
+                                             r"was aaaaaaaaaaaa…aaaaaaaa, now "
+                                             r"bbbbbbbbbbbb…bbbbbbbb\); if the change "
+                                             r"leaves the 0 finished row\(s\) valid, pass "
+                                             r"--accept-changed-function"):
         Ledger(path, run_key={**KEY, "function_sha256": "b" * 64})
-    with pytest.raises(LedgerMismatch, match=r"belongs to another run \(input_size was .*\); pass --restart"):
+    with pytest.raises(LedgerMismatch, match=r"belongs to another run \(input_size was .*\); pass "
+                                             r"--restart"):
         Ledger(path, run_key={**KEY, "input_size": 7}, accept_changes=["function_sha256"])
     led = Ledger(path, run_key={**KEY, "function_sha256": "b" * 64}, restart=True)
     assert led.fresh and led.counts() == LedgerCounts()
@@ -74,19 +78,30 @@ def test_state_changes_in_one_transaction_and_rows_dropped_once_written(tmp_path
     led.apply(written=[(0, False), (1, True)])
     # a late settle can never overwrite a written row
     led.apply(settled=[(0, "again", False)])
-    assert sorted(led.indices("written")) == [0, 1] and sorted(led.indices("done", "pending")) == [2, 3]
-    assert led.counts() == LedgerCounts(pending=1, done=1, written=2, written_errors=1, attempts=5, retried=1)
-    assert led.stats.commits == 4 and led.stats.rows_committed == 11 and led.stats.total_commit_s > 0
+    assert sorted(led.indices("written")) == [0, 1] and sorted(led.indices("done", "pending")) == [
+        2,
+        3,
+    ]
+    assert led.counts() == LedgerCounts(
+        pending=1, done=1, written=2, written_errors=1, attempts=5, retried=1
+    )
+    assert (
+        led.stats.commits == 4 and led.stats.rows_committed == 11 and led.stats.total_commit_s > 0
+    )
     led.close()
     db = sqlite3.connect(tmp_path / "l.sqlite")
-    assert db.execute("SELECT row FROM records WHERE state = 'written'").fetchall() == [(None,), (None,)]
+    assert db.execute("SELECT row FROM records WHERE state = 'written'").fetchall() == [
+        (None,),
+        (None,),
+    ]
     assert db.execute("PRAGMA journal_mode").fetchone() == ("wal",)
     db.close()
 
 
 def test_a_batch_mixing_rows_with_and_without_an_attempt_settles_them_all(tmp_path):
-    # apply() first UPDATEs rows that exist and falls back to the upsert when some do not (an input error is
-    # settled without an attempt row; `written` can name rows the ledger lost): the end state is the upsert's.
+    # apply() first UPDATEs rows that exist and falls back to the upsert when some do not (an input
+    # error is settled without an attempt row; `written` can name rows the ledger lost): the end
+    # state is the upsert's.
     led = Ledger(tmp_path / "l.sqlite", run_key=KEY)
     led.apply(attempts=[0, 1])
     led.apply(settled=[(0, "row0", False), (1, "row1", False)], written=[])
@@ -98,8 +113,13 @@ def test_a_batch_mixing_rows_with_and_without_an_attempt_settles_them_all(tmp_pa
     assert sorted(led.indices("written")) == [0, 1, 5, 7]
     assert led.counts() == LedgerCounts(written=4, written_errors=2, attempts=2)
     db = sqlite3.connect(tmp_path / "l.sqlite")
-    assert db.execute("SELECT idx, state, attempts, is_error, row FROM records ORDER BY idx").fetchall() == [
-        (0, "written", 1, 0, None), (1, "written", 1, 1, None), (5, "written", 0, 1, None),
-        (7, "written", 0, 0, None)]
+    assert db.execute(
+        "SELECT idx, state, attempts, is_error, row FROM records ORDER BY idx"
+    ).fetchall() == [
+        (0, "written", 1, 0, None),
+        (1, "written", 1, 1, None),
+        (5, "written", 0, 1, None),
+        (7, "written", 0, 0, None),
+    ]
     db.close()
     led.close()

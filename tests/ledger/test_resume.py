@@ -11,7 +11,14 @@ import json
 import pytest
 
 from forge.errors import ForgeError
-from forge.ledger import Ledger, LedgerMismatch, default_ledger_path, make_run_key, open_run, staging_path
+from forge.ledger import (
+    Ledger,
+    LedgerMismatch,
+    default_ledger_path,
+    make_run_key,
+    open_run,
+    staging_path,
+)
 from forge.records import OutputWriter, encode_result, open_records
 from tests.ledger.runs import put_all
 
@@ -32,7 +39,8 @@ def _row(i):
 
 
 def _finish(output, key, **kw):
-    """Resume and complete the run the way the runner does; returns (report, regenerated indices)."""
+    """Resume and complete the run the way the runner does; returns (report, regenerated
+    indices)."""
     run = open_run(output, run_key=key, total=N, **kw)
     todo = [i for i in range(N) if not run.is_settled(i)]
     put_all(run, [(i, {"v": i}) for i in todo], attempts=True)
@@ -51,8 +59,8 @@ def _check_output(output):
 
 
 def _crash_after(output, key, *, committed=(), written=(), marked=(), torn_bytes=0, attempts=()):
-    """Leave the files of a run killed after: attempts, ledger commit of `committed`, output write of
-    `written` (optionally torn: the last `torn_bytes` cut), and marking `marked` written."""
+    """Leave the files of a run killed after: attempts, ledger commit of `committed`, output write
+    of `written` (optionally torn: the last `torn_bytes` cut), and marking `marked` written."""
     led = Ledger(default_ledger_path(output), run_key=key)
     led.apply(attempts=attempts, settled=[(i, _row(i), False) for i in committed])
     w = OutputWriter(output)
@@ -68,7 +76,9 @@ def _crash_after(output, key, *, committed=(), written=(), marked=(), torn_bytes
 
 def test_killed_before_the_ledger_commit_regenerates_only_those(job):
     output, key = job
-    _crash_after(output, key, attempts=range(10), committed=range(5), written=range(5), marked=range(5))
+    _crash_after(
+        output, key, attempts=range(10), committed=range(5), written=range(5), marked=range(5)
+    )
     report, regenerated = _finish(output, key)
     assert regenerated == list(range(5, N)) and report.already_written == 5
     _check_output(output)
@@ -136,7 +146,8 @@ def test_a_complete_run_has_nothing_to_do(job):
 def test_output_without_its_ledger_is_refused_unless_restart(job):
     output, key = job
     output.write_text(_row(0) + "\n")
-    with pytest.raises(ForgeError, match=r"already holds 1 rows but its ledger .* is new; .*pass --restart"):
+    with pytest.raises(ForgeError, match=r"already holds 1 rows but its ledger .* is new; .*pass "
+                                         r"--restart"):
         open_run(output, run_key=key, total=N)
     _finish(output, key, restart=True)
     _check_output(output)
@@ -154,7 +165,8 @@ def test_rows_removed_from_the_output_are_refused(job):
 def test_output_from_a_longer_input_is_refused(job):
     output, key = job
     _crash_after(output, key, committed=[N + 3], written=[N + 3], marked=[N + 3])
-    with pytest.raises(ForgeError, match=rf"has a row for index {N + 3} but the input has only {N} records"):
+    with pytest.raises(ForgeError, match=rf"has a row for index {N + 3} but the input has only {N} "
+                                         r"records"):
         open_run(output, run_key=key, total=N)
 
 
@@ -203,14 +215,18 @@ def test_a_failing_disk_stops_the_run_with_one_clear_line(job, monkeypatch):
 
     monkeypatch.setattr(OutputWriter, "append", full)
     run = open_run(output, run_key=key, total=N)
-    with pytest.raises(ForgeError, match="out.jsonl: cannot write the output: No space left on device"):
-        put_all(run, [(i, {"v": i}) for i in range(N)], between=lambda: run.committer._thread.join(0.01))
+    with pytest.raises(ForgeError, match="out.jsonl: cannot write the output: No space left on "
+                                         "device"):
+        put_all(
+            run, [(i, {"v": i}) for i in range(N)], between=lambda: run.committer._thread.join(0.01)
+        )
         run.close()
     with pytest.raises(ForgeError, match="No space left"):
         run.close()
     monkeypatch.undo()
     report, regenerated = _finish(output, key)
-    assert report.recovered > 0 and len(regenerated) == N - report.recovered   # committed rows not redone
+    # committed rows not redone
+    assert report.recovered > 0 and len(regenerated) == N - report.recovered
     _check_output(output)
 
 

@@ -1,7 +1,7 @@
-"""--retry-errors at the ledger's edge (forge/ledger/retry.py), on real files and a real SQLite ledger: the error
-rows leave the output before they are made again, the good rows stay byte for byte, and a kill between the steps
-leaves files the ordinary resume explains (each index exactly once). The whole command on the real engine:
-tests/e2e/test_retry_errors.py."""
+"""--retry-errors at the ledger's edge (forge/ledger/retry.py), on real files and a real SQLite
+ledger: the error rows leave the output before they are made again, the good rows stay byte for
+byte, and a kill between the steps leaves files the ordinary resume explains (each index exactly
+once). The whole command on the real engine: tests/e2e/test_retry_errors.py."""
 from __future__ import annotations
 
 import asyncio
@@ -57,8 +57,13 @@ def _rows(output) -> list[dict]:
     if output.suffix == ".parquet":
         import pyarrow.parquet as pq
 
-        return [{"index": r["index"], **({"error": r["error_type"]} if r["error_type"] else {"result": r["result"]})}
-                for r in pq.read_table(output).to_pylist()]
+        return [
+            {
+                "index": r["index"],
+                **({"error": r["error_type"]} if r["error_type"] else {"result": r["result"]}),
+            }
+            for r in pq.read_table(output).to_pylist()
+        ]
     return [json.loads(line) for line in output.read_text().splitlines()]
 
 
@@ -77,7 +82,9 @@ def test_the_error_rows_are_made_again_and_the_good_rows_kept(job, suffix):
     _first_run(output, _key(inp, fn))
     good = [r for r in _rows(output) if "error" not in r]
     fn.write_text("def f(r): return r  # fixed\n")
-    retry = open_retry(output, ledger_path=default_ledger_path(output), run_key=_key(inp, fn), total=N)
+    retry = open_retry(
+        output, ledger_path=default_ledger_path(output), run_key=_key(inp, fn), total=N
+    )
     assert (retry.error_rows, retry.kept) == (len(BAD), N - len(BAD)) and retry.function_changed
     assert {i for i in range(N) if not retry.run.is_settled(i)} == BAD
     if suffix == ".jsonl":      # the error rows are already out: nothing is ever twice in the file
@@ -90,8 +97,9 @@ def test_the_error_rows_are_made_again_and_the_good_rows_kept(job, suffix):
 
 
 def test_killed_after_the_ledger_step_the_output_still_explains_itself(job):
-    """JSONL: the ledger makes the error records pending first; killed before the output is rewritten, the resume
-    adopts the error rows again (as they were), and the same command retries them."""
+    """JSONL: the ledger makes the error records pending first; killed before the output is
+    rewritten, the resume adopts the error rows again (as they were), and the same command retries
+    them."""
     tmp, inp, fn = job
     output = tmp / "out.jsonl"
     key = _key(inp, fn)
@@ -110,8 +118,8 @@ def test_killed_after_the_ledger_step_the_output_still_explains_itself(job):
 
 
 def test_parquet_killed_after_the_staging_step_leaves_the_finished_file_as_it_was(job):
-    """A finished Parquet output: its good rows go to the staging file first; killed before the ledger step, the
-    ledger still says finalized, and the resume removes the staging file."""
+    """A finished Parquet output: its good rows go to the staging file first; killed before the
+    ledger step, the ledger still says finalized, and the resume removes the staging file."""
     pytest.importorskip("pyarrow")
     tmp, inp, fn = job
     output = tmp / "out.parquet"
@@ -132,14 +140,21 @@ def test_a_retry_refuses_what_it_cannot_do_safely(job):
     assert not output.exists()
     _first_run(output, _key(inp, fn))
     held = output.read_bytes()
-    with pytest.raises(ForgeError, match=r"belongs to another run \(function was fn.py:f, now fn.py:g"):
-        open_retry(output, ledger_path=default_ledger_path(output), run_key=_key(inp, fn, name="g"), total=N)
+    with pytest.raises(ForgeError, match=r"belongs to another run \(function was fn.py:f, now "
+                                         r"fn.py:g"):
+        open_retry(
+            output,
+            ledger_path=default_ledger_path(output),
+            run_key=_key(inp, fn, name="g"),
+            total=N,
+        )
     # a ledger rebuilt from its output cannot say which function made the rows
     for p in tmp.glob("out.jsonl.ledger.sqlite*"):
         p.unlink()
     with pytest.raises(ForgeError, match="cannot keep its good rows: it has no ledger"):
         open_retry(output, ledger_path=default_ledger_path(output), run_key=_key(inp, fn), total=N)
-    open_run(output, run_key=_key(inp, fn), total=N).close()         # a plain run rebuilds the ledger ...
-    with pytest.raises(ForgeError, match="its ledger was rebuilt from the output"):     # ... which cannot say
+    open_run(output, run_key=_key(inp, fn), total=N).close()  # a plain run rebuilds the ledger ...
+    # ... which cannot say
+    with pytest.raises(ForgeError, match="its ledger was rebuilt from the output"):
         open_retry(output, ledger_path=default_ledger_path(output), run_key=_key(inp, fn), total=N)
     assert output.read_bytes() == held

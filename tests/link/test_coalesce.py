@@ -1,5 +1,5 @@
-"""Coalescer (forge/link/coalesce.py): calls within the linger go out as one batch, a full batch goes at once, and
-no batch is larger than max_batch."""
+"""Coalescer (forge/link/coalesce.py): calls within the linger go out as one batch, a full batch
+goes at once, and no batch is larger than max_batch."""
 from __future__ import annotations
 
 import asyncio
@@ -22,7 +22,8 @@ def test_calls_within_the_linger_travel_together_and_a_full_batch_goes_at_once()
         assert sent == []                                    # still lingering
         assert await asyncio.gather(*first) == [0, 10]
         assert sent == [[0, 1]]
-        full = [c.add(i) for i in range(2, 9)]              # 7 calls: two full batches at once, one after the linger
+        # 7 calls: two full batches at once, one after the linger
+        full = [c.add(i) for i in range(2, 9)]
         await asyncio.sleep(0)
         assert sent == [[0, 1], [2, 3, 4], [5, 6, 7]]
         assert await asyncio.gather(*full) == [i * 10 for i in range(2, 9)]

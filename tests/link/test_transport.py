@@ -1,5 +1,6 @@
-"""The Transport base's typed methods: each is one call of its HostMethod with its arguments in order and the
-caller's timeout, a submit's batch as plain tuples (the carrier may pickle it), the answer passed back as is."""
+"""The Transport base's typed methods: each is one call of its HostMethod with its arguments in
+order and the caller's timeout, a submit's batch as plain tuples (the carrier may pickle it), the
+answer passed back as is."""
 from __future__ import annotations
 
 import asyncio
@@ -9,7 +10,8 @@ from forge.link.transport import LinkGone, Transport
 
 
 class Recording(Transport):
-    """A carrier that records each call and answers with its method (pure logic: no host behind it)."""
+    """A carrier that records each call and answers with its method (pure logic: no host behind
+    it)."""
 
     def __init__(self):
         self.calls: list[tuple] = []
@@ -49,5 +51,5 @@ def test_typed_methods_call_their_host_method_with_their_arguments():
     answers = asyncio.run(main())
     assert [(m, a) for m, a, _ in t.calls] == [(m, a) for _, m, a in expected]
     assert [s for _, _, s in t.calls] == [1, 2, 3, 4, 5, 6, 7, 8, 10, 11]
-    assert type(t.calls[3][1][1][0]) is tuple                 # the batch as plain tuples, not records
+    assert type(t.calls[3][1][1][0]) is tuple  # the batch as plain tuples, not records
     assert answers == [None if m in (M.END_SESSION, M.STOP) else m for _, m, _ in expected]

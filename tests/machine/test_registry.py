@@ -1,5 +1,5 @@
-"""The registry of nodes provisioned on this machine, with real processes: a name is held by one live process,
-a killed process's entry heals away, and a process only ever removes its own entry."""
+"""The registry of nodes provisioned on this machine, with real processes: a name is held by one
+live process, a killed process's entry heals away, and a process only ever removes its own entry."""
 import json
 import os
 import signal
@@ -39,8 +39,10 @@ def _holder(name: str, env_home) -> subprocess.Popen:
 def test_a_name_held_by_a_live_process_is_refused_and_healed_after_kill_9(home):
     proc = _holder("local", home)
     try:
-        with pytest.raises(ForgeError, match=rf"a node named 'local' is already provisioned on this machine "
-                                             rf"\(pid {proc.pid}, control http://127.0.0.1:1, from x.yaml\)"):
+        with pytest.raises(ForgeError, match=r"a node named 'local' is already provisioned on "
+                                             r"this machine "
+                                             rf"\(pid {proc.pid}, control http://127.0.0.1:1, from "
+                                             r"x.yaml\)"):
             registry.claim("local")
         assert [n["node"] for n in registry.nodes()] == ["local"]
     finally:
@@ -58,7 +60,8 @@ def test_a_dead_entry_is_dead_even_when_its_pid_is_reused(home):
     proc.kill()
     proc.wait()
     path = home / "nodes" / "n1.json"
-    path.write_text(json.dumps({**json.loads(path.read_text()), "pid": os.getpid()}))   # a live pid, not the holder
+    # a live pid, not the holder
+    path.write_text(json.dumps({**json.loads(path.read_text()), "pid": os.getpid()}))
     assert registry.nodes() == []
 
 
@@ -76,7 +79,8 @@ def test_resolve_says_what_happened_to_a_dead_node(home):
     proc = _holder("gone", home)
     proc.kill()
     proc.wait()
-    with pytest.raises(ForgeError, match=r"node 'gone' is not running: its process \(pid \d+\) ended without "
+    with pytest.raises(ForgeError, match=r"node 'gone' is not running: its process \(pid \d+\) "
+                                         r"ended without "
                                          r"stopping it .* `forge provision x.yaml`"):
         registry.resolve("gone")
 

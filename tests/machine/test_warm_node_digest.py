@@ -1,6 +1,6 @@
-"""The digest that tells a `forge run` whether a node already up is the one it would provision: the same for the
-same content wherever the description lies; different for any changed field, a model in another folder or
-rewritten in place, or a setting in the environment."""
+"""The digest that tells a `forge run` whether a node already up is the one it would provision: the
+same for the same content wherever the description lies; different for any changed field, a model in
+another folder or rewritten in place, or a setting in the environment."""
 import os
 import shutil
 
@@ -29,12 +29,15 @@ def test_a_changed_field_of_the_node_or_its_contract_is_another_node(tmp_path):
     # the same contract text beside a copy of its model: another checkpoint folder, another node
     shutil.copytree(REPO / "forge/embedded/tiny-llama", tmp_path / "tiny-llama")
     shutil.copy(REPO / "forge/embedded/tiny-llama-cpu.yaml", tmp_path / "tiny-llama-cpu.yaml")
-    here.write_text(node_text.replace("../forge/embedded/tiny-llama-cpu.yaml", "tiny-llama-cpu.yaml"))
+    here.write_text(
+        node_text.replace("../forge/embedded/tiny-llama-cpu.yaml", "tiny-llama-cpu.yaml")
+    )
     moved = description_digest(load_node(here))
     assert moved != base
 
     weights = next((tmp_path / "tiny-llama").glob("*.safetensors"))
-    os.utime(weights, ns=(weights.stat().st_atime_ns, weights.stat().st_mtime_ns + 10**9))   # rewritten in place
+    # rewritten in place
+    os.utime(weights, ns=(weights.stat().st_atime_ns, weights.stat().st_mtime_ns + 10**9))
     rewritten = description_digest(load_node(here))
     assert rewritten != moved
 
@@ -48,5 +51,6 @@ def test_a_setting_in_the_environment_is_another_node_and_a_token_is_not(monkeyp
     base = description_digest(loaded)
     monkeypatch.setenv("FORGE_TOKEN", "a secret")          # checked against the node, never hashed
     assert description_digest(loaded) == base
-    monkeypatch.setenv("FORGE_STALL_WINDOW_S", "600")      # the node's cards and the run would each read it
+    # the node's cards and the run would each read it
+    monkeypatch.setenv("FORGE_STALL_WINDOW_S", "600")
     assert description_digest(loaded) != base

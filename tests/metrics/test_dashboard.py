@@ -56,9 +56,18 @@ def _balanced(expr: str) -> bool:
 def test_dashboard_is_a_grafana_dashboard_with_the_promised_panels(dashboard):
     assert dashboard["schemaVersion"] >= 36 and dashboard["uid"] and dashboard["title"] == "forge"
     titles = {p["title"] for p in dashboard["panels"]}
-    for wanted in ("Tokens/s per card", "Token budget use per card", "In flight vs slots", "Queue depth per stage",
-                   "Stalls, progress-only steps, refusals, retries", "Prefix reuse", "Padding", "KV cache blocks",
-                   "Ledger commit latency", "Requests by outcome"):
+    for wanted in (
+        "Tokens/s per card",
+        "Token budget use per card",
+        "In flight vs slots",
+        "Queue depth per stage",
+        "Stalls, progress-only steps, refusals, retries",
+        "Prefix reuse",
+        "Padding",
+        "KV cache blocks",
+        "Ledger commit latency",
+        "Requests by outcome",
+    ):
         assert wanted in titles
     ids = [p["id"] for p in dashboard["panels"]]
     assert len(ids) == len(set(ids))
@@ -83,7 +92,9 @@ def test_every_query_names_only_exported_metrics_and_labels(dashboard, exported)
                 assert label in exported[name], f"{title}: {name} has no label {label}"
         for group in BY.findall(expr):
             labels = {x.strip() for x in group.split(",")}
-            assert any(labels <= exported[n] for n in names), f"{title}: no metric in `{expr}` has labels {labels}"
+            assert any(labels <= exported[n] for n in names), (
+                f"{title}: no metric in `{expr}` has labels {labels}"
+            )
     assert len(seen) >= 25
 
 

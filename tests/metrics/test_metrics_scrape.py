@@ -54,16 +54,48 @@ def test_scrape_over_http_parses_with_the_prometheus_parser(served):
     assert got[("forge_engine_healthy", card("gpu1"))] == 0
     assert got[("forge_stalls_total", card("gpu0"))] == 1
     assert got[("forge_progress_only_steps_total", card("gpu0"))] == 1
-    assert got[("forge_queue_depth_items", frozenset({"node": "fabric-a", "card": "", "tier": "", "stage": "broker"}.items()))] == 1500
+    assert (
+        got[
+            (
+                "forge_queue_depth_items",
+                frozenset({"node": "fabric-a", "card": "", "tier": "", "stage": "broker"}.items()),
+            )
+        ]
+        == 1500
+    )
     assert got[("forge_queue_depth_items", card("gpu0", stage="engine"))] == 3
-    assert got[("forge_prefix_reuse_ratio", frozenset({"node": "fabric-a"}.items()))] == pytest.approx(0.4)
-    assert got[("forge_padding_ratio", frozenset({"node": "fabric-a"}.items()))] == pytest.approx(0.05)
-    assert got[("forge_broker_pending_requests", frozenset({"node": "fabric-a", "bucket": "0-128"}.items()))] == 1000
+    assert got[
+        ("forge_prefix_reuse_ratio", frozenset({"node": "fabric-a"}.items()))
+    ] == pytest.approx(0.4)
+    assert got[("forge_padding_ratio", frozenset({"node": "fabric-a"}.items()))] == pytest.approx(
+        0.05
+    )
+    assert (
+        got[
+            (
+                "forge_broker_pending_requests",
+                frozenset({"node": "fabric-a", "bucket": "0-128"}.items()),
+            )
+        ]
+        == 1000
+    )
     assert got[("forge_ledger_commit_seconds_count", frozenset({"node": "fabric-a"}.items()))] == 40
-    assert got[("forge_ledger_commit_seconds_sum", frozenset({"node": "fabric-a"}.items()))] == pytest.approx(0.12)
+    assert got[
+        ("forge_ledger_commit_seconds_sum", frozenset({"node": "fabric-a"}.items()))
+    ] == pytest.approx(0.12)
     run = {"node": "fabric-a", "function": "summarize"}
     assert got[("forge_records_total", frozenset({**run, "state": "skipped"}.items()))] == 50
-    assert got[("forge_queue_depth_items", frozenset({"node": "fabric-a", "card": "", "tier": "", "stage": "producer"}.items()))] == 600
+    assert (
+        got[
+            (
+                "forge_queue_depth_items",
+                frozenset(
+                    {"node": "fabric-a", "card": "", "tier": "", "stage": "producer"}.items()
+                ),
+            )
+        ]
+        == 600
+    )
 
 
 def test_cumulative_snapshots_are_never_double_counted(served):
@@ -72,7 +104,8 @@ def test_cumulative_snapshots_are_never_double_counted(served):
     metrics.observe_engine(stats)
     metrics.observe_engine(stats)                 # the same snapshot twice
     stats.output_tokens += 10                      # the producer keeps mutating its object ...
-    assert parse(scrape(port)[0])[("forge_output_tokens_total", card("gpu0"))] == 125_000   # ... we hold a copy
+    # ... we hold a copy
+    assert parse(scrape(port)[0])[("forge_output_tokens_total", card("gpu0"))] == 125_000
     metrics.observe_engine(stats)
     assert parse(scrape(port)[0])[("forge_output_tokens_total", card("gpu0"))] == 125_010
 

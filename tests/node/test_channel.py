@@ -1,4 +1,5 @@
-"""The worker link's channel: calls and answers as pickle frames on a Unix socket pair (forge/host/channel.py)."""
+"""The worker link's channel: calls and answers as pickle frames on a Unix socket pair
+(forge/host/channel.py)."""
 from __future__ import annotations
 
 import asyncio
@@ -57,8 +58,8 @@ def test_calls_answers_errors_and_end_of_file():
 
 
 def test_a_cancelled_call_stays_cancelled_when_its_answer_arrives_at_the_same_moment():
-    """Python 3.11's asyncio.wait_for returns the answer instead (the cancellation is lost): a link being
-    closed then kept polling, and `forge run` never exited."""
+    """Python 3.11's asyncio.wait_for returns the answer instead (the cancellation is lost): a link
+    being closed then kept polling, and `forge run` never exited."""
     async def dispatch(method, args):
         await asyncio.sleep(60)
 
@@ -67,8 +68,8 @@ def test_a_cancelled_call_stays_cancelled_when_its_answer_arrives_at_the_same_mo
         task = asyncio.ensure_future(ch.call("collect", timeout_s=30))
         await asyncio.sleep(0.05)
         ((_, fut),) = ch._calls.items()
-        fut.set_result("an answer")                   # what the read loop does when the answer comes
-        task.cancel()                                 # ... and the link closes in the same turn
+        fut.set_result("an answer")  # what the read loop does when the answer comes
+        task.cancel()                # ... and the link closes in the same turn
         with pytest.raises(asyncio.CancelledError):
             await task
         server.cancel()

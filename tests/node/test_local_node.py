@@ -1,6 +1,7 @@
-"""The local node over both card transports (a worker process per card, or the card's host on the node's own
-loop): the same answers, embeddings, stats and failure handling; the node-side tokenizer copy and its
-fallback; typed refusals from the real tiny engine reach the caller as RequestRejected."""
+"""The local node over both card transports (a worker process per card, or the card's host on the
+node's own loop): the same answers, embeddings, stats and failure handling; the node-side tokenizer
+copy and its fallback; typed refusals from the real tiny engine reach the caller as
+RequestRejected."""
 from __future__ import annotations
 
 import asyncio
@@ -41,11 +42,17 @@ def test_answers_embeddings_and_stats_are_the_same_over_both_transports(transpor
 
     from forge.gc_tuning import GEN0_THRESHOLD
 
-    assert gc.get_threshold()[0] == GEN0_THRESHOLD and gc.get_freeze_count() > 0     # the node's collector setting
+    # the node's collector setting
+    assert gc.get_threshold()[0] == GEN0_THRESHOLD and gc.get_freeze_count() > 0
     # ... and the card's: a worker process tunes its own once its engine is loaded (the thread shares the node's)
     assert desc_gc["threshold"][0] == GEN0_THRESHOLD and desc_gc["frozen"] > 0
-    assert all(g.card == "cpu0" and g.output_tokens == 5 and g.finish_reason == "length" and g.input_tokens > 2
-               for g in gens)
+    assert all(
+        g.card == "cpu0"
+        and g.output_tokens == 5
+        and g.finish_reason == "length"
+        and g.input_tokens > 2
+        for g in gens
+    )
     assert len(hidden) == 16 and ans.hidden is None and ans.generation.input_tokens == 3
     assert st.requests_ok == 302 and st.healthy and healthy == ["cpu0"]
     (card,) = desc["cards"]
@@ -58,8 +65,12 @@ def test_the_same_prompts_give_the_same_outputs_over_both_transports():
         node = LocalNode(load_node(NODES / "instant.yaml"), card_transport=transport)
         await node.start()
         try:
-            gens = await asyncio.gather(*(node.generate(f"the same prompt {i}", GenerateParams(max_tokens=6))
-                                          for i in range(50)))
+            gens = await asyncio.gather(
+                *(
+                    node.generate(f"the same prompt {i}", GenerateParams(max_tokens=6))
+                    for i in range(50)
+                )
+            )
             return [(g.text, g.token_ids, g.input_tokens) for g in gens]
         finally:
             await node.stop()
@@ -81,12 +92,14 @@ def test_a_failed_engine_on_the_thread_transport_fails_the_card_and_the_node_goe
     results, down, desc = run(main())
     assert sum(not isinstance(r, BaseException) for r in results) == 300
     assert all(isinstance(r, NodeDown) for r in results if isinstance(r, BaseException))
-    assert down.startswith("node crash: no engine can work (cpu0: engine failed: injected crash after 300 results)")
+    assert down.startswith("node crash: no engine can work (cpu0: engine failed: injected crash "
+                           "after 300 results)")
     assert desc["cards"][0]["state"] == "failed"
 
 
 def test_a_tokenizer_copy_that_does_not_encode_as_the_engine_is_not_used(monkeypatch, capsys):
-    """The node then tokenizes through the card's host: the same ids as the engine's own tokenizer."""
+    """The node then tokenizes through the card's host: the same ids as the engine's own
+    tokenizer."""
     from forge_bench.engines.instant import ByteTokenizer
     from forge.host.engine_host import EngineHost
 
@@ -101,7 +114,12 @@ def test_a_tokenizer_copy_that_does_not_encode_as_the_engine_is_not_used(monkeyp
         try:
             gen = await node.generate("Hello, world!", GenerateParams(max_tokens=2))
             host = node.transports[0].host
-            return gen, node.tokenizers, list(node.encoders), len(host.tokenizer.encode("Hello, world!"))
+            return (
+                gen,
+                node.tokenizers,
+                list(node.encoders),
+                len(host.tokenizer.encode("Hello, world!")),
+            )
         finally:
             await node.stop()
 
@@ -136,7 +154,8 @@ def test_the_node_side_copy_of_the_tiny_tokenizer_encodes_and_decodes_as_the_eng
 
 @pytest.mark.engine
 def test_a_refused_request_is_rejected_not_failed():
-    """The tiny engine refuses a choice that cannot fit max_tokens (a typed refusal, across the worker's link)."""
+    """The tiny engine refuses a choice that cannot fit max_tokens (a typed refusal, across the
+    worker's link)."""
     from forge.embedded import default_node_path
 
     async def main():
@@ -144,7 +163,10 @@ def test_a_refused_request_is_rejected_not_failed():
         await node.start()
         try:
             with pytest.raises(RequestRejected, match="cannot hold the shortest choice"):
-                await node.generate("Is it?", GenerateParams(max_tokens=1, choice=("the Queen of Hearts", "the King")))
+                await node.generate(
+                    "Is it?",
+                    GenerateParams(max_tokens=1, choice=("the Queen of Hearts", "the King")),
+                )
             ok = await node.generate("Is it?", GenerateParams(max_tokens=8, choice=("yes", "no")))
             return ok
         finally:
@@ -162,15 +184,20 @@ def test_an_unknown_card_transport_is_refused():
 
 @pytest.mark.engine
 def test_a_card_with_replicas_runs_one_worker_per_replica():
-    """`replicas: 2` on one card of the tiny model: two engines, two worker processes, one broker over both."""
+    """`replicas: 2` on one card of the tiny model: two engines, two worker processes, one broker
+    over both."""
     from pathlib import Path
 
     async def main():
         node = LocalNode(load_node(Path(__file__).parent / "fixtures" / "replicas-tiny.yaml"))
         await node.start()
         try:
-            gens = await asyncio.gather(*(node.generate(f"Alice was beginning {i}", GenerateParams(max_tokens=4))
-                                          for i in range(96)))
+            gens = await asyncio.gather(
+                *(
+                    node.generate(f"Alice was beginning {i}", GenerateParams(max_tokens=4))
+                    for i in range(96)
+                )
+            )
             return gens, node.describe(), [s.card for s in node.engine_stats()]
         finally:
             await node.stop()
@@ -184,8 +211,9 @@ def test_a_card_with_replicas_runs_one_worker_per_replica():
 
 
 def test_token_id_prompts_of_every_shape_are_checked_and_sent_as_the_same_ids():
-    """Plain ints (list or tuple) take the node's fast path; bools, int subclasses, out-of-range ids and other
-    containers take the general checks: the same ids reach the engine, the same refusals reach the caller."""
+    """Plain ints (list or tuple) take the node's fast path; bools, int subclasses, out-of-range ids
+    and other containers take the general checks: the same ids reach the engine, the same refusals
+    reach the caller."""
     class Tok(int):
         pass
 

@@ -1,11 +1,13 @@
-"""The node edge in one place (forge/node/interface.py's Node.submit): whatever edge a request comes in by — a
-function's llm handle (forge run), the control endpoint through RemoteNode (forge deploy's client), or forge serve's
-OpenAI and function endpoints — its prompt is checked once, its stop strings and chat template are applied by the
-node, and the answer is the same. The real tiny model on the real transformers engine, real HTTP on loopback; the
-prompt checks are counted with a profile hook on the code objects, so a second check anywhere would show.
+"""The node edge in one place (forge/node/interface.py's Node.submit): whatever edge a request comes
+in by — a function's llm handle (forge run), the control endpoint through RemoteNode (forge deploy's
+client), or forge serve's OpenAI and function endpoints — its prompt is checked once, its stop
+strings and chat template are applied by the node, and the answer is the same. The real tiny model
+on the real transformers engine, real HTTP on loopback; the prompt checks are counted with a profile
+hook on the code objects, so a second check anywhere would show.
 
-A model copy whose chat template is hostile (a loop of 10^10 steps, a 300 MB string) is refused in one line naming
-its template, within the render's time bound, while the node's event loop keeps turning."""
+A model copy whose chat template is hostile (a loop of 10^10 steps, a 300 MB string) is refused in
+one line naming its template, within the render's time bound, while the node's event loop keeps
+turning."""
 from __future__ import annotations
 
 import asyncio
@@ -66,7 +68,8 @@ def _local_node(node_yaml=None):
     from forge.embedded import default_node_path
     from forge.node.local import LocalNode
 
-    return LocalNode(load_node(node_yaml or default_node_path()))      # worker processes, as forge run starts them
+    # worker processes, as forge run starts them
+    return LocalNode(load_node(node_yaml or default_node_path()))
 
 
 def test_one_check_per_request_and_the_same_answer_on_every_edge():
@@ -86,26 +89,37 @@ def test_one_check_per_request_and_the_same_answer_on_every_edge():
             params = GenerateParams(max_tokens=24, stop=STOP)
             run, deploy, serve = [], [], []
             with CheckCounter() as count:
-                for p in PROMPTS:                                  # forge run: the function's llm handle
+                for p in PROMPTS:  # forge run: the function's llm handle
                     run.append(await NodeLLM(node).generate(p, max_tokens=24, stop=list(STOP)))
                 run_checks = dict(count.calls)
-                for p in PROMPTS:                                  # forge deploy: RemoteNode -> /v1/generate
+                for p in PROMPTS:  # forge deploy: RemoteNode -> /v1/generate
                     deploy.append((await remote.submit(p, params)).generation)
                 deploy_checks = {k: v - run_checks[k] for k, v in count.calls.items()}
                 async with httpx.AsyncClient(base_url=url, timeout=120) as client:
                     for p in PROMPTS:                              # forge serve: /v1/completions
-                        r = await client.post("/v1/completions", json={
-                            "model": "tiny-llama-cpu", "prompt": p, "max_tokens": 24, "temperature": 0,
-                            "stop": list(STOP)})
+                        r = await client.post(
+                            "/v1/completions",
+                            json={
+                                "model": "tiny-llama-cpu",
+                                "prompt": p,
+                                "max_tokens": 24,
+                                "temperature": 0,
+                                "stop": list(STOP),
+                            },
+                        )
                         assert r.status_code == 200, r.text
                         serve.append(r.json())
                     r = await client.post(f"/v1/functions/{spec.name}", json={"text": PROMPTS[0]})
                     assert r.status_code == 200, r.text
                 total = dict(count.calls)
-            # one check per request: 3 on the function path, 3 through the control endpoint, 3 + the function's
-            # own generate calls on serve
-            assert run_checks["checked_prompt"] == 3 and run_checks["prompt_problem"] <= 3, run_checks
-            assert deploy_checks["checked_prompt"] == 3 and deploy_checks["prompt_problem"] <= 3, deploy_checks
+            # one check per request: 3 on the function path, 3 through the control endpoint, 3 + the
+            # function's own generate calls on serve
+            assert run_checks["checked_prompt"] == 3 and run_checks["prompt_problem"] <= 3, (
+                run_checks
+            )
+            assert deploy_checks["checked_prompt"] == 3 and deploy_checks["prompt_problem"] <= 3, (
+                deploy_checks
+            )
             serve_checks = total["checked_prompt"] - 6
             assert serve_checks >= 4 and total["prompt_problem"] <= total["checked_prompt"], total
             for a, b, c in zip(run, deploy, serve):
@@ -116,7 +130,7 @@ def test_one_check_per_request_and_the_same_answer_on_every_edge():
                     (c["usage"]["completion_tokens"], c["usage"]["prompt_tokens"])
                 if a.finish_reason == "stop":
                     assert choice["finish_reason"] == "stop" and choice["stop_reason"] in STOP
-            assert any(g.finish_reason == "stop" for g in run), run       # the stops did cut something
+            assert any(g.finish_reason == "stop" for g in run), run  # the stops did cut something
             # the same refusal on every edge: a prompt that is not one, a schema that admits nothing
             for bad, schema in (([1, "2"], None), ("x", {"not": {}})):
                 p = GenerateParams(max_tokens=4, json_schema=schema)
@@ -135,13 +149,15 @@ def test_one_check_per_request_and_the_same_answer_on_every_edge():
 
 
 HOSTILE = {
-    "loop": "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}{{ messages[0].content }}",
+    "loop": "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}{{ "
+            "messages[0].content }}",
     "huge": "{{ 'x' * 300000000 }}",
 }
 
 
 def _model_with_template(tmp_path: Path, template: str) -> Path:
-    """A copy of the tiny model whose tokenizer_config.json holds `template`, and a node for it (forge contract new)."""
+    """A copy of the tiny model whose tokenizer_config.json holds `template`, and a node for it
+    (forge contract new)."""
     from tests.forge_cli import fill_in
     from tests.reliability._rel import forge
 
@@ -149,16 +165,33 @@ def _model_with_template(tmp_path: Path, template: str) -> Path:
     shutil.copytree(TINY, model)
     cfg = json.loads((model / "tokenizer_config.json").read_text())
     (model / "tokenizer_config.json").write_text(json.dumps({**cfg, "chat_template": template}))
-    r = forge("contract", "new", model, "--card", "cpu", "--memory-gib", "0.25", "--max-input-len", "256",
-              "--max-output-len", "64", "--out", tmp_path / "c.yaml", "--node-out", tmp_path / "node.yaml",
-              timeout=240)
+    r = forge(
+        "contract",
+        "new",
+        model,
+        "--card",
+        "cpu",
+        "--memory-gib",
+        "0.25",
+        "--max-input-len",
+        "256",
+        "--max-output-len",
+        "64",
+        "--out",
+        tmp_path / "c.yaml",
+        "--node-out",
+        tmp_path / "node.yaml",
+        timeout=240,
+    )
     assert r.returncode == 0, r.stderr
     return fill_in(tmp_path / "node.yaml", memory_gib=8, cpu_cores=2)
 
 
 @pytest.mark.timeout(400)
 @pytest.mark.parametrize("kind", sorted(HOSTILE))
-def test_a_hostile_chat_template_is_refused_in_bounded_time_off_the_loop(tmp_path, monkeypatch, kind):
+def test_a_hostile_chat_template_is_refused_in_bounded_time_off_the_loop(
+    tmp_path, monkeypatch, kind
+):
     from forge.functions.llm import NodeLLM
     from forge.requests import chat_template_render
 
@@ -183,10 +216,12 @@ def test_a_hostile_chat_template_is_refused_in_bounded_time_off_the_loop(tmp_pat
                 await NodeLLM(node).chat([{"role": "user", "content": "hi"}], max_tokens=4)
             took = time.monotonic() - t0
             message = str(err.value)
-            assert "\n" not in message and "tokenizer_config.json's chat_template" in message, message
+            assert "\n" not in message and "tokenizer_config.json's chat_template" in message, (
+                message
+            )
             if kind == "loop":
                 assert "ran longer than 3 s" in message and took < 30, (message, took)
-                assert ticks >= 20, ticks                       # ~60 ticks in 3 s; none if it ran on the loop
+                assert ticks >= 20, ticks  # ~60 ticks in 3 s; none if it ran on the loop
             else:
                 assert "makes more than" in message and took < 30, (message, took)
             # the node still answers a plain request

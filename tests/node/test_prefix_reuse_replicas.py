@@ -1,7 +1,8 @@
-"""Prefix reuse on the real engine matches the broker's estimate: a card of the tiny model with `replicas: 2`
-(two transformers engines, one worker each) runs a job whose prompts share prefixes; the prompt tokens the
-engines served from reused blocks are within 2 points of what the broker counted as shared (forge/broker/warming.py
-says why they parted: requests of one prefix started together and each computed it)."""
+"""Prefix reuse on the real engine matches the broker's estimate: a card of the tiny model with
+`replicas: 2` (two transformers engines, one worker each) runs a job whose prompts share prefixes;
+the prompt tokens the engines served from reused blocks are within 2 points of what the broker
+counted as shared (forge/broker/warming.py says why they parted: requests of one prefix started
+together and each computed it)."""
 from __future__ import annotations
 
 import asyncio
@@ -16,13 +17,18 @@ from forge.node.local import LocalNode
 from forge_bench.forge_mode import settled_engine_stats
 
 FIXTURE = Path(__file__).parent / "fixtures" / "replicas-tiny.yaml"
-PREFIXES, PER_PREFIX, PREFIX_TOKENS, OWN_TOKENS = 24, 8, 128, 8     # 4 blocks of 32 shared, 8 tokens of its own
+# 4 blocks of 32 shared, 8 tokens of its own
+PREFIXES, PER_PREFIX, PREFIX_TOKENS, OWN_TOKENS = 24, 8, 128, 8
 
 
 def _prompts() -> list[list[int]]:
     rnd = random.Random(7)
     heads = [[rnd.randrange(100, 2000) for _ in range(PREFIX_TOKENS)] for _ in range(PREFIXES)]
-    out = [h + [rnd.randrange(100, 2000) for _ in range(OWN_TOKENS)] for h in heads for _ in range(PER_PREFIX)]
+    out = [
+        h + [rnd.randrange(100, 2000) for _ in range(OWN_TOKENS)]
+        for h in heads
+        for _ in range(PER_PREFIX)
+    ]
     rnd.shuffle(out)
     return out
 
@@ -33,7 +39,9 @@ def test_engines_reuse_what_the_broker_counts_on_a_card_with_two_replicas():
         node = LocalNode(load_node(FIXTURE))
         await node.start()
         try:
-            answers = await asyncio.gather(*(node.generate(p, GenerateParams(max_tokens=4)) for p in _prompts()))
+            answers = await asyncio.gather(
+                *(node.generate(p, GenerateParams(max_tokens=4)) for p in _prompts())
+            )
             stats = await settled_engine_stats(node)
             return answers, stats, node.broker_stats()
         finally:

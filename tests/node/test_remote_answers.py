@@ -1,6 +1,7 @@
-"""What a remote node answers is checked where forge/node/remote.py parses it (forge/node/answer_check.py), and a
-node that answers /health but never a POST holds a batch no longer than the stall window: real HTTP servers on
-127.0.0.1 that answer what a broken or hostile node would."""
+"""What a remote node answers is checked where forge/node/remote.py parses it
+(forge/node/answer_check.py), and a node that answers /health but never a POST holds a batch no
+longer than the stall window: real HTTP servers on 127.0.0.1 that answer what a broken or hostile
+node would."""
 from __future__ import annotations
 
 import asyncio
@@ -17,15 +18,23 @@ from forge.node.answer_check import BadAnswer
 from forge.node.remote import RemoteNode
 from forge.requests import GenerateParams
 
-GOOD = {"text": "hi", "output_tokens": 2, "input_tokens": 3, "finish_reason": "length", "card": "cpu0",
-        "token_ids": [5, 6]}
+GOOD = {
+    "text": "hi",
+    "output_tokens": 2,
+    "input_tokens": 3,
+    "finish_reason": "length",
+    "card": "cpu0",
+    "token_ids": [5, 6],
+}
 
 
 class FakeNode:
-    """A real HTTP server: /health ok, /v1/node, and `generate(n_requests) -> (status, body bytes)` for POSTs;
-    `stats()` for /v1/stats (404 when None)."""
+    """A real HTTP server: /health ok, /v1/node, and `generate(n_requests) -> (status, body bytes)`
+    for POSTs; `stats()` for /v1/stats (404 when None)."""
 
-    def __init__(self, generate: Callable[[int], bytes], stats: Optional[Callable[[], dict]] = None):
+    def __init__(
+        self, generate: Callable[[int], bytes], stats: Optional[Callable[[], dict]] = None
+    ):
         self.release = threading.Event()
 
         class Handler(BaseHTTPRequestHandler):
@@ -50,7 +59,9 @@ class FakeNode:
                     self._send(404, b'{"error": "no"}')
 
             def do_POST(self):
-                n = len(json.loads(self.rfile.read(int(self.headers["content-length"])))["requests"])
+                n = len(
+                    json.loads(self.rfile.read(int(self.headers["content-length"])))["requests"]
+                )
                 self._send(200, generate(n))
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
@@ -65,7 +76,8 @@ class FakeNode:
 
 
 def answering(result_text: str) -> Callable[[int], bytes]:
-    """Every request of a POST answered with the same raw JSON text (NaN and 1e400 as a peer may write them)."""
+    """Every request of a POST answered with the same raw JSON text (NaN and 1e400 as a peer may
+    write them)."""
     return lambda n: ('{"results": [' + ",".join([result_text] * n) + "]}").encode()
 
 
@@ -97,7 +109,7 @@ BAD_ANSWERS = {
     "text": _with(text=["x"]),
     "output_tokens": _with(output_tokens=-5),
     "token_ids": _with(token_ids="abc"),
-    "input_tokens": _with(input_tokens=float("nan")),         # json.dumps writes NaN: a peer may too
+    "input_tokens": _with(input_tokens=float("nan")),  # json.dumps writes NaN: a peer may too
     "output_tokens ": _with(output_tokens=1e400),               # Infinity
     "output_tokens  ": _with(output_tokens=True),
     "output_tokens   ": _with(output_tokens=2.0),
@@ -118,7 +130,9 @@ def test_a_malformed_answer_is_that_requests_error_naming_the_field(field):
     finally:
         fake.close()
     message = str(caught.value)
-    assert message.startswith("node fake answered a request with") and field.strip() in message, message
+    assert message.startswith("node fake answered a request with") and field.strip() in message, (
+        message
+    )
     assert not isinstance(caught.value, NodeDown)       # the request's error: the run goes on
 
 
@@ -143,7 +157,8 @@ def test_a_node_that_never_answers_a_post_holds_a_batch_only_for_the_stall_windo
     holder: dict = {}
 
     def hang(n: int) -> bytes:
-        holder["fake"].release.wait(120)        # released at teardown: the POST never gets an answer before
+        # released at teardown: the POST never gets an answer before
+        holder["fake"].release.wait(120)
         return b'{"results": []}'
 
     fake = holder["fake"] = FakeNode(hang)
@@ -161,9 +176,12 @@ def test_a_slow_answer_from_a_node_that_shows_progress_is_awaited():
     steps = {"n": 0}
 
     def stats() -> dict:
-        steps["n"] += 1                         # the engine steps on: the node works
-        return {"engines": [{"card": "cpu0", "engine_steps": steps["n"]}], "broker": {"dispatched": 1},
-                "open_requests": 1}
+        steps["n"] += 1  # the engine steps on: the node works
+        return {
+            "engines": [{"card": "cpu0", "engine_steps": steps["n"]}],
+            "broker": {"dispatched": 1},
+            "open_requests": 1,
+        }
 
     def slow(n: int) -> bytes:
         time.sleep(5)                           # more than twice the stall window

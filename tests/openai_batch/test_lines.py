@@ -1,5 +1,6 @@
-"""The whole batch file checked before any engine loads: one line per bad input line, naming file, line and
-custom_id; the bodies go through forge serve's OpenAI request models (the same refusals)."""
+"""The whole batch file checked before any engine loads: one line per bad input line, naming file,
+line and custom_id; the bodies go through forge serve's OpenAI request models (the same
+refusals)."""
 from __future__ import annotations
 
 import json
@@ -8,7 +9,13 @@ from pathlib import Path
 import pytest
 
 from forge.errors import ForgeError
-from forge.openai_batch.lines import SHOWN_PROBLEMS, check_file, check_line, refuse_problems, LineRefused
+from forge.openai_batch.lines import (
+    SHOWN_PROBLEMS,
+    check_file,
+    check_line,
+    refuse_problems,
+    LineRefused,
+)
 
 
 def line(cid, url="/v1/chat/completions", **body):
@@ -93,7 +100,12 @@ def test_an_empty_file_is_refused(tmp_path):
 
 def test_check_line_gives_the_request_models_of_forge_serve():
     cid, url, req = check_line(line("a", max_completion_tokens=5, stop="!"))
-    assert (cid, url, req.max_completion_tokens, req.stops) == ("a", "/v1/chat/completions", 5, ("!",))
+    assert (cid, url, req.max_completion_tokens, req.stops) == (
+        "a",
+        "/v1/chat/completions",
+        5,
+        ("!",),
+    )
     with pytest.raises(LineRefused) as e:
         check_line(line("a", top_logprobs=2))
     assert e.value.param == "top_logprobs"

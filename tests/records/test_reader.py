@@ -20,7 +20,9 @@ def _write(tmp_path, data: bytes, name="in.jsonl"):
 
 
 def test_every_line_is_one_index_and_bad_lines_are_errors(tmp_path):
-    data = b'{"a": 1}\r\n\n   \n\xff\xfe{}\n{"a":\n[1, 2]\n"s"\nnull\ntrue\nNaN\n{"b": NaN}\n{"z": 26}'
+    data = (
+        b'{"a": 1}\r\n\n   \n\xff\xfe{}\n{"a":\n[1, 2]\n"s"\nnull\ntrue\nNaN\n{"b": NaN}\n{"z": 26}'
+    )
     src = open_records(_write(tmp_path, data))
     items = list(src)
     assert [i for i, _ in items] == list(range(12)) and src.count() == 12
@@ -40,7 +42,9 @@ def test_byte_order_mark_is_not_part_of_the_first_record(tmp_path):
 
 def test_oversized_line_is_an_error_row_and_not_held_in_memory(tmp_path):
     big = b'{"x": "' + b"y" * 5000 + b'"}'
-    src = open_records(_write(tmp_path, b'{"a": 1}\n' + big + b'\n{"b": 2}\n' + big), max_line_bytes=100)
+    src = open_records(
+        _write(tmp_path, b'{"a": 1}\n' + big + b'\n{"b": 2}\n' + big), max_line_bytes=100
+    )
     items = list(src)
     assert [i for i, _ in items] == [0, 1, 2, 3] and src.count() == 4
     assert items[1][1].type == "InputTooLarge" and items[3][1].type == "InputTooLarge"
@@ -84,10 +88,22 @@ def test_fingerprint_follows_content_not_mtime(tmp_path):
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.lists(st.one_of(st.binary(max_size=40), st.dictionaries(st.text(max_size=5), st.integers()).map(
-    lambda d: json.dumps(d).encode())), max_size=30), st.booleans())
+@given(
+    st.lists(
+        st.one_of(
+            st.binary(max_size=40),
+            st.dictionaries(st.text(max_size=5), st.integers()).map(
+                lambda d: json.dumps(d).encode()
+            ),
+        ),
+        max_size=30,
+    ),
+    st.booleans(),
+)
 def test_count_matches_iteration_for_any_bytes(tmp_path_factory, lines, trailing_newline):
-    data = b"\n".join(line.replace(b"\n", b" ") for line in lines) + (b"\n" if trailing_newline and lines else b"")
+    data = b"\n".join(line.replace(b"\n", b" ") for line in lines) + (
+        b"\n" if trailing_newline and lines else b""
+    )
     path = tmp_path_factory.mktemp("h") / "in.jsonl"
     path.write_bytes(data)
     src = open_records(path, max_line_bytes=32)
@@ -102,8 +118,11 @@ def test_parquet_rows_become_records(tmp_path):
     import pyarrow.parquet as pq
 
     path = tmp_path / "in.parquet"
-    pq.write_table(pa.table({"id": list(range(3000)), "text": [f"t{i}" for i in range(3000)]}), path,
-                   row_group_size=700)
+    pq.write_table(
+        pa.table({"id": list(range(3000)), "text": [f"t{i}" for i in range(3000)]}),
+        path,
+        row_group_size=700,
+    )
     src = open_records(path)
     assert src.format == "parquet" and src.count() == 3000
     items = list(src.records(skip=lambda i: i < 2048 or i % 2))

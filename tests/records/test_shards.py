@@ -1,5 +1,6 @@
-"""--input as a folder, a glob, a compressed file or a pipe (forge/records/shards.py): order, global indices,
-identity, refusals. Real files on disk; the end-to-end runs are in tests/e2e/test_input_shards.py."""
+"""--input as a folder, a glob, a compressed file or a pipe (forge/records/shards.py): order, global
+indices, identity, refusals. Real files on disk; the end-to-end runs are in
+tests/e2e/test_input_shards.py."""
 import gzip
 import json
 import os
@@ -41,7 +42,7 @@ def test_a_folder_is_read_in_path_order_with_one_global_index(shards):
     assert [r["id"] for _, r in got[:7]] == list(range(7))
     bad = got[7][1]
     assert isinstance(bad, InputError) and bad.type == "InputInvalidJSON"
-    assert "part=2/c.jsonl:3:" in bad.message      # the shard and its own line, not the global index
+    assert "part=2/c.jsonl:3:" in bad.message  # the shard and its own line, not the global index
 
 
 def test_skip_is_by_global_index_and_a_settled_shard_is_not_opened(shards):
@@ -69,7 +70,8 @@ def test_the_shard_set_is_the_input_identity(shards):
     after = open_input(shards).fingerprint()
     assert after["input_shards"] == 4 and after != before
     (shards / "d.jsonl").unlink()
-    os.rename(shards / "b.jsonl", shards / "bb.jsonl")      # same bytes, another name: another shard set
+    # same bytes, another name: another shard set
+    os.rename(shards / "b.jsonl", shards / "bb.jsonl")
     assert open_input(shards).fingerprint() != before
 
 
@@ -90,7 +92,9 @@ def test_empty_folder_and_missing_zstandard_are_refused_in_one_line(tmp_path):
     try:
         import zstandard  # noqa: F401
     except ImportError:
-        with pytest.raises(ForgeError, match=r"x.jsonl.zst: reading .zst needs the zstandard module"):
+        with pytest.raises(
+            ForgeError, match=r"x.jsonl.zst: reading .zst needs the zstandard module"
+        ):
             open_input(z)
     else:
         pytest.skip("zstandard is installed here")
@@ -131,25 +135,34 @@ def test_an_output_among_the_shards_is_seen(shards, tmp_path):
 
 
 def test_forge_own_side_files_are_never_shards_and_are_listed(shards):
-    """A report, a ledger (and its -wal), a Parquet run's staging file in the input folder: left out, each named
-    with what it is. A user's file that only looks like one by name is read."""
-    (shards / "results.report.json").write_text('{\n "format": "forge-run-report",\n "version": 1\n}\n')
+    """A report, a ledger (and its -wal), a Parquet run's staging file in the input folder: left
+    out, each named with what it is. A user's file that only looks like one by name is read."""
+    (shards / "results.report.json").write_text('{\n "format": "forge-run-report",\n "version": '
+                                                '1\n}\n')
     (shards / "results.report.md").write_text("# forge run report\n")
     (shards / "out.parquet.staging.jsonl").write_text(_lines([50]))
-    (shards / "mine.report.json").write_text(_lines([60]))         # the user's own data, named like a report
+    # the user's own data, named like a report
+    (shards / "mine.report.json").write_text(_lines([60]))
     src = open_input(shards)
     names = [s.path.name for s in src.shards]
     assert "results.report.json" not in names and "out.parquet.staging.jsonl" not in names
     assert "mine.report.json" in names
     assert sorted((p.name, what) for p, what in src.skipped) == [
-        ("out.parquet.staging.jsonl", "a Parquet run's staging file"), ("results.report.json", "forge's run report")]
+        ("out.parquet.staging.jsonl", "a Parquet run's staging file"),
+        ("results.report.json", "forge's run report"),
+    ]
     g = open_input(str(shards / "*"))
-    assert {p.name for p, _ in g.skipped} == {"results.report.json", "results.report.md", "out.parquet.staging.jsonl"}
+    assert {p.name for p, _ in g.skipped} == {
+        "results.report.json",
+        "results.report.md",
+        "out.parquet.staging.jsonl",
+    }
     assert not g.would_read(shards / "out.jsonl.ledger.sqlite")
 
 
 def test_a_single_compressed_file_reads_only_itself(tmp_path):
-    """Issue 50 item 5: an output beside a lone .jsonl.gz is not among its shards (it is for a folder)."""
+    """Issue 50 item 5: an output beside a lone .jsonl.gz is not among its shards (it is for a
+    folder)."""
     gz = tmp_path / "in.jsonl.gz"
     gz.write_bytes(gzip.compress(_lines(range(3)).encode()))
     src = open_input(gz)

@@ -18,7 +18,9 @@ def test_rows_have_the_documented_shape():
         "index": 4, "error": {"type": "ValueError", "message": "bad\nthing"}}
 
 
-@pytest.mark.parametrize("value", [{1, 2}, object(), float("nan"), {"x": float("inf")}, "\ud800", b"bytes"])
+@pytest.mark.parametrize(
+    "value", [{1, 2}, object(), float("nan"), {"x": float("inf")}, "\ud800", b"bytes"]
+)
 def test_results_that_are_not_strict_json_become_serialization_errors(value):
     line, err = encode_result(0, value)
     row = json.loads(line)
@@ -80,7 +82,9 @@ def test_reconcile_cuts_trailing_garbage_but_refuses_garbage_in_the_middle(tmp_p
 
 def test_reconcile_reports_duplicates_and_reads_foreign_key_order(tmp_path):
     path = tmp_path / "out.jsonl"
-    path.write_text('{"result": 1, "index": 4}\n{"index": 4, "result": 2}\n{"index":9,"error":{}}\n')
+    path.write_text(
+        '{"result": 1, "index": 4}\n{"index": 4, "result": 2}\n{"index":9,"error":{}}\n'
+    )
     w = OutputWriter(path)
     rec = w.reconcile()
     assert sorted(rec.present) == [4, 9] and rec.duplicates == 1 and rec.first_duplicates == [4]
@@ -100,7 +104,12 @@ def test_parquet_output_keeps_typed_result_columns(tmp_path):
     got = table.to_pylist()
     assert got[4] == {"index": 4, "result": {"id": 4, "text": "t4", "score": 2.0},
                       "error_type": None, "error_message": None}
-    assert got[3] == {"index": 3, "result": None, "error_type": "ValueError", "error_message": "nope"}
+    assert got[3] == {
+        "index": 3,
+        "result": None,
+        "error_type": "ValueError",
+        "error_message": "nope",
+    }
 
 
 def test_parquet_output_falls_back_to_json_text_when_results_do_not_unify(tmp_path):
@@ -123,20 +132,25 @@ def test_parquet_output_without_pyarrow_is_refused(tmp_path, monkeypatch):
 def _strict_json(line: str) -> dict:
     """Parse as a strict reader would: a lone surrogate (escaped or not) is not text."""
     row = json.loads(line)
-    json.dumps(row, ensure_ascii=False).encode("utf-8")      # raises UnicodeEncodeError on a lone surrogate
+    # raises UnicodeEncodeError on a lone surrogate
+    json.dumps(row, ensure_ascii=False).encode("utf-8")
     return row
 
 
-@pytest.mark.parametrize("message", ["in/a\udcff.jsonl:3: not valid JSON", "lone \ud800 high", "ok é ✓"])
+@pytest.mark.parametrize(
+    "message", ["in/a\udcff.jsonl:3: not valid JSON", "lone \ud800 high", "ok é ✓"]
+)
 def test_error_rows_are_valid_text_whatever_the_message_holds(message):
-    """A file name that is not UTF-8 (surrogateescape) or an exception message holding a lone surrogate: the row is
-    strict JSON, the undecodable part written as an escape in the text; valid text is kept as it is."""
+    """A file name that is not UTF-8 (surrogateescape) or an exception message holding a lone
+    surrogate: the row is strict JSON, the undecodable part written as an escape in the text; valid
+    text is kept as it is."""
     row = _strict_json(encode_error(1, "ValueError\udcfe", message))["error"]
     if message.isascii() or "✓" in message:
         assert row["message"] == message
     else:
-        assert "\\ud" in row["message"] and row["message"].replace("\\udcff", "").replace("\\ud800", "") == \
-            message.replace("\udcff", "").replace("\ud800", "")
+        assert "\\ud" in row["message"] and row["message"].replace("\\udcff", "").replace(
+            "\\ud800", ""
+        ) == message.replace("\udcff", "").replace("\ud800", "")
     assert row["type"] == "ValueError\\udcfe"
 
 
@@ -164,11 +178,11 @@ def test_the_writer_notices_its_output_deleted_replaced_or_cut(tmp_path):
 def test_a_file_that_grows_or_is_written_by_forge_alone_is_still_the_output(tmp_path):
     path = tmp_path / "out.jsonl"
     path.write_text(_rows(0)[0] + "\n")
-    w = OutputWriter(path)                          # an earlier start's rows: where forge's bytes end now
+    w = OutputWriter(path)  # an earlier start's rows: where forge's bytes end now
     w.append(_rows(1))
     w.truncate(path.stat().st_size)
     assert w.lost() is None
     with open(path, "a") as f:
-        f.write("more\n")                            # longer is not lost (a resume refuses foreign lines)
+        f.write("more\n")  # longer is not lost (a resume refuses foreign lines)
     assert w.lost() is None
     w.close()

@@ -1,5 +1,5 @@
-"""Shared pieces of the reliability suite: the real `forge` CLI in subprocesses, inputs, outputs, ledgers,
-RSS sampling, and a place to put the figures docs/reliability.md reports."""
+"""Shared pieces of the reliability suite: the real `forge` CLI in subprocesses, inputs, outputs,
+ledgers, RSS sampling, and a place to put the figures docs/reliability.md reports."""
 from __future__ import annotations
 
 import json
@@ -29,8 +29,21 @@ def env(**extra: str) -> dict[str, str]:
     return forge_env(extra)
 
 
-def run_argv(target, inp: Path, out: Path, node: Optional[Path] = NODES / "instant.yaml", *extra) -> list[str]:
-    args = ["run", target, "--input", inp, "--output", out, "--progress", "off", "--no-report", *extra]
+def run_argv(
+    target, inp: Path, out: Path, node: Optional[Path] = NODES / "instant.yaml", *extra
+) -> list[str]:
+    args = [
+        "run",
+        target,
+        "--input",
+        inp,
+        "--output",
+        out,
+        "--progress",
+        "off",
+        "--no-report",
+        *extra,
+    ]
     if node is not None:
         args[2:2] = ["--node", node]
     return forge_argv(*args)
@@ -41,12 +54,24 @@ def forge(*args, timeout: float = 120, cwd: Path = REPO, env_extra: Optional[dic
     return forge_process(*args, cwd=cwd, env=env_extra, timeout=timeout, preexec_fn=preexec_fn)
 
 
-def start(argv: Sequence[str], *, stderr_path: Path, cwd: Path = REPO, env_extra: Optional[dict] = None,
-          preexec_fn=None) -> subprocess.Popen:
+def start(
+    argv: Sequence[str],
+    *,
+    stderr_path: Path,
+    cwd: Path = REPO,
+    env_extra: Optional[dict] = None,
+    preexec_fn=None,
+) -> subprocess.Popen:
     err = open(stderr_path, "w")
     try:
-        return subprocess.Popen(list(argv), cwd=cwd, env=env(**(env_extra or {})), stdout=subprocess.DEVNULL,
-                                stderr=err, preexec_fn=preexec_fn)
+        return subprocess.Popen(
+            list(argv),
+            cwd=cwd,
+            env=env(**(env_extra or {})),
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            preexec_fn=preexec_fn,
+        )
     finally:
         err.close()
 
@@ -62,7 +87,8 @@ def echo_record(i: int) -> dict:
 
 
 def write_echo_input(path: Path, n: int, *, bad_every: int = 0) -> Path:
-    """n lines; with bad_every, every bad_every-th line (offset 7) is not JSON (an error row for that index)."""
+    """n lines; with bad_every, every bad_every-th line (offset 7) is not JSON (an error row for
+    that index)."""
     with open(path, "w") as f:
         for i in range(n):
             if bad_every and i % bad_every == 7:
@@ -72,7 +98,8 @@ def write_echo_input(path: Path, n: int, *, bad_every: int = 0) -> Path:
     return path
 
 
-# --- outputs and ledgers -----------------------------------------------------------------------------
+# --- outputs and ledgers
+# -----------------------------------------------------------------------------
 def read_rows(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
@@ -85,7 +112,7 @@ def settled_now(output: Path, ledger: Path) -> set[int]:
     """Indices durable after a kill: complete output lines + rows settled in the ledger."""
     done: set[int] = set()
     if output.exists():
-        for line in output.read_bytes().split(b"\n")[:-1]:   # the last piece is a torn tail or empty
+        for line in output.read_bytes().split(b"\n")[:-1]:  # the last piece is a torn tail or empty
             try:
                 done.add(json.loads(line)["index"])
             except ValueError:
@@ -106,15 +133,23 @@ def ledger_summary(ledger: Path) -> dict:
     try:
         states = dict(db.execute("SELECT state, COUNT(*) FROM records GROUP BY state").fetchall())
         errors, stored, retried, attempts = db.execute(
-            "SELECT COALESCE(SUM(is_error), 0), COALESCE(SUM(row IS NOT NULL), 0), COALESCE(SUM(attempts > 1), 0), "
+            "SELECT COALESCE(SUM(is_error), 0), COALESCE(SUM(row IS NOT NULL), 0), "
+            "COALESCE(SUM(attempts > 1), 0), "
             "COALESCE(SUM(attempts), 0) FROM records").fetchone()
     finally:
         db.close()
-    return {"states": states, "errors": errors, "stored_rows": stored, "retried": retried, "attempts": attempts}
+    return {
+        "states": states,
+        "errors": errors,
+        "stored_rows": stored,
+        "retried": retried,
+        "attempts": attempts,
+    }
 
 
 def assert_complete(output: Path, ledger: Path, n: int) -> dict:
-    """Every input index exactly once in the output, and the ledger agrees (all written, no stored rows)."""
+    """Every input index exactly once in the output, and the ledger agrees (all written, no stored
+    rows)."""
     rows = read_rows(output)
     idx = sorted(r["index"] for r in rows)
     assert len(idx) == len(set(idx)), f"duplicated rows: {len(idx) - len(set(idx))}"
@@ -130,7 +165,8 @@ def resume_report(stderr: str) -> dict:
     """The numbers of forge's 'resuming ...' line (zeros when the run started fresh)."""
     import re
 
-    m = re.search(r"resuming .*?: (\d+) of (\d+) records already settled \((\d+) written now from the ledger, "
+    m = re.search(r"resuming .*?: (\d+) of (\d+) records already settled \((\d+) written now from "
+                  r"the ledger, "
                   r"(\d+) torn bytes cut\)", stderr)
     if not m:
         return {"settled": 0, "recovered": 0, "torn_bytes": 0}
@@ -138,7 +174,8 @@ def resume_report(stderr: str) -> dict:
 
 
 def wait_for_growth(path: Path, proc: subprocess.Popen, *, beyond: int, timeout_s: float) -> bool:
-    """Wait until `path` is larger than `beyond` bytes (the run is writing rows); False if it ended first."""
+    """Wait until `path` is larger than `beyond` bytes (the run is writing rows); False if it ended
+    first."""
     end = time.monotonic() + timeout_s
     while time.monotonic() < end:
         if proc.poll() is not None:
@@ -161,20 +198,24 @@ def kill9(proc: subprocess.Popen) -> bool:
     return True
 
 
-# --- memory -------------------------------------------------------------------------------------------
+# --- memory
+# -------------------------------------------------------------------------------------------
 def rss_kib(pid: int) -> Optional[tuple[int, int]]:
-    """(VmRSS, VmHWM) of a live process in KiB. VmHWM is the peak since exec; wait4's ru_maxrss is not used
-    because it also counts the pages the child shared with the (large) test process before exec."""
+    """(VmRSS, VmHWM) of a live process in KiB. VmHWM is the peak since exec; wait4's ru_maxrss is
+    not used because it also counts the pages the child shared with the (large) test process before
+    exec."""
     try:
-        fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines())
+        fields = dict(
+            line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+        )
         return int(fields["VmRSS"].split()[0]), int(fields["VmHWM"].split()[0])
     except (FileNotFoundError, ProcessLookupError, KeyError, ValueError):
         return None
 
 
 class RssSampler(threading.Thread):
-    """Samples a process's RSS (from /proc) every `every_s`; `samples` is [(t, kib)], `peak_kib` the highest
-    VmHWM seen (the peak up to the last sample)."""
+    """Samples a process's RSS (from /proc) every `every_s`; `samples` is [(t, kib)], `peak_kib` the
+    highest VmHWM seen (the peak up to the last sample)."""
 
     def __init__(self, pid: int, every_s: float = 0.1):
         super().__init__(daemon=True)
@@ -202,9 +243,11 @@ class RssSampler(threading.Thread):
         return max([self.hwm_kib] + [k for _, k in self.samples])
 
 
-# --- figures -------------------------------------------------------------------------------------------
+# --- figures
+# -------------------------------------------------------------------------------------------
 def record_figures(name: str, **figures) -> None:
-    """Print the figures (visible with -s) and, with FORGE_RELIABILITY_FIGURES=path, append them as JSON."""
+    """Print the figures (visible with -s) and, with FORGE_RELIABILITY_FIGURES=path, append them as
+    JSON."""
     line = json.dumps({"test": name, **figures}, sort_keys=True, default=str)
     print(f"\nFIGURES {line}")
     target = os.environ.get("FORGE_RELIABILITY_FIGURES")

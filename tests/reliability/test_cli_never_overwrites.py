@@ -1,6 +1,7 @@
-"""`forge run` never writes over a file it did not write (issue 13, item 1), through the real CLI: the input as
-its own output (by name, symlink, hard link), an unrelated file, a symlink's target, another run's output, an
-unrelated Parquet file. Each is refused with exit 1 and one line; the file is byte for byte what it was."""
+"""`forge run` never writes over a file it did not write (issue 13, item 1), through the real CLI:
+the input as its own output (by name, symlink, hard link), an unrelated file, a symlink's target,
+another run's output, an unrelated Parquet file. Each is refused with exit 1 and one line; the file
+is byte for byte what it was."""
 from __future__ import annotations
 
 import os
@@ -13,7 +14,8 @@ N = 40
 
 
 def _run(inp, out, *extra):
-    return forge(*run_argv(ECHO, inp, out)[3:], *extra, timeout=120)     # argv without "python -m forge"
+    # argv without "python -m forge"
+    return forge(*run_argv(ECHO, inp, out)[3:], *extra, timeout=120)
 
 
 def _refused(inp, out, protected, *extra, pattern: str):
@@ -54,11 +56,13 @@ def test_an_unrelated_file_or_a_symlinks_target_is_never_overwritten(tmp_path, r
 def test_another_runs_output_is_replaced_only_with_restart(tmp_path):
     inp = write_echo_input(tmp_path / "in.jsonl", N)
     out = tmp_path / "out.jsonl"
-    r = _run(inp, out, "--ledger", tmp_path / "first.sqlite", "--max-errors", "0")    # stops at record 13
+    # stops at record 13
+    r = _run(inp, out, "--ledger", tmp_path / "first.sqlite", "--max-errors", "0")
     assert r.returncode == 4, r.stderr
-    _refused(inp, out, out, pattern="rows but its ledger")         # its own ledger is elsewhere: not this run's
+    # its own ledger is elsewhere: not this run's
+    _refused(inp, out, out, pattern="rows but its ledger")
     r = _run(inp, out, "--restart")
-    assert r.returncode == 3, r.stderr                               # complete; echo fails record 13 on purpose
+    assert r.returncode == 3, r.stderr  # complete; echo fails record 13 on purpose
 
 
 @pytest.mark.parametrize("restart", [[], ["--restart"]])

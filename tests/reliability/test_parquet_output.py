@@ -1,7 +1,8 @@
-"""A Parquet output is read back before a run says it is complete (issue 29, rows 3, 4 and 8). What its typed
-columns cannot hold (nesting too deep for Parquet readers, integers outside int64, keys that differ per record) goes
-to the JSON column, and the conversion stays linear in rows. Real `forge run` subprocesses on the instant node;
-the linearity case converts a real staging file in-process (it is the conversion alone)."""
+"""A Parquet output is read back before a run says it is complete (issue 29, rows 3, 4 and 8). What
+its typed columns cannot hold (nesting too deep for Parquet readers, integers outside int64, keys
+that differ per record) goes to the JSON column, and the conversion stays linear in rows. Real
+`forge run` subprocesses on the instant node; the linearity case converts a real staging file
+in-process (it is the conversion alone)."""
 from __future__ import annotations
 
 import json
@@ -64,8 +65,9 @@ def _results(path) -> dict[int, object]:
 @pytest.mark.slow
 @pytest.mark.parametrize("only", [None, 3, 5, 7, 9])
 def test_results_the_typed_columns_cannot_hold_go_to_the_json_column(tmp_path, only):
-    """50 nested lists, 99 nested objects, 2**64, -2**63-1: the run exits 0, the file opens, every value reads
-    back exactly, no temp file is left, and the rerun says complete (it said 'not forge output' or crashed)."""
+    """50 nested lists, 99 nested objects, 2**64, -2**63-1: the run exits 0, the file opens, every
+    value reads back exactly, no temp file is left, and the rerun says complete (it said 'not forge
+    output' or crashed)."""
     fn = tmp_path / "poison.py"
     fn.write_text(POISON)
     ids = range(N) if only is None else [0, 1, only]
@@ -77,8 +79,12 @@ def test_results_the_typed_columns_cannot_hold_go_to_the_json_column(tmp_path, o
     assert r.returncode == 0, r.stderr
     got = _results(out)
     assert got == {k: _expected(i) for k, i in enumerate(ids)}
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl", "out.parquet", "out.parquet.ledger.sqlite",
-                                                           "poison.py"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "in.jsonl",
+        "out.parquet",
+        "out.parquet.ledger.sqlite",
+        "poison.py",
+    ]
     r = _run(fn, inp, out)
     assert r.returncode == 0 and "already complete" in r.stderr, r.stderr
     r = _run(fn, inp, out, "--restart")
@@ -100,8 +106,9 @@ def test_a_typed_output_stays_typed(tmp_path):
 
 @pytest.mark.parametrize("rows", [10_000])
 def test_keys_that_differ_per_record_convert_in_linear_time(tmp_path, rows):
-    """Row 8: 10,000 results, each with its own key. Arrow unified them into one struct of 10,000 fields, so each
-    batch cost grew with the rows seen (27 s here; 40,000 rows took 656 s). They go to the JSON column now."""
+    """Row 8: 10,000 results, each with its own key. Arrow unified them into one struct of 10,000
+    fields, so each batch cost grew with the rows seen (27 s here; 40,000 rows took 656 s). They go
+    to the JSON column now."""
     from forge.records.parquet_out import jsonl_to_parquet
 
     staging = tmp_path / "out.parquet.staging.jsonl"
@@ -114,19 +121,24 @@ def test_keys_that_differ_per_record_convert_in_linear_time(tmp_path, rows):
     schema = pq.read_schema(tmp_path / "out.parquet")
     assert schema.names == ["index", "result_json", "error_type", "error_message"], schema
     got = pq.read_table(tmp_path / "out.parquet").to_pylist()
-    assert [json.loads(r["result_json"]) for r in got[:3]] == [{"key0": 0}, {"key1": 1}, {"key2": 2}]
+    assert [json.loads(r["result_json"]) for r in got[:3]] == [
+        {"key0": 0},
+        {"key1": 1},
+        {"key2": 2},
+    ]
     record_figures("parquet-varying-keys", rows=rows, seconds=round(seconds, 2))
 
 
 def test_an_output_that_cannot_be_read_back_keeps_its_staging_file(tmp_path, monkeypatch):
-    """When even the JSON column cannot be read back, the run is not complete: the staging file stays (the rows
-    are not lost) and the error is one line naming the output."""
+    """When even the JSON column cannot be read back, the run is not complete: the staging file
+    stays (the rows are not lost) and the error is one line naming the output."""
     from forge.errors import ForgeError
     from forge.records import parquet_out
 
     staging = tmp_path / "out.parquet.staging.jsonl"
     staging.write_text(json.dumps({"index": 0, "result": 1}) + "\n")
-    monkeypatch.setattr(parquet_out, "_read_back", lambda path, rows: "injected: cannot read it back")
+    monkeypatch.setattr(parquet_out, "_read_back", lambda path, rows: "injected: cannot read it "
+                                                                      "back")
     with pytest.raises(ForgeError, match="cannot write Parquet.*injected"):
         parquet_out.jsonl_to_parquet(staging, tmp_path / "out.parquet")
     assert staging.exists() and not (tmp_path / "out.parquet").exists()

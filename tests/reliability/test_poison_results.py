@@ -1,18 +1,25 @@
-"""A poison result (issue 29, row 5) becomes that record's error row, never a run that cannot finish: a result
-over the output row limit (it was stored whole in the ledger: past SQLite's limit the commit failed, the run
-stopped as if the disk were full, and every rerun failed the same way with the batch's other finished results
-never written), and results whose encoding raises what no JSON encoder documents. Real `forge run` on the instant
-node."""
+"""A poison result (issue 29, row 5) becomes that record's error row, never a run that cannot
+finish: a result over the output row limit (it was stored whole in the ledger: past SQLite's limit
+the commit failed, the run stopped as if the disk were full, and every rerun failed the same way
+with the batch's other finished results never written), and results whose encoding raises what no
+JSON encoder documents. Real `forge run` on the instant node."""
 from __future__ import annotations
 
 import json
 
 from forge import constants
-from tests.reliability._rel import (assert_complete, assert_no_traceback, forge, read_rows, record_figures,
-                                    run_argv)
+from tests.reliability._rel import (
+    assert_complete,
+    assert_no_traceback,
+    forge,
+    read_rows,
+    record_figures,
+    run_argv,
+)
 
 N = 20
-LIMIT = getattr(constants, "MAX_OUTPUT_ROW_BYTES", 64 << 20)     # (the name the limit was given with the fix)
+# (the name the limit was given with the fix)
+LIMIT = getattr(constants, "MAX_OUTPUT_ROW_BYTES", 64 << 20)
 POISON = f'''
 import forge
 

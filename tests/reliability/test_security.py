@@ -1,8 +1,8 @@
-"""A locked-down node, tested with real HTTP against `forge provision` in a subprocess: the control endpoint
-binds 127.0.0.1 by default; on any other address it refuses to start without a token, and then rejects every
-request without it; /metrics is read-only. No traffic leaves loopback: a node bound to 0.0.0.0 is reached on
-127.0.0.1. Also: YAML cannot execute code, and a description reads only the paths it names, resolved and
-reported, without quoting what it finds there."""
+"""A locked-down node, tested with real HTTP against `forge provision` in a subprocess: the control
+endpoint binds 127.0.0.1 by default; on any other address it refuses to start without a token, and
+then rejects every request without it; /metrics is read-only. No traffic leaves loopback: a node
+bound to 0.0.0.0 is reached on 127.0.0.1. Also: YAML cannot execute code, and a description reads
+only the paths it names, resolved and reported, without quoting what it finds there."""
 from __future__ import annotations
 
 import json
@@ -17,7 +17,15 @@ import httpx
 import pytest
 
 from forge.config.load import load_paths
-from tests.reliability._rel import FIXTURES, NODES, assert_no_traceback, env, forge, forge_argv, record_figures
+from tests.reliability._rel import (
+    FIXTURES,
+    NODES,
+    assert_no_traceback,
+    env,
+    forge,
+    forge_argv,
+    record_figures,
+)
 
 pytestmark = pytest.mark.timeout(120)
 TOKEN = "s3cret-token-for-tests"
@@ -31,10 +39,22 @@ class Node:
         self.home = tmp / "forge-home"
         self.err = tmp / "provision.err"
         with open(self.err, "w") as err:
-            self.proc = subprocess.Popen(forge_argv("provision", node, "--port", "0", "--metrics-port", "0",
-                                                    "--ready-file", self.ready, *args),
-                                         env=env(FORGE_HOME=str(self.home), **(env_extra or {})),
-                                         stdout=subprocess.DEVNULL, stderr=err)
+            self.proc = subprocess.Popen(
+                forge_argv(
+                    "provision",
+                    node,
+                    "--port",
+                    "0",
+                    "--metrics-port",
+                    "0",
+                    "--ready-file",
+                    self.ready,
+                    *args,
+                ),
+                env=env(FORGE_HOME=str(self.home), **(env_extra or {})),
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+            )
         end = time.monotonic() + 60
         while not self.ready.exists() or not self.ready.read_text().endswith("\n"):
             assert self.proc.poll() is None, self.err.read_text()
@@ -76,8 +96,11 @@ def test_control_endpoint_binds_loopback_by_default(tmp_path):
         assert _listening(node.port) == {"127.0.0.1"}
         r = httpx.get(f"{node.local}/v1/node", timeout=10)
         assert r.status_code == 200 and r.json()["node"] == "instant"
-        r = httpx.post(f"{node.local}/v1/generate", json={"requests": [{"prompt": "hi", "max_tokens": 2}]},
-                       timeout=10)
+        r = httpx.post(
+            f"{node.local}/v1/generate",
+            json={"requests": [{"prompt": "hi", "max_tokens": 2}]},
+            timeout=10,
+        )
         assert r.status_code == 200 and r.json()["results"][0]["output_tokens"] == 2
         metrics_port = int(node.metrics_url.rsplit(":", 1)[1].split("/")[0])
         assert _listening(metrics_port) == {"127.0.0.1"}
@@ -88,17 +111,28 @@ def test_control_endpoint_binds_loopback_by_default(tmp_path):
 
 @pytest.mark.parametrize("how", ["node-file", "flag", "flag-public-address"])
 def test_non_loopback_without_token_refuses_to_start(tmp_path, how):
-    node, args = {"node-file": (NODES / "exposed.yaml", []), "flag": (NODES / "instant.yaml", ["--host", "0.0.0.0"]),
-                  "flag-public-address": (NODES / "instant.yaml", ["--host", "203.0.113.7"])}[how]
+    node, args = {
+        "node-file": (NODES / "exposed.yaml", []),
+        "flag": (NODES / "instant.yaml", ["--host", "0.0.0.0"]),
+        "flag-public-address": (NODES / "instant.yaml", ["--host", "203.0.113.7"]),
+    }[how]
     t0 = time.monotonic()
-    r = forge("provision", node, "--port", "0", *args, env_extra={"FORGE_HOME": str(tmp_path), "FORGE_TOKEN": ""},
-              timeout=60)
+    r = forge(
+        "provision",
+        node,
+        "--port",
+        "0",
+        *args,
+        env_extra={"FORGE_HOME": str(tmp_path), "FORGE_TOKEN": ""},
+        timeout=60,
+    )
     assert r.returncode == 1, r.stderr
     lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("forge: refusing to bind the control endpoint to ")
+    assert len(lines) == 1 and lines[0].startswith("forge: refusing to bind the control endpoint "
+                                                   "to ")
     assert "without a token: set $FORGE_TOKEN" in lines[0]
     assert_no_traceback(r.stderr)
-    assert time.monotonic() - t0 < 30                            # refused before any engine was loaded
+    assert time.monotonic() - t0 < 30  # refused before any engine was loaded
 
 
 def test_non_loopback_with_token_requires_it_on_every_request(tmp_path):
@@ -120,7 +154,9 @@ def test_non_loopback_with_token_requires_it_on_every_request(tmp_path):
         for name, headers in cases.items():
             for method, path, body in (("GET", "/v1/node", None), ("GET", "/v1/stats", None),
                                        ("POST", "/v1/generate", gen)):
-                r = httpx.request(method, f"{node.local}{path}", headers=headers, json=body, timeout=10)
+                r = httpx.request(
+                    method, f"{node.local}{path}", headers=headers, json=body, timeout=10
+                )
                 results[(name, method, path)] = r.status_code
                 assert r.status_code == 401, (name, method, path, r.status_code, r.text)
         r = httpx.get(f"{node.local}/v1/node", params={"token": TOKEN}, timeout=10)
@@ -130,7 +166,15 @@ def test_non_loopback_with_token_requires_it_on_every_request(tmp_path):
         r = httpx.post(f"{node.local}/v1/generate", headers=ok, json=gen, timeout=10)
         assert r.status_code == 200 and r.json()["results"][0]["output_tokens"] == 2
         # a token-protected node has no unauthenticated route but the health probe
-        for path in ("/openapi.json", "/docs", "/redoc", "/V1/node", "//v1/node", "/v1//node", "/%76%31/node"):
+        for path in (
+            "/openapi.json",
+            "/docs",
+            "/redoc",
+            "/V1/node",
+            "//v1/node",
+            "/v1//node",
+            "/%76%31/node",
+        ):
             r = httpx.get(f"{node.local}{path}", timeout=10)
             assert r.status_code in (401, 404), (path, r.status_code)
         assert httpx.get(f"{node.local}/health", timeout=10).status_code == 200
@@ -154,8 +198,10 @@ def test_metrics_endpoint_is_read_only(tmp_path):
         assert node.stop() == 0, node.err.read_text()
 
 
-# --- descriptions cannot run code or read what they do not name ------------------------------------------------
-TAGS = ["!!python/object/apply:os.system ['touch {marker}']", "!!python/object/new:os.system ['touch {marker}']",
+# --- descriptions cannot run code or read what they do not name
+# ------------------------------------------------
+TAGS = ["!!python/object/apply:os.system ['touch {marker}']", "!!python/object/new:os.system "
+                                                              "['touch {marker}']",
         "!!python/name:os.system", "!!python/module:os", "!!python/object:os.system {{}}"]
 
 
@@ -175,8 +221,11 @@ def test_yaml_tags_cannot_execute_code(tmp_path, tag):
 def test_backend_and_wraps_names_never_import_code(tmp_path):
     contract = (FIXTURES / "contracts" / "freeze-brief.yaml").read_text()
     bad = tmp_path / "bad.yaml"
-    bad.write_text(contract.replace("backend: faults", "backend: os.system").replace("wraps: instant",
-                                                                                     "wraps: ../../evil"))
+    bad.write_text(
+        contract.replace("backend: faults", "backend: os.system").replace(
+            "wraps: instant", "wraps: ../../evil"
+        )
+    )
     loaded = load_paths([bad])
     messages = [p.render() for p in loaded.problems]
     assert any("$.backend: unknown backend 'os.system'" in m for m in messages), messages
@@ -184,8 +233,9 @@ def test_backend_and_wraps_names_never_import_code(tmp_path):
 
 
 def test_paths_are_resolved_reported_and_not_quoted(tmp_path):
-    """A description may name any path; forge reads only those, reports each resolved, and never echoes the
-    content of a file that is not YAML it understands (an .env, a key) into its messages."""
+    """A description may name any path; forge reads only those, reports each resolved, and never
+    echoes the content of a file that is not YAML it understands (an .env, a key) into its
+    messages."""
     secret = tmp_path / "outside" / ".env"
     secret.parent.mkdir()
     secret.write_text("OPENAI_API_KEY=sk-live-DO-NOT-PRINT-0123456789\n")
@@ -193,13 +243,16 @@ def test_paths_are_resolved_reported_and_not_quoted(tmp_path):
     node.parent.mkdir()
     node.write_text((FIXTURES / "nodes" / "instant.yaml").read_text()
                     .replace("contracts: [../contracts/instant-tiny.yaml]",
-                             f"contracts: [{FIXTURES / 'contracts' / 'instant-tiny.yaml'}, ../outside/.env, "
+                             f"contracts: [{FIXTURES / 'contracts' / 'instant-tiny.yaml'}, "
+                             "../outside/.env, "
                              "../../../../../../../../../../etc/hostname, /dev/zero]"))
     r = forge("validate", node, cwd=tmp_path, env_extra={"FORGE_HOME": str(tmp_path)})
     out = r.stdout + r.stderr
     assert r.returncode == 1, out
     assert "sk-live" not in out and "OPENAI_API_KEY" not in out, out
-    assert "outside/.env::$: expected a mapping, got string of" in out, out      # resolved, relative to cwd
-    assert "/etc/hostname::$" in out or "/etc/hostname" in out, out               # '../..' resolved to the real path
+    # resolved, relative to cwd
+    assert "outside/.env::$: expected a mapping, got string of" in out, out
+    # '../..' resolved to the real path
+    assert "/etc/hostname::$" in out or "/etc/hostname" in out, out
     assert "/dev/zero::$: not a regular file" in out, out
     assert_no_traceback(out)

@@ -1,15 +1,23 @@
-"""Files forge writes beside the output (issue 29, rows 1 and 2 and the smaller file items): report temps, the
-Parquet staging file and the ledger are created exclusively in the target folder, never through a link, never over
-a file the run did not create; their names are checked against the input like any other role. Real `forge run`
-subprocesses on the instant node; every refusal is exit 1 and one line."""
+"""Files forge writes beside the output (issue 29, rows 1 and 2 and the smaller file items): report
+temps, the Parquet staging file and the ledger are created exclusively in the target folder, never
+through a link, never over a file the run did not create; their names are checked against the input
+like any other role. Real `forge run` subprocesses on the instant node; every refusal is exit 1 and
+one line."""
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
 
-from tests.reliability._rel import (ECHO, assert_complete, assert_no_traceback, forge, read_rows, run_argv,
-                                    write_echo_input)
+from tests.reliability._rel import (
+    ECHO,
+    assert_complete,
+    assert_no_traceback,
+    forge,
+    read_rows,
+    run_argv,
+    write_echo_input,
+)
 
 N = 10          # below echo's first failing record (id 13): a clean run exits 0
 
@@ -27,8 +35,8 @@ def _one_line_refusal(r, pattern: str) -> None:
 
 @pytest.mark.parametrize("which", ["json", "md"])
 def test_a_file_at_the_report_temp_name_is_never_written_nor_renamed(tmp_path, which):
-    """Row 1: the input sits at OUT.report.<which>.tmp, and a symlink to a victim at the other temp name. Both
-    stay byte for byte what they were; the report is written."""
+    """Row 1: the input sits at OUT.report.<which>.tmp, and a symlink to a victim at the other temp
+    name. Both stay byte for byte what they were; the report is written."""
     out = tmp_path / "out.jsonl"
     other = "md" if which == "json" else "json"
     inp = write_echo_input(tmp_path / f"out.jsonl.report.{which}.tmp", N)
@@ -42,11 +50,17 @@ def test_a_file_at_the_report_temp_name_is_never_written_nor_renamed(tmp_path, w
     assert inp.read_bytes() == before, "the input was overwritten by the report"
     assert victim.read_text() == "not forge's\n", "the symlink's target was overwritten"
     assert (tmp_path / f"out.jsonl.report.{other}.tmp").is_symlink()
-    assert (tmp_path / "out.jsonl.report.json").read_text().startswith('{\n "format": "forge-run-report"')
+    assert (tmp_path / "out.jsonl.report.json").read_text().startswith('{\n "format": '
+                                                                       '"forge-run-report"')
     assert (tmp_path / "out.jsonl.report.md").read_text().startswith("# forge run report")
     assert_complete(out, tmp_path / "out.jsonl.ledger.sqlite", N)
-    leftovers = sorted(p.name for p in tmp_path.iterdir() if ".report." in p.name and p.name.endswith(".tmp")
-                       and not p.name.startswith("out.jsonl.report."))
+    leftovers = sorted(
+        p.name
+        for p in tmp_path.iterdir()
+        if ".report." in p.name
+        and p.name.endswith(".tmp")
+        and not p.name.startswith("out.jsonl.report.")
+    )
     assert leftovers == [], leftovers
 
 
@@ -62,7 +76,8 @@ def test_the_input_named_as_the_report_is_refused_up_front(tmp_path):
 
 
 def test_a_dangling_symlink_at_the_parquet_staging_name_is_refused(tmp_path):
-    """Row 2: forge never creates a link's target; the link and its (absent) target stay as they were."""
+    """Row 2: forge never creates a link's target; the link and its (absent) target stay as they
+    were."""
     pytest.importorskip("pyarrow")
     inp = write_echo_input(tmp_path / "in.jsonl", N)
     target = tmp_path / "elsewhere" / "taken.jsonl"
@@ -79,7 +94,7 @@ def test_a_symlink_to_a_file_at_the_parquet_staging_name_is_refused(tmp_path):
     pytest.importorskip("pyarrow")
     inp = write_echo_input(tmp_path / "in.jsonl", N)
     victim = tmp_path / "victim.jsonl"
-    victim.write_text("")                               # empty: once looked like a fresh staging file
+    victim.write_text("")  # empty: once looked like a fresh staging file
     (tmp_path / "out.parquet.staging.jsonl").symlink_to(victim)
     r = _run(inp, tmp_path / "out.parquet")
     _one_line_refusal(r, "is a symbolic link")

@@ -1,6 +1,7 @@
-"""Load and soak: many records through the whole `forge run` path (reader, broker, admission, engine, ledger,
-writer), with the process's RSS and peak RSS (VmRSS, VmHWM) sampled from /proc. The instant engine (no model)
-measures forge's own control plane; the real tiny engine runs the long soak under --long."""
+"""Load and soak: many records through the whole `forge run` path (reader, broker, admission,
+engine, ledger, writer), with the process's RSS and peak RSS (VmRSS, VmHWM) sampled from /proc. The
+instant engine (no model) measures forge's own control plane; the real tiny engine runs the long
+soak under --long."""
 from __future__ import annotations
 
 import json
@@ -12,8 +13,16 @@ from pathlib import Path
 import pytest
 
 from forge.constants import EXIT_ERROR_ROWS
-from tests.reliability._rel import (ECHO, NODES, RssSampler, assert_complete, env, record_figures, run_argv,
-                                    write_echo_input)
+from tests.reliability._rel import (
+    ECHO,
+    NODES,
+    RssSampler,
+    assert_complete,
+    env,
+    record_figures,
+    run_argv,
+    write_echo_input,
+)
 
 
 def soak(tmp: Path, n: int, *, node=NODES / "instant.yaml", sample_every_s: float = 0.05,
@@ -24,7 +33,9 @@ def soak(tmp: Path, n: int, *, node=NODES / "instant.yaml", sample_every_s: floa
     argv.remove("--no-report")
     t0 = time.monotonic()
     with open(tmp / "run.err", "w") as err:
-        proc = subprocess.Popen(argv, env=env(**(env_extra or {})), stdout=subprocess.DEVNULL, stderr=err)
+        proc = subprocess.Popen(
+            argv, env=env(**(env_extra or {})), stdout=subprocess.DEVNULL, stderr=err
+        )
     sampler = RssSampler(proc.pid, sample_every_s)
     sampler.start()
     deadline = time.monotonic() + timeout_s
@@ -33,26 +44,37 @@ def soak(tmp: Path, n: int, *, node=NODES / "instant.yaml", sample_every_s: floa
         time.sleep(0.05)
     wall = time.monotonic() - t0
     sampler.stop()
-    assert proc.returncode == EXIT_ERROR_ROWS, (tmp / "run.err").read_text()   # complete, with the planted errors
+    # complete, with the planted errors
+    assert proc.returncode == EXIT_ERROR_ROWS, (tmp / "run.err").read_text()
     ledger_path = out.with_name(out.name + ".ledger.sqlite")
     summary = assert_complete(out, ledger_path, n)
     report = json.loads(out.with_name(out.name + ".report.json").read_text())
     samples = sampler.samples
-    # "flat": after the first quarter of the run (imports, engine, first batches) RSS may not keep climbing
+    # "flat": after the first quarter of the run (imports, engine, first batches) RSS may not keep
+    # climbing
     warm = [k for t, k in samples if t >= wall * 0.25]
     return {
-        "records": n, "wall_s": round(wall, 1), "records_per_s": round(n / wall),
+        "records": n,
+        "wall_s": round(wall, 1),
+        "records_per_s": round(n / wall),
         "peak_rss_mib": round(sampler.peak_kib / 1024, 1),
         "rss_after_warmup_mib": round(warm[0] / 1024, 1) if warm else None,
         "rss_growth_after_warmup_mib": round((max(warm) - warm[0]) / 1024, 1) if warm else None,
-        "ledger_bytes": ledger_path.stat().st_size, "ledger_bytes_per_record": round(ledger_path.stat().st_size / n, 1),
+        "ledger_bytes": ledger_path.stat().st_size,
+        "ledger_bytes_per_record": round(ledger_path.stat().st_size / n, 1),
         "output_bytes": out.stat().st_size,
-        "ledger_commits": report["ledger"]["commits"], "ledger_rows_committed": report["ledger"]["rows_committed"],
-        "ledger_row_changes_per_s": round(report["ledger"]["rows_committed"] / report["summary"]["wall_s"]),
+        "ledger_commits": report["ledger"]["commits"],
+        "ledger_rows_committed": report["ledger"]["rows_committed"],
+        "ledger_row_changes_per_s": round(
+            report["ledger"]["rows_committed"] / report["summary"]["wall_s"]
+        ),
         "ledger_mean_commit_ms": round(report["ledger"]["mean_commit_s"] * 1000, 2),
-        "error_rows": summary["errors"], "retried_records": summary["retried"],
+        "error_rows": summary["errors"],
+        "retried_records": summary["retried"],
         "requeued_requests": sum(c["requests"]["requeued"] for c in report["cards"]),
-        "rss_series_mib": [(round(t, 1), round(k / 1024, 1)) for t, k in samples[:: max(1, len(samples) // 20)]],
+        "rss_series_mib": [
+            (round(t, 1), round(k / 1024, 1)) for t, k in samples[:: max(1, len(samples) // 20)]
+        ],
     }
 
 

@@ -1,4 +1,5 @@
-"""A synthetic two-card run, driven by a fake clock: the stats objects a real node would hand out."""
+"""A synthetic two-card run, driven by a fake clock: the stats objects a real node would hand
+out."""
 from __future__ import annotations
 
 import math
@@ -36,7 +37,11 @@ class SyntheticRun:
         for card, tier, budget, slots, blocks, speed in CARDS:
             s = self.engines[card]
             stalled = card == "gpu1" and STALL[0] <= t < STALL[1]
-            rate = 0.0 if stalled else speed * load * (1 + 0.08 * math.sin(t / 7) + self.rng.gauss(0, 0.03))
+            rate = (
+                0.0
+                if stalled
+                else speed * load * (1 + 0.08 * math.sin(t / 7) + self.rng.gauss(0, 0.03))
+            )
             tokens = int(rate * dt)
             s.input_tokens += int(tokens * 0.88)
             s.output_tokens += tokens - int(tokens * 0.88)
@@ -44,7 +49,9 @@ class SyntheticRun:
             s.requests_ok += tokens // 1000
             s.in_flight = slots if stalled else int(slots * load * (0.9 + 0.05 * self.rng.random()))
             s.engine_queued = self.rng.randint(0, 8) if load > 0.5 else 0
-            s.tokens_last_step = 0 if stalled else int(budget * load * (0.75 + 0.1 * self.rng.random()))
+            s.tokens_last_step = (
+                0 if stalled else int(budget * load * (0.75 + 0.1 * self.rng.random()))
+            )
             computed = tokens - int(tokens * 0.88 * 0.4)       # prefix hits are not recomputed
             s.engine_steps += round(computed / s.tokens_last_step) if s.tokens_last_step else 0
             s.kv_blocks_reserved = int(blocks * 0.92 * load)

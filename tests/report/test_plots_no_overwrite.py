@@ -1,5 +1,6 @@
-"""`forge report` writes its PNGs over earlier PNGs only: a file of that name that is not a PNG is refused
-before any plot is drawn (issue 13, item 1: every file forge writes is checked for what it would overwrite)."""
+"""`forge report` writes its PNGs over earlier PNGs only: a file of that name that is not a PNG is
+refused before any plot is drawn (issue 13, item 1: every file forge writes is checked for what it
+would overwrite)."""
 import pytest
 
 from forge.errors import ForgeError
@@ -26,14 +27,15 @@ def test_plots_never_replace_a_file_that_is_not_a_png(tmp_path):
     assert all(p.read_bytes()[:4] == b"\x89PNG" for p in paths)
     assert render_plots(json_path) == paths                # its own PNGs: written again
     paths[1].write_text("my notes")
-    with pytest.raises(ForgeError, match=r"out.jsonl.report.in-flight-queues.png: exists and is not a PNG"):
+    with pytest.raises(ForgeError, match=r"out.jsonl.report.in-flight-queues.png: exists and is "
+                                         r"not a PNG"):
         render_plots(json_path)
     assert paths[1].read_text() == "my notes"
 
 
 def test_a_link_at_a_plot_name_is_replaced_never_written_through(tmp_path):
-    """A symlink at OUT.report.NAME.png to someone's PNG: the plot replaces the link, the PNG it pointed at is
-    byte for byte what it was (savefig to the path wrote through the link)."""
+    """A symlink at OUT.report.NAME.png to someone's PNG: the plot replaces the link, the PNG it
+    pointed at is byte for byte what it was (savefig to the path wrote through the link)."""
     json_path = _report(tmp_path)
     theirs = tmp_path / "elsewhere" / "photo.png"
     theirs.parent.mkdir()

@@ -1,5 +1,6 @@
-"""The tokens/s plot's series: a trailing-window mean instead of the per-interval step series (tokens are
-counted when a request finishes, so per-interval rates swing between bursts and gaps)."""
+"""The tokens/s plot's series: a trailing-window mean instead of the per-interval step series
+(tokens are counted when a request finishes, so per-interval rates swing between bursts and
+gaps)."""
 from forge.report.rates import rate_series, windowed_rate_series
 
 
@@ -8,7 +9,7 @@ def test_bursts_average_out_over_the_window():
     cumulative = [100.0 * ((i + 1) // 2) for i in range(21)]          # +100 every other second
     raw = rate_series(t, cumulative)
     smooth = windowed_rate_series(t, cumulative, 5.0)
-    assert set(raw[1:]) == {0.0, 100.0}                                # the step series swings 0 <-> 100
+    assert set(raw[1:]) == {0.0, 100.0}  # the step series swings 0 <-> 100
     assert all(40.0 <= r <= 60.0 for r in smooth[6:]), smooth         # the 5 s mean stays near 50
     assert smooth[0] is None and len(smooth) == len(t)
 

@@ -21,7 +21,8 @@ def written(tmp_path_factory):
     drive(sampler, sim)
     output = tmp_path_factory.mktemp("run") / "out.jsonl"
     output.write_text("")
-    json_path, md_path = write_report(output, SUMMARY, sampler, final_sample=False)   # the fake clock is done
+    # the fake clock is done
+    json_path, md_path = write_report(output, SUMMARY, sampler, final_sample=False)
     return sim, output, json_path, md_path
 
 
@@ -39,11 +40,13 @@ def test_report_json_carries_totals_cards_and_bounded_series(written):
     totals = report["totals"]
     assert totals["done"] == sim.run.done and totals["output_tokens"] == sim.run.output_tokens
     assert totals["wall_s"] == pytest.approx(600, abs=2)
-    assert totals["tokens_per_s"] == pytest.approx((sim.run.input_tokens + sim.run.output_tokens) / totals["wall_s"])
+    assert totals["tokens_per_s"] == pytest.approx(
+        (sim.run.input_tokens + sim.run.output_tokens) / totals["wall_s"]
+    )
     assert totals["stalls"] == 1 and totals["progress_only_steps"] == 1
     cards = {c["card"]: c for c in report["cards"]}
     assert sum(c["token_share"] for c in cards.values()) == pytest.approx(1.0)
-    assert cards["gpu0"]["token_share"] > cards["gpu1"]["token_share"]       # the faster card did more
+    assert cards["gpu0"]["token_share"] > cards["gpu1"]["token_share"]  # the faster card did more
     assert 90_000 < cards["gpu0"]["peak_tokens_per_s"] < 130_000
     assert cards["gpu1"]["requests"]["requeued"] == 12
     assert 0.7 < cards["gpu0"]["mean_budget_use"] < 0.9       # mean tokens/step over the budget
@@ -59,7 +62,8 @@ def test_markdown_names_every_card_and_the_ratios(written):
     md = md_path.read_text()
     assert "fabric-a/gpu0" in md and "fabric-a/gpu1" in md
     assert "| 42.0% |" in md                                 # prefix reuse
-    assert f"forge report {_json}" in md           # the path as the user can type it (absolute: not below cwd)
+    # the path as the user can type it (absolute: not below cwd)
+    assert f"forge report {_json}" in md
 
 
 def test_plots_render_as_real_images(written, tmp_path):
@@ -67,8 +71,11 @@ def test_plots_render_as_real_images(written, tmp_path):
 
     _sim, _output, json_path, _md = written
     paths = render_plots(json_path, tmp_path / "plots")
-    assert [p.name for p in paths] == ["out.jsonl.report.tokens-per-s.png", "out.jsonl.report.in-flight-queues.png",
-                                       "out.jsonl.report.budget-kv.png"]
+    assert [p.name for p in paths] == [
+        "out.jsonl.report.tokens-per-s.png",
+        "out.jsonl.report.in-flight-queues.png",
+        "out.jsonl.report.budget-kv.png",
+    ]
     for p in paths:
         assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert p.stat().st_size > 20_000
@@ -88,7 +95,12 @@ def test_forge_report_command_finds_the_report_from_the_output_path(written, tmp
     lines = result.output.strip().splitlines()
     assert len(lines) == 3 and all(line.endswith(".png") for line in lines)
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
-        ["out.jsonl.report.tokens-per-s.png", "out.jsonl.report.in-flight-queues.png", "out.jsonl.report.budget-kv.png"])
+        [
+            "out.jsonl.report.tokens-per-s.png",
+            "out.jsonl.report.in-flight-queues.png",
+            "out.jsonl.report.budget-kv.png",
+        ]
+    )
 
 
 def test_a_run_directory_gets_forge_report_files(tmp_path):
@@ -131,7 +143,11 @@ def _keys(obj, prefix=""):
     out = set()
     if isinstance(obj, dict):
         for k, v in obj.items():
-            if prefix.endswith("series.run") or prefix.endswith("series.broker") or prefix.endswith("].series"):
+            if (
+                prefix.endswith("series.run")
+                or prefix.endswith("series.broker")
+                or prefix.endswith("].series")
+            ):
                 out.add(f"{prefix}.{k}")            # column names; their values are data
                 continue
             out.add(f"{prefix}.{k}")
@@ -147,7 +163,9 @@ def test_docs_describe_the_report_format_field_for_field(written):
     from pathlib import Path
 
     doc = (Path(__file__).resolve().parents[2] / "docs" / "metrics.md").read_text()
-    example = json.loads(re.search(r"### Report JSON, version 1\s+```json\n(.*?)```", doc, re.S).group(1))
+    example = json.loads(
+        re.search(r"### Report JSON, version 1\s+```json\n(.*?)```", doc, re.S).group(1)
+    )
     real = json.loads(written[2].read_text())
     assert _keys(example) == _keys(real)
 
@@ -171,7 +189,9 @@ def test_markdown_shows_a_time_as_a_date_not_a_number(tmp_path):
     drive(sampler, sim)
     output = tmp_path / "out.jsonl"
     output.write_text("")
-    _, md_path = write_report(output, {**SUMMARY, "finished_at": 1_796_225_317.25}, sampler, final_sample=False)
+    _, md_path = write_report(
+        output, {**SUMMARY, "finished_at": 1_796_225_317.25}, sampler, final_sample=False
+    )
     md = md_path.read_text()
     assert "| finished_at | 2026-12-02 " in md and " UTC |" in md, md
     assert "1,796,225,317" not in md

@@ -1,5 +1,5 @@
-"""A real `forge serve` app on the embedded tiny node, in a background thread with its own event loop, on a
-free loopback port. Tests talk to it over HTTP like any client."""
+"""A real `forge serve` app on the embedded tiny node, in a background thread with its own event
+loop, on a free loopback port. Tests talk to it over HTTP like any client."""
 from __future__ import annotations
 
 import asyncio
@@ -50,7 +50,9 @@ class ServedNode:
         self.opts.ready_file = str(tmp / "url")
         self._thread.start()
         deadline = time.monotonic() + 120
-        while not (Path(self.opts.ready_file).exists() and Path(self.opts.ready_file).read_text().strip()):
+        while not (
+            Path(self.opts.ready_file).exists() and Path(self.opts.ready_file).read_text().strip()
+        ):
             assert self.error is None, self.error
             assert time.monotonic() < deadline, "forge serve did not come up"
             time.sleep(0.05)
@@ -73,7 +75,9 @@ class ServedNode:
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    s = ServedNode(targets=("functions/classify.py", "functions/summarize.py")).start(tmp_path_factory.mktemp("srv"))
+    s = ServedNode(targets=("functions/classify.py", "functions/summarize.py")).start(
+        tmp_path_factory.mktemp("srv")
+    )
     yield s
     s.close()
 

@@ -1,6 +1,6 @@
-"""Cancelling the caller of Node.submit takes the request back: dropped while it is still queued (in the node's
-broker or in its card's host), cancelled in the engine once it runs - across the link to the card's worker
-process; the slot and KV reservation come back when the engine lets go."""
+"""Cancelling the caller of Node.submit takes the request back: dropped while it is still queued (in
+the node's broker or in its card's host), cancelled in the engine once it runs - across the link to
+the card's worker process; the slot and KV reservation come back when the engine lets go."""
 from __future__ import annotations
 
 import asyncio
@@ -19,9 +19,15 @@ LONG = "1, 2, 3, 4, 5, 6, 7,"
 
 def test_request_options_are_built_once_from_the_params():
     o = RequestOptions.of(GenerateParams(max_tokens=4, top_k=3, choice=("a",), deadline_s=2.0))
-    assert o.sampling.top_k == 3 and o.guide.choice == ("a",) and o.deadline_s == 2.0 and not o.want_hidden
+    assert (
+        o.sampling.top_k == 3
+        and o.guide.choice == ("a",)
+        and o.deadline_s == 2.0
+        and not o.want_hidden
+    )
     assert RequestOptions.of(GenerateParams(max_tokens=4, embed=True)).want_hidden
-    assert RequestOptions.of(GenerateParams(max_tokens=4, priority=5)) is None      # defaults travel as nothing
+    # defaults travel as nothing
+    assert RequestOptions.of(GenerateParams(max_tokens=4, priority=5)) is None
 
 
 def test_guided_output_check():
@@ -30,7 +36,9 @@ def test_guided_output_check():
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
     assert guided_output_problem('{"a": 1}', Guide(json_schema=schema)) is None
     assert "not JSON" in guided_output_problem('{"a": ', Guide(json_schema=schema))
-    assert "does not match the schema" in guided_output_problem('{"a": "x"}', Guide(json_schema=schema))
+    assert "does not match the schema" in guided_output_problem(
+        '{"a": "x"}', Guide(json_schema=schema)
+    )
 
 
 def test_cancelled_callers_leave_nothing_behind():
@@ -43,10 +51,11 @@ def test_cancelled_callers_leave_nothing_behind():
         await node.start()
         try:
             def card():
-                return node.engine_stats()[0]      # the card's own numbers, as its worker reports them
+                return node.engine_stats()[0]  # the card's own numbers, as its worker reports them
 
             params = GenerateParams(max_tokens=128)
-            # 32 slots: the first 32 run; the link sends 8 more ahead (credit), the rest wait in the node's broker
+            # 32 slots: the first 32 run; the link sends 8 more ahead (credit), the rest wait in the
+            # node's broker
             tasks = [asyncio.ensure_future(node.submit(LONG, params)) for _ in range(48)]
             deadline = time.monotonic() + 20
             while card().in_flight < 32:

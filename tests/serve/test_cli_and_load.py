@@ -1,5 +1,6 @@
-"""`forge serve` as a user runs it: a subprocess on the embedded node, token-protected, under a bounded load test
-of 200 concurrent clients (docs/benchmarks.md has the 2,000-client run), then SIGTERM: drained, exit 0."""
+"""`forge serve` as a user runs it: a subprocess on the embedded node, token-protected, under a
+bounded load test of 200 concurrent clients (docs/benchmarks.md has the 2,000-client run), then
+SIGTERM: drained, exit 0."""
 from __future__ import annotations
 
 import asyncio
@@ -25,8 +26,14 @@ def test_off_loopback_needs_a_token():
     require_token("127.0.0.1", None, "FORGE_TOKEN")
     require_token("0.0.0.0", "s3cret", "FORGE_TOKEN")
     env = {k: v for k, v in os.environ.items() if k != "FORGE_TOKEN"}
-    r = subprocess.run([sys.executable, "-m", "forge", "serve", "functions/classify.py", "--host", "0.0.0.0"],
-                       cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-m", "forge", "serve", "functions/classify.py", "--host", "0.0.0.0"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 1 and r.stderr.strip().count("\n") == 0 and "without a token" in r.stderr
 
 
@@ -35,12 +42,16 @@ def test_forge_serve_under_200_concurrent_clients(monkeypatch):
     monkeypatch.setenv("FORGE_TOKEN", "s3cret")
     proc, url = spawn_server()
     try:
-        assert httpx.get(url + "/health").status_code == 200                       # open: health checks
-        assert httpx.get(url + "/v1/models").status_code == 401                     # everything else: token
+        assert httpx.get(url + "/health").status_code == 200  # open: health checks
+        assert httpx.get(url + "/v1/models").status_code == 401  # everything else: token
         assert httpx.get(url + "/openapi.json").status_code == 401
         auth = {"authorization": "Bearer s3cret"}
-        assert httpx.get(url + "/v1/models", headers=auth).json()["data"][0]["id"] == "tiny-llama-cpu"
-        report = asyncio.run(run(url, LoadConfig(clients=200, requests=2, time_limit_s=60, token="s3cret")))
+        assert (
+            httpx.get(url + "/v1/models", headers=auth).json()["data"][0]["id"] == "tiny-llama-cpu"
+        )
+        report = asyncio.run(
+            run(url, LoadConfig(clients=200, requests=2, time_limit_s=60, token="s3cret"))
+        )
     finally:
         code = stop_server(proc)
     assert code == 0

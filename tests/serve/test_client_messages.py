@@ -1,6 +1,7 @@
-"""What a client of `forge serve` reads when something is wrong: a field the body lacks that the function reads is
-a 400 naming the field and where the function read it, and a JSON body sent without a JSON content-type (none at all, or curl -d's
-form type) is read as JSON instead of refused as "not a dictionary". Real HTTP to a served tiny node."""
+"""What a client of `forge serve` reads when something is wrong: a field the body lacks that the
+function reads is a 400 naming the field and where the function read it, and a JSON body sent
+without a JSON content-type (none at all, or curl -d's form type) is read as JSON instead of refused
+as "not a dictionary". Real HTTP to a served tiny node."""
 import json
 import socket
 
@@ -12,8 +13,15 @@ BODY = {"model": "tiny-llama-cpu", "messages": [{"role": "user", "content": "hi"
 def _raw_post(url: str, path: str, body: bytes, ctype: bytes | None) -> tuple[int, dict]:
     """A POST exactly as given (httpx would add a content-type of its own)."""
     host, port = url.split("//")[1].split(":")
-    head = b"POST " + path.encode() + b" HTTP/1.1\r\nhost: x\r\nconnection: close\r\ncontent-length: " + \
-        str(len(body)).encode() + b"\r\n" + (b"content-type: " + ctype + b"\r\n" if ctype else b"") + b"\r\n"
+    head = (
+        b"POST "
+        + path.encode()
+        + b" HTTP/1.1\r\nhost: x\r\nconnection: close\r\ncontent-length: "
+        + str(len(body)).encode()
+        + b"\r\n"
+        + (b"content-type: " + ctype + b"\r\n" if ctype else b"")
+        + b"\r\n"
+    )
     with socket.create_connection((host, int(port)), timeout=60) as s:
         s.sendall(head + body)
         data = b""
@@ -24,7 +32,8 @@ def _raw_post(url: str, path: str, body: bytes, ctype: bytes | None) -> tuple[in
 
 
 def test_a_field_the_body_lacks_is_the_clients_error_with_where_it_was_read(served):
-    r = httpx.post(served.url + "/v1/functions/classify", json={"id": 1}, timeout=30)   # record["text"]: KeyError
+    # record["text"]: KeyError
+    r = httpx.post(served.url + "/v1/functions/classify", json={"id": 1}, timeout=30)
     assert r.status_code == 400
     message = r.json()["error"]["message"]
     assert message.startswith("the record has no field 'text', which classify reads (at ") \

@@ -1,8 +1,8 @@
-"""Both of forge's HTTP servers (`forge serve` and a node's control endpoint from `forge provision`), over real
-HTTP and raw sockets: every error in OpenAI's shape (unknown routes, wrong methods, bad JSON, validation errors),
-no server paths in messages, a body-size limit (413, from Content-Length at once and while a chunked body streams
-in), and bounded connections: a flood of idle sockets beyond the process's descriptor budget, from one address,
-leaves /health answering."""
+"""Both of forge's HTTP servers (`forge serve` and a node's control endpoint from `forge
+provision`), over real HTTP and raw sockets: every error in OpenAI's shape (unknown routes, wrong
+methods, bad JSON, validation errors), no server paths in messages, a body-size limit (413, from
+Content-Length at once and while a chunked body streams in), and bounded connections: a flood of
+idle sockets beyond the process's descriptor budget, from one address, leaves /health answering."""
 from __future__ import annotations
 
 import asyncio
@@ -25,7 +25,8 @@ from tests.serve.conftest import REPO
 INSTANT = REPO / "tests" / "reliability" / "fixtures" / "nodes" / "instant.yaml"
 SHAPE = {"message", "type", "param", "code"}
 _ROOTS = sorted({"/" + Path(p).parts[1] for p in (REPO, sys.prefix, "/tmp", Path.home())})
-SERVER_PATH = re.compile("(?<![\\w.:/])(" + "|".join(map(re.escape, _ROOTS)) + ")/")     # e.g. /work/, /usr/
+# e.g. /work/, /usr/
+SERVER_PATH = re.compile("(?<![\\w.:/])(" + "|".join(map(re.escape, _ROOTS)) + ")/")
 
 
 def shaped(r: httpx.Response, status: int) -> dict:
@@ -33,7 +34,9 @@ def shaped(r: httpx.Response, status: int) -> dict:
     assert r.headers["content-type"].startswith("application/json"), r.headers
     err = r.json()["error"]
     assert set(err) == SHAPE and err["code"] == status, err
-    assert not SERVER_PATH.search(err["message"]) and str(REPO) not in err["message"], err["message"]
+    assert not SERVER_PATH.search(err["message"]) and str(REPO) not in err["message"], err[
+        "message"
+    ]
     return err
 
 
@@ -48,14 +51,32 @@ class Server:
     def __init__(self, tmp: Path, command: str, *args: str, fds: int | None = None):
         self.command = command
         ready = tmp / f"{command}.url"
-        argv = [sys.executable, "-m", "forge", command, *(["--node", str(INSTANT)] if command == "serve" else
-                                                          [str(INSTANT), "--metrics-port", "0"]),
-                "--port", "0", "--ready-file", str(ready), *args]
+        argv = [
+            sys.executable,
+            "-m",
+            "forge",
+            command,
+            *(
+                ["--node", str(INSTANT)]
+                if command == "serve"
+                else [str(INSTANT), "--metrics-port", "0"]
+            ),
+            "--port",
+            "0",
+            "--ready-file",
+            str(ready),
+            *args,
+        ]
         self.err = tmp / f"{command}.err"
         with open(self.err, "w") as err:
-            self.proc = subprocess.Popen(argv, cwd=REPO, env={**__import__("os").environ, "FORGE_HOME": str(tmp)},
-                                         stdout=subprocess.DEVNULL, stderr=err,
-                                         preexec_fn=_limit_fds(fds) if fds else None)
+            self.proc = subprocess.Popen(
+                argv,
+                cwd=REPO,
+                env={**__import__("os").environ, "FORGE_HOME": str(tmp)},
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+                preexec_fn=_limit_fds(fds) if fds else None,
+            )
         deadline = time.monotonic() + 90
         while not (ready.exists() and ready.read_text().endswith("\n")):
             assert self.proc.poll() is None, self.err.read_text()
@@ -79,21 +100,40 @@ def server(request, tmp_path_factory):
 
 def test_every_error_answers_in_one_shape(server):
     u = server.url
-    assert shaped(httpx.get(u + "/no/such/route"), 404)["message"] == "Invalid URL (GET /no/such/route)"
+    assert (
+        shaped(httpx.get(u + "/no/such/route"), 404)["message"]
+        == "Invalid URL (GET /no/such/route)"
+    )
     shaped(httpx.post(u + "/health"), 405)
-    err = shaped(httpx.post(u + "/v1/generate", content=b'{"requests": [', headers={"content-type":
-                                                                                    "application/json"}), 400)
-    assert err["message"].startswith("the body is not valid JSON") and err["type"] == "invalid_request_error"
-    err = shaped(httpx.post(u + "/v1/generate", json={"requests": [{"prompt": "x", "max_tokens": 0}]}), 400)
+    err = shaped(
+        httpx.post(
+            u + "/v1/generate",
+            content=b'{"requests": [',
+            headers={"content-type": "application/json"},
+        ),
+        400,
+    )
+    assert (
+        err["message"].startswith("the body is not valid JSON")
+        and err["type"] == "invalid_request_error"
+    )
+    err = shaped(
+        httpx.post(u + "/v1/generate", json={"requests": [{"prompt": "x", "max_tokens": 0}]}), 400
+    )
     assert err["param"] == "requests.0.max_tokens" and "greater than 0" in err["message"]
     shaped(httpx.post(u + "/v1/generate", json={"requests": []}), 400)
-    r = httpx.post(u + "/v1/generate", json={"requests": [{"prompt": "x", "max_tokens": 2, "top_k": 2**31}]})
-    assert r.status_code == 200, r.text        # beyond an engine's int32: that item's error, not the batch's
+    r = httpx.post(
+        u + "/v1/generate", json={"requests": [{"prompt": "x", "max_tokens": 2, "top_k": 2**31}]}
+    )
+    # beyond an engine's int32: that item's error, not the batch's
+    assert r.status_code == 200, r.text
     assert r.json()["results"][0]["error"]["type"] == "RequestRejected" and "top_k" in r.text
 
 
 def test_error_messages_show_no_server_paths(server):
-    r = httpx.post(server.url + "/v1/generate", json={"requests": [{"prompt": "word " * 600, "max_tokens": 2}]})
+    r = httpx.post(
+        server.url + "/v1/generate", json={"requests": [{"prompt": "word " * 600, "max_tokens": 2}]}
+    )
     assert r.status_code == 200
     err = r.json()["results"][0]["error"]
     assert "max_input_len 384" in err["message"] and not SERVER_PATH.search(err["message"]), err
@@ -126,14 +166,22 @@ def _error(answer: bytes) -> dict:
 
 def test_body_over_the_limit_gets_413(server):
     t0 = time.monotonic()
-    answer = _raw(server, b"POST /v1/generate HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
-                          b"content-length: 400000000\r\n\r\n")
-    assert answer.startswith(b"HTTP/1.1 413") and _error(answer)["type"] == "request_too_large", answer
-    assert time.monotonic() - t0 < 5                                 # answered from the header, body never read
-    piece = b"[" + b"1," * (2**20 // 2 - 1) + b"1]"                  # 1 MiB, chunked: no Content-Length to go by
-    answer = _raw(server, b"POST /v1/generate HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
-                          b"transfer-encoding: chunked\r\n\r\n",
-                  (b"%x\r\n" % len(piece) + piece + b"\r\n" for _ in range(40)))
+    answer = _raw(
+        server,
+        b"POST /v1/generate HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        b"content-length: 400000000\r\n\r\n",
+    )
+    assert answer.startswith(b"HTTP/1.1 413") and _error(answer)["type"] == "request_too_large", (
+        answer
+    )
+    assert time.monotonic() - t0 < 5                 # answered from the header, body never read
+    piece = b"[" + b"1," * (2**20 // 2 - 1) + b"1]"  # 1 MiB, chunked: no Content-Length to go by
+    answer = _raw(
+        server,
+        b"POST /v1/generate HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        b"transfer-encoding: chunked\r\n\r\n",
+        (b"%x\r\n" % len(piece) + piece + b"\r\n" for _ in range(40)),
+    )
     assert answer.startswith(b"HTTP/1.1 413") and _error(answer)["code"] == 413, answer[:300]
     assert httpx.get(server.url + "/health").status_code == 200
 
@@ -158,7 +206,8 @@ def test_idle_socket_flood_leaves_health_answering(tmp_path, command):
                 closed += c.recv(1) == b""
             except BlockingIOError:
                 pass
-        assert closed >= 1500 - 512, closed              # at most 1024 - 256 (reserve) - 256 (backlog) stay open
+        # at most 1024 - 256 (reserve) - 256 (backlog) stay open
+        assert closed >= 1500 - 512, closed
         if command == "serve":
             book = httpx.get(s.url + "/v1/serve").json()["connections"]
             assert book["open"] <= book["limit_total"] == 512 and book["evicted"] >= closed, book
@@ -166,7 +215,7 @@ def test_idle_socket_flood_leaves_health_answering(tmp_path, command):
         for c in socks:
             c.close()
         assert s.stop() == 0, s.err.read_text()
-    assert "Too many open files" not in s.err.read_text()           # accept() never ran out of descriptors
+    assert "Too many open files" not in s.err.read_text()  # accept() never ran out of descriptors
 
 
 def test_per_client_bound_and_silent_sockets_closed():
@@ -179,9 +228,13 @@ def test_per_client_bound_and_silent_sockets_closed():
 
     app = FastAPI()
     app.get("/health")(lambda: {"ok": True})
-    web = QuietServer(app, "127.0.0.1", 0, limits=ConnectionLimits(per_client=50, first_request_s=0.5))
+    web = QuietServer(
+        app, "127.0.0.1", 0, limits=ConnectionLimits(per_client=50, first_request_s=0.5)
+    )
     loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=lambda: loop.run_until_complete(web.server.serve()), daemon=True)
+    thread = threading.Thread(
+        target=lambda: loop.run_until_complete(web.server.serve()), daemon=True
+    )
     thread.start()
     while not web.server.started:
         time.sleep(0.01)
@@ -192,7 +245,7 @@ def test_per_client_bound_and_silent_sockets_closed():
         assert web.connections.open <= 50 and web.connections.evicted >= 150
         time.sleep(1.0)
         assert web.connections.open == 0 and web.connections.stats()["closed_without_request"] >= 1
-        with httpx.Client(base_url=url) as kept:                   # a connection that does speak stays open
+        with httpx.Client(base_url=url) as kept:  # a connection that does speak stays open
             assert kept.get("/health").status_code == 200
             time.sleep(0.8)
             assert kept.get("/health").status_code == 200 and web.connections.open == 1
@@ -209,11 +262,15 @@ def test_scrub_paths_keeps_routes_and_urls():
     from forge.web.errors import scrub_paths
 
     site = next(p for p in sys.path if p.endswith("site-packages"))
-    msg = (f"boom (at {site}/transformers/x.py:12 in f); tokenizer {os.getcwd()}/forge/embedded/tiny-llama; "
-           f"other /usr/lib/nowhere-forge/python; /v1/completions: full; Invalid URL (GET /no/such/route); "
+    msg = (f"boom (at {site}/transformers/x.py:12 in f); tokenizer "
+           f"{os.getcwd()}/forge/embedded/tiny-llama; "
+           "other /usr/lib/nowhere-forge/python; /v1/completions: full; Invalid URL (GET "
+           "/no/such/route); "
            f"see http://127.0.0.1:8471/v1/models")
-    assert scrub_paths(msg) == ("boom (at transformers/x.py:12 in f); tokenizer forge/embedded/tiny-llama; "
-                                "other python; /v1/completions: full; Invalid URL (GET /no/such/route); "
+    assert scrub_paths(msg) == ("boom (at transformers/x.py:12 in f); tokenizer "
+                                "forge/embedded/tiny-llama; "
+                                "other python; /v1/completions: full; Invalid URL (GET "
+                                "/no/such/route); "
                                 "see http://127.0.0.1:8471/v1/models")
 
 
@@ -222,5 +279,9 @@ def test_control_endpoint_body_limit_fits_a_full_batch_of_the_longest_prompts():
 
     from forge.node.endpoint import MAX_BATCH_REQUESTS, MAX_BODY_BYTES, control_body_limit
 
-    assert control_body_limit(SimpleNamespace(prompt_chars_limit=4_992)) == MAX_BODY_BYTES      # the tiny node
-    assert control_body_limit(SimpleNamespace(prompt_chars_limit=61_440)) == MAX_BATCH_REQUESTS * 4 * 61_440
+    # the tiny node
+    assert control_body_limit(SimpleNamespace(prompt_chars_limit=4_992)) == MAX_BODY_BYTES
+    assert (
+        control_body_limit(SimpleNamespace(prompt_chars_limit=61_440))
+        == MAX_BATCH_REQUESTS * 4 * 61_440
+    )

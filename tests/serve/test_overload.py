@@ -1,5 +1,6 @@
-"""Overload is an answer: 429 + Retry-After past the endpoint's bound, 504 past a deadline, and a client that
-leaves takes its engine work with it. Online requests overtake a bulk job on the same node."""
+"""Overload is an answer: 429 + Retry-After past the endpoint's bound, 504 past a deadline, and a
+client that leaves takes its engine work with it. Online requests overtake a bulk job on the same
+node."""
 from __future__ import annotations
 
 import asyncio
@@ -12,7 +13,7 @@ from tests.serve.conftest import ServedNode, wait_settled
 
 pytestmark = pytest.mark.engine
 MODEL = "tiny-llama-cpu"
-LONG = "1, 2, 3, 4, 5, 6, 7,"        # the tiny model counts on for ~90 tokens (greedy) before it stops
+LONG = "1, 2, 3, 4, 5, 6, 7,"  # the tiny model counts on for ~90 tokens (greedy) before it stops
 SETTLED = {"open_requests": 0, "pending": 0, "in_flight": 0, "kv_reserved": 0, "gate_active": 0}
 
 
@@ -30,7 +31,9 @@ def completion(max_tokens: int, prompt: str = "Alice was beginning to", **kw) ->
 def test_a_full_endpoint_answers_429_with_retry_after(tight):
     async def main():
         async with httpx.AsyncClient(base_url=tight.url, timeout=60) as http:
-            return await asyncio.gather(*(http.post("/v1/completions", json=completion(64)) for _ in range(24)))
+            return await asyncio.gather(
+                *(http.post("/v1/completions", json=completion(64)) for _ in range(24))
+            )
 
     rs = asyncio.run(main())
     codes = [r.status_code for r in rs]
@@ -44,15 +47,30 @@ def test_a_full_endpoint_answers_429_with_retry_after(tight):
 
 
 def test_a_deadline_answers_504_and_cancels_the_work(tight):
-    before = tight.call(lambda: sum(s.requests_cancelled + s.requests_failed for s in tight.node.engine_stats()))
+    before = tight.call(
+        lambda: sum(s.requests_cancelled + s.requests_failed for s in tight.node.engine_stats())
+    )
     t0 = time.monotonic()
-    rs = [httpx.post(tight.url + "/v1/completions", json=completion(128, LONG), headers={"x-forge-deadline": "0.05"},
-                     timeout=30) for _ in range(2)]
-    rs.append(httpx.post(tight.url + "/v1/completions", json=completion(128, LONG, deadline_s=0.05), timeout=30))
+    rs = [
+        httpx.post(
+            tight.url + "/v1/completions",
+            json=completion(128, LONG),
+            headers={"x-forge-deadline": "0.05"},
+            timeout=30,
+        )
+        for _ in range(2)
+    ]
+    rs.append(
+        httpx.post(
+            tight.url + "/v1/completions", json=completion(128, LONG, deadline_s=0.05), timeout=30
+        )
+    )
     assert [r.status_code for r in rs] == [504, 504, 504] and time.monotonic() - t0 < 10
     assert rs[0].json()["error"]["type"] == "deadline_exceeded"
     assert wait_settled(tight.url) == SETTLED
-    after = tight.call(lambda: sum(s.requests_cancelled + s.requests_failed for s in tight.node.engine_stats()))
+    after = tight.call(
+        lambda: sum(s.requests_cancelled + s.requests_failed for s in tight.node.engine_stats())
+    )
     assert after - before >= 3                      # each one was stopped in (or before) the engine
 
 
@@ -61,11 +79,14 @@ def test_a_client_that_leaves_takes_its_work_back(tight):
 
     async def main():
         async with httpx.AsyncClient(base_url=tight.url, timeout=60) as http:
-            tasks = [asyncio.ensure_future(http.post("/v1/completions", json=completion(128, LONG))) for _ in range(3)]
+            tasks = [
+                asyncio.ensure_future(http.post("/v1/completions", json=completion(128, LONG)))
+                for _ in range(3)
+            ]
             stream = http.stream("POST", "/v1/completions", json=completion(128, LONG, stream=True))
             async with stream as r:
-                assert r.status_code == 200          # admitted (headers go out before the work starts)
-                await asyncio.sleep(0.05)            # running: now hang up
+                assert r.status_code == 200  # admitted (headers go out before the work starts)
+                await asyncio.sleep(0.05)    # running: now hang up
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
@@ -76,18 +97,22 @@ def test_a_client_that_leaves_takes_its_work_back(tight):
 
 
 def test_online_requests_overtake_a_bulk_job(served):
-    """A bulk job (POST /v1/generate at priority 0, what `forge deploy` sends) fills the node's queue; online
-    completions (priority 10) arriving later finish while the bulk job still has queued work."""
+    """A bulk job (POST /v1/generate at priority 0, what `forge deploy` sends) fills the node's
+    queue; online completions (priority 10) arriving later finish while the bulk job still has
+    queued work."""
     async def main():
         async with httpx.AsyncClient(base_url=served.url, timeout=120) as http:
-            bulk_items = [{"prompt": f"Record {i}: the Queen said", "max_tokens": 48} for i in range(256)]
+            bulk_items = [
+                {"prompt": f"Record {i}: the Queen said", "max_tokens": 48} for i in range(256)
+            ]
             bulk = asyncio.ensure_future(http.post("/v1/generate", json={"requests": bulk_items}))
             while (await http.get("/v1/stats")).json()["broker"]["pending"] < 100:
                 await asyncio.sleep(0.02)
             t0 = time.monotonic()
 
             async def online(i):
-                r = await http.post("/v1/completions", json=completion(8, prompt=f"Online {i}: Alice"))
+                r = await http.post("/v1/completions", json=completion(8, prompt=f"Online {i}: "
+                                                                                 "Alice"))
                 return r, time.monotonic() - t0
 
             answers = await asyncio.gather(*(online(i) for i in range(8)))

@@ -1,5 +1,6 @@
-"""Over HTTP, a value no engine can represent is that request's 4xx (or that item's error), never a 500 and never
-a dead card (issue 13, item 2); `logprobs: 0` asks for logprobs and is refused as documented."""
+"""Over HTTP, a value no engine can represent is that request's 4xx (or that item's error), never a
+500 and never a dead card (issue 13, item 2); `logprobs: 0` asks for logprobs and is refused as
+documented."""
 from __future__ import annotations
 
 import httpx
@@ -11,8 +12,11 @@ MODEL = "tiny-llama-cpu"
 
 
 def _completion(url, **kw):
-    return httpx.post(url + "/v1/completions", json={"model": MODEL, "prompt": "Alice", "max_tokens": 2, **kw},
-                      timeout=60)
+    return httpx.post(
+        url + "/v1/completions",
+        json={"model": MODEL, "prompt": "Alice", "max_tokens": 2, **kw},
+        timeout=60,
+    )
 
 
 @pytest.mark.parametrize("kw", [{"top_k": 2**31}, {"temperature": 1e-30}, {"seed": 2**63}])

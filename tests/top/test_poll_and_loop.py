@@ -1,5 +1,5 @@
-"""forge.top.poll against answers a node can give (httpx MockTransport), and the live loop's pacing of
-misses. The real node is exercised in test_top_live_node.py."""
+"""forge.top.poll against answers a node can give (httpx MockTransport), and the live loop's pacing
+of misses. The real node is exercised in test_top_live_node.py."""
 from __future__ import annotations
 
 import io
@@ -13,8 +13,21 @@ from forge.errors import ForgeError
 from forge.top import live
 from forge.top.poll import NodeUnreachable, Poller
 
-STATS = {"engines": [{"node": "n", "card": "cpu0", "tier": "t", "token_budget": 8, "slots": 2,
-                      "kv_blocks_total": 4, "timestamp": 1.0, "healthy": True}], "broker": {"pending": 0}}
+STATS = {
+    "engines": [
+        {
+            "node": "n",
+            "card": "cpu0",
+            "tier": "t",
+            "token_budget": 8,
+            "slots": 2,
+            "kv_blocks_total": 4,
+            "timestamp": 1.0,
+            "healthy": True,
+        }
+    ],
+    "broker": {"pending": 0},
+}
 
 
 def poller(handler) -> Poller:
@@ -27,7 +40,9 @@ def test_sample_reads_health_and_stats_with_the_token():
 
     def handler(req: httpx.Request) -> httpx.Response:
         seen.append((req.url.path, req.headers.get("authorization")))
-        return httpx.Response(200, json={"node": "n", "status": "ok"} if req.url.path == "/health" else STATS)
+        return httpx.Response(
+            200, json={"node": "n", "status": "ok"} if req.url.path == "/health" else STATS
+        )
 
     s = poller(handler).sample()
     assert s.health["status"] == "ok" and s.stats == STATS
@@ -88,11 +103,13 @@ def test_a_missed_poll_is_shown_and_the_view_recovers():
     text = frames(FlakyPoller(good=2, bad=live.MAX_MISSED_POLLS - 1), 6)
     assert text.count("no answer: refused (showing the last one; retry 1/2)") == 1
     assert text.count("retry 2/2") == 1
-    assert text.strip().splitlines()[-1].split()[3] == "10"     # last frame: 10 generated tok/s again
+    assert text.strip().splitlines()[-1].split()[3] == "10"  # last frame: 10 generated tok/s again
 
 
 def test_a_node_that_stays_away_ends_top_with_one_line():
     with pytest.raises(NodeUnreachable) as e:
         frames(FlakyPoller(good=1, bad=100), 100)
     n = live.MAX_MISSED_POLLS
-    assert str(e.value) == f"node n at http://node:1 stopped answering ({n} polls in a row): refused"
+    assert (
+        str(e.value) == f"node n at http://node:1 stopped answering ({n} polls in a row): refused"
+    )

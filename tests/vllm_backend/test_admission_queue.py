@@ -1,6 +1,6 @@
-"""Admission around the real vLLM engine keeps a queue inside it: up to max_batch_size requests beyond its slots,
-each with its KV reserved, so a slot that frees is refilled by vLLM's scheduler in the same step, and vLLM still
-never preempts (docs/admission.md, "An engine's own queue")."""
+"""Admission around the real vLLM engine keeps a queue inside it: up to max_batch_size requests
+beyond its slots, each with its KV reserved, so a slot that frees is refilled by vLLM's scheduler in
+the same step, and vLLM still never preempts (docs/admission.md, "An engine's own queue")."""
 from __future__ import annotations
 
 import asyncio
@@ -25,7 +25,8 @@ def test_admission_holds_a_queue_in_vllm_and_vllm_never_preempts():
     engine = factory("vllm", card="cpu0")(plan.contract, plan)
     slots = plan.contract.limits.max_batch_size
     n = 3 * slots
-    prompt = tuple(engine.tokenizer.encode("Alice was beginning to get very tired of sitting by her sister"))
+    prompt = tuple(engine.tokenizer.encode("Alice was beginning to get very tired of sitting by "
+                                           "her sister"))
 
     async def go():
         g = geometry_from_plan(plan, "default", engine)
@@ -36,7 +37,10 @@ def test_admission_holds_a_queue_in_vllm_and_vllm_never_preempts():
         rt = CardAdmission(engine=engine, plan=plan, source=feed, node="t",
                               deliver=lambda req, res: got.setdefault(req.key.rid, []).append(res))
         task = asyncio.create_task(rt.run())
-        assert feed.put("s", [HostRequest(RequestKey("s", f"r{i}", 0), prompt, 24) for i in range(n)]) == n
+        assert (
+            feed.put("s", [HostRequest(RequestKey("s", f"r{i}", 0), prompt, 24) for i in range(n)])
+            == n
+        )
         peak_held = peak_queued = 0
         deadline = time.monotonic() + 240
         while len(got) < n:
@@ -50,6 +54,6 @@ def test_admission_holds_a_queue_in_vllm_and_vllm_never_preempts():
         return peak_held, peak_queued, s
 
     peak_held, peak_queued, s = asyncio.run(go())
-    assert peak_held == 2 * slots            # the slots and as many again waiting in vLLM's own queue
-    assert peak_queued > 0                   # vLLM reported requests waiting (its stats, sampled every 0.1 s)
+    assert peak_held == 2 * slots  # the slots and as many again waiting in vLLM's own queue
+    assert peak_queued > 0         # vLLM reported requests waiting (its stats, sampled every 0.1 s)
     assert s.requests_ok == n and s.preemptions == 0

@@ -1,6 +1,6 @@
-"""`forge run --node local-vllm` from any folder: the real CLI, the real card worker and vLLM CPU engine, the
-embedded model. Greedy generation, guided choice and JSON, seeds (same seed -> same text, different seeds differ
-at temperature 1), and the report's engine counters (no preemption)."""
+"""`forge run --node local-vllm` from any folder: the real CLI, the real card worker and vLLM CPU
+engine, the embedded model. Greedy generation, guided choice and JSON, seeds (same seed -> same
+text, different seeds differ at temperature 1), and the report's engine counters (no preemption)."""
 from __future__ import annotations
 
 import json
@@ -25,17 +25,47 @@ def job(tmp_path_factory):
     for i, text in enumerate(TEXTS * 4):
         kind = ("plain", "choice", "json", "seeded")[i // len(TEXTS)]
         records.append({"id": i, "kind": kind, "text": text, "seed": 11 if i % 2 else 12})
-    records.append({"id": 100, "kind": "seeded", "text": TEXTS[0], "seed": 11})     # record 12's text, another seed
-    records.append({"id": 101, "kind": "seeded", "text": TEXTS[1], "seed": 11})     # record 13's text and seed
+    # record 12's text, another seed
+    records.append({"id": 100, "kind": "seeded", "text": TEXTS[0], "seed": 11})
+    # record 13's text and seed
+    records.append({"id": 101, "kind": "seeded", "text": TEXTS[1], "seed": 11})
     inp, out = tmp / "in.jsonl", tmp / "out.jsonl"
     inp.write_text("".join(json.dumps(r) + "\n" for r in records))
-    env = {**os.environ, "PYTHONPATH": str(REPO), "FORGE_LOAD_PLUGINS": "", "FORGE_HOME": str(tmp / "home")}
-    proc = subprocess.run([sys.executable, "-m", "forge", "run", str(FIXTURES / "kinds.py"), "--node", "local-vllm",
-                           "--input", str(inp), "--output", str(out), "--progress", "off"],
-                          cwd=tmp, env=env, capture_output=True, text=True, timeout=400)
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "FORGE_LOAD_PLUGINS": "",
+        "FORGE_HOME": str(tmp / "home"),
+    }
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "forge",
+            "run",
+            str(FIXTURES / "kinds.py"),
+            "--node",
+            "local-vllm",
+            "--input",
+            str(inp),
+            "--output",
+            str(out),
+            "--progress",
+            "off",
+        ],
+        cwd=tmp,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
     rows = {}
     if out.exists():
-        rows = {r["result"]["id"]: r["result"] for r in map(json.loads, out.read_text().splitlines()) if "result" in r}
+        rows = {
+            r["result"]["id"]: r["result"]
+            for r in map(json.loads, out.read_text().splitlines())
+            if "result" in r
+        }
     return proc, rows, out
 
 
@@ -66,29 +96,43 @@ def test_guided_choice_and_json(job):
 def test_seeds(job):
     _, rows, _ = job
     assert rows[13]["text"] == rows[101]["text"]          # one text, one seed: one answer
-    assert rows[12]["text"] != rows[100]["text"]                                # one text, seeds 12 and 11 differ
+    assert rows[12]["text"] != rows[100]["text"]  # one text, seeds 12 and 11 differ
 
 
 def test_the_report_counts_the_engine_and_no_preemption(job):
     _, _, out = job
     report = json.loads(out.with_name(out.name + ".report.json").read_text())
     (card,) = report["cards"]
-    assert card["tier"] == "tiny-llama-vllm" and card["engine_steps"] > 0 and card["output_tokens"] > 0
+    assert (
+        card["tier"] == "tiny-llama-vllm" and card["engine_steps"] > 0 and card["output_tokens"] > 0
+    )
     assert card["preemptions"] == 0
 
 
 def test_vllm_logs_to_the_cards_file_and_the_console_keeps_forges_lines(job):
-    """vLLM's and torch's lines (its config dump, LD_PRELOAD and Triton advice, NUMA binding, deprecations, the
-    weights' progress bar) go to $FORGE_HOME/logs/local-vllm/cpu0.log, said once; the console has forge's lines."""
+    """vLLM's and torch's lines (its config dump, LD_PRELOAD and Triton advice, NUMA binding,
+    deprecations, the weights' progress bar) go to $FORGE_HOME/logs/local-vllm/cpu0.log, said once;
+    the console has forge's lines."""
     proc, _, out = job
     log = out.parent / "home" / "logs" / "local-vllm" / "cpu0.log"
     text = log.read_text()
-    for line in ("vllm.v1.engine.core: Initializing a V1 LLM engine", "Loading safetensors checkpoint shards",
+    for line in ("vllm.v1.engine.core: Initializing a V1 LLM engine", "Loading safetensors "
+                                                                      "checkpoint shards",
                  "libtcmalloc is not found in LD_PRELOAD"):
         assert line in text, text[-3000:]
-    assert proc.stderr.count(f"forge: card cpu0: its engine library logs to {log}\n") == 1, proc.stderr
+    assert proc.stderr.count(f"forge: card cpu0: its engine library logs to {log}\n") == 1, (
+        proc.stderr
+    )
     for line in proc.stderr.splitlines():
-        assert line.startswith("forge: "), proc.stderr          # forge's lines only (--progress off)
-    for vllm_line in ("Initializing a V1 LLM engine", "LD_PRELOAD", "Triton", "NUMA", "Loading safetensors",
-                      "deprecated", "INFO", "WARNING"):
+        assert line.startswith("forge: "), proc.stderr  # forge's lines only (--progress off)
+    for vllm_line in (
+        "Initializing a V1 LLM engine",
+        "LD_PRELOAD",
+        "Triton",
+        "NUMA",
+        "Loading safetensors",
+        "deprecated",
+        "INFO",
+        "WARNING",
+    ):
         assert vllm_line not in proc.stderr, proc.stderr

@@ -1,5 +1,6 @@
-"""Mixed engines on one queue: node_descriptions/local-mixed.yaml (the tiny model through transformers on cpu0 and
-through vLLM on cpu1) runs one `forge run` job: every record comes back exactly once and both cards did work."""
+"""Mixed engines on one queue: node_descriptions/local-mixed.yaml (the tiny model through
+transformers on cpu0 and through vLLM on cpu1) runs one `forge run` job: every record comes back
+exactly once and both cards did work."""
 from __future__ import annotations
 
 import collections
@@ -32,7 +33,9 @@ def _descendants(pid: int) -> list[int]:
 
 def _affinities(worker: int) -> dict[int, set[int]]:
     """Every thread of the worker and of any process it started: the cores it may run on."""
-    threads = [int(tid) for p in (worker, *_descendants(worker)) for tid in os.listdir(f"/proc/{p}/task")]
+    threads = [
+        int(tid) for p in (worker, *_descendants(worker)) for tid in os.listdir(f"/proc/{p}/task")
+    ]
     return {tid: os.sched_getaffinity(tid) for tid in threads}
 
 
@@ -43,7 +46,7 @@ def _card_of(worker: int) -> str:
 
 def _cards_so_far(out: Path) -> set[str]:
     try:
-        lines = out.read_bytes().split(b"\n")[:-1]          # the last piece is a row still being written
+        lines = out.read_bytes().split(b"\n")[:-1]  # the last piece is a row still being written
     except FileNotFoundError:
         return set()
     return {json.loads(line)["result"]["card"] for line in lines}
@@ -51,16 +54,31 @@ def _cards_so_far(out: Path) -> set[str]:
 
 @pytest.mark.timeout(400)
 def test_one_job_on_a_transformers_card_and_a_vllm_card_each_on_its_own_cores(tmp_path):
-    """One `forge run` on local-mixed.yaml: every record once, both engines did work; and while both answer,
-    cards[].cores holds: each card's worker, every thread in it (vLLM's CPU worker binds its OpenMP threads to the
-    cores it may use) and any process it started, may run only on that card's cores."""
+    """One `forge run` on local-mixed.yaml: every record once, both engines did work; and while both
+    answer, cards[].cores holds: each card's worker, every thread in it (vLLM's CPU worker binds its
+    OpenMP threads to the cores it may use) and any process it started, may run only on that card's
+    cores."""
     cores = {0, 1} <= os.sched_getaffinity(0)
     n = 240
-    inp = write_records(tmp_path / "in.jsonl", [{"id": i, "text": f"Record {i}: the quick brown fox " * 3,
+    inp = write_records(tmp_path / "in.jsonl", [{"id": i, "text": f"Record {i}: the quick brown "
+                                                                  "fox " * 3,
                                                  "max_tokens": 16} for i in range(n)])
     out, err = tmp_path / "out.jsonl", tmp_path / "run.err"
-    proc = start(forge_argv("run", "tests/e2e/fixtures/short.py", "--node", "node_descriptions/local-mixed.yaml",
-                            "--input", inp, "--output", out, "--concurrency", "64"), stderr_path=err)
+    proc = start(
+        forge_argv(
+            "run",
+            "tests/e2e/fixtures/short.py",
+            "--node",
+            "node_descriptions/local-mixed.yaml",
+            "--input",
+            inp,
+            "--output",
+            out,
+            "--concurrency",
+            "64",
+        ),
+        stderr_path=err,
+    )
     seen: dict[str, dict[int, set[int]]] = {}
     try:
         while cores and proc.poll() is None and not seen:
@@ -76,7 +94,8 @@ def test_one_job_on_a_transformers_card_and_a_vllm_card_each_on_its_own_cores(tm
     rows = read_output(out)
     assert sorted(row["index"] for row in rows) == list(range(n))              # every record, once
     cards = collections.Counter(row["result"]["card"] for row in rows)
-    assert set(cards) == {"cpu0", "cpu1"} and min(cards.values()) > 0, cards    # both engines did work
+    # both engines did work
+    assert set(cards) == {"cpu0", "cpu1"} and min(cards.values()) > 0, cards
     report = json.loads(out.with_name(out.name + ".report.json").read_text())
     assert report["summary"]["records_done"] == n
     if not cores:

@@ -1,6 +1,7 @@
-"""What forge refuses around vLLM, with the real engine: a card whose engine vLLM built differently from the
-contract (the read-back), and what forge's admission keeps from happening: bare vLLM preempts on a job whose
-worst case does not fit its KV pool; the same job through forge (same engine arguments) never does."""
+"""What forge refuses around vLLM, with the real engine: a card whose engine vLLM built differently
+from the contract (the read-back), and what forge's admission keeps from happening: bare vLLM
+preempts on a job whose worst case does not fit its KV pool; the same job through forge (same engine
+arguments) never does."""
 from __future__ import annotations
 
 import json
@@ -19,23 +20,40 @@ FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
 
 def env(tmp: Path) -> dict:
-    return {**os.environ, "PYTHONPATH": str(REPO), "FORGE_LOAD_PLUGINS": "", "FORGE_HOME": str(tmp / "home"),
-            "PYTHONUNBUFFERED": "1"}
+    return {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "FORGE_LOAD_PLUGINS": "",
+        "FORGE_HOME": str(tmp / "home"),
+        "PYTHONUNBUFFERED": "1",
+    }
 
 
 def test_the_read_back_refuses_a_card_vllm_built_differently(tmp_path):
-    proc = subprocess.run([sys.executable, str(FIXTURES / "read_back.py")], cwd=tmp_path, env=env(tmp_path),
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, str(FIXTURES / "read_back.py")],
+        cwd=tmp_path,
+        env=env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     (line,) = [ln for ln in proc.stdout.splitlines() if ln.startswith(("REFUSED", "BUILT"))]
-    assert line == ("REFUSED " + str(EMBEDDED / "tiny-llama-vllm.yaml") + "::$.kv_cache.max_tokens: contract 512 "
-                    "blocks of 32 tokens (16384 tokens), vLLM built 256 (cache_config.num_gpu_blocks); the card is "
-                    "refused"), proc.stdout + proc.stderr[-2000:]
+    assert line == (
+        "REFUSED "
+        + str(EMBEDDED / "tiny-llama-vllm.yaml")
+        + "::$.kv_cache.max_tokens: contract 512 "
+        "blocks of 32 tokens (16384 tokens), vLLM built 256 "
+        "(cache_config.num_gpu_blocks); the card is "
+        "refused"
+    ), proc.stdout + proc.stderr[-2000:]
 
 
 @pytest.fixture(scope="module")
 def small_pool(tmp_path_factory) -> Path:
-    """The embedded vLLM tier with a 32-block (1,024-token) pool: 3 sequences of 200 + 128 tokens (11 blocks) at once;
-    bare vLLM admits by prompt (7 blocks) and so takes 4, then preempts as their outputs grow."""
+    """The embedded vLLM tier with a 32-block (1,024-token) pool: 3 sequences of 200 + 128 tokens
+    (11 blocks) at once; bare vLLM admits by prompt (7 blocks) and so takes 4, then preempts as
+    their outputs grow."""
     tmp = tmp_path_factory.mktemp("small")
     contract = yaml.safe_load((EMBEDDED / "tiny-llama-vllm.yaml").read_text())
     contract["contract"] = "tiny-llama-vllm-small"
@@ -51,8 +69,21 @@ def small_pool(tmp_path_factory) -> Path:
 
 
 def test_bare_vllm_preempts_on_the_job(small_pool):
-    proc = subprocess.run([sys.executable, str(FIXTURES / "bare_vllm.py"), str(small_pool / "node.yaml"), "200", "12",
-                           "128"], cwd=small_pool, env=env(small_pool), capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(FIXTURES / "bare_vllm.py"),
+            str(small_pool / "node.yaml"),
+            "200",
+            "12",
+            "128",
+        ],
+        cwd=small_pool,
+        env=env(small_pool),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     (line,) = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     got = json.loads(line)
     assert got["num_blocks"] == 32 and got["finished"] == 12 and got["tokens"] == 12 * 128
@@ -61,13 +92,36 @@ def test_bare_vllm_preempts_on_the_job(small_pool):
 
 def test_forge_never_preempts_on_the_same_job(small_pool):
     records = small_pool / "in.jsonl"
-    records.write_text("".join(json.dumps({"id": i, "ids": [1] + [(7 * i + 13 * j) % 1900 + 50 for j in range(199)]})
-                               + "\n" for i in range(12)))
+    records.write_text(
+        "".join(
+            json.dumps({"id": i, "ids": [1] + [(7 * i + 13 * j) % 1900 + 50 for j in range(199)]})
+            + "\n"
+            for i in range(12)
+        )
+    )
     out = small_pool / "out.jsonl"
-    proc = subprocess.run([sys.executable, "-m", "forge", "run", str(FIXTURES / "long_ids.py"), "--node",
-                           str(small_pool / "node.yaml"), "--input", str(records), "--output", str(out),
-                           "--progress", "off"], cwd=small_pool, env=env(small_pool), capture_output=True, text=True,
-                          timeout=400)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "forge",
+            "run",
+            str(FIXTURES / "long_ids.py"),
+            "--node",
+            str(small_pool / "node.yaml"),
+            "--input",
+            str(records),
+            "--output",
+            str(out),
+            "--progress",
+            "off",
+        ],
+        cwd=small_pool,
+        env=env(small_pool),
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     (card,) = json.loads(out.with_name(out.name + ".report.json").read_text())["cards"]
     assert card["requests"]["ok"] == 12 and card["output_tokens"] > 0

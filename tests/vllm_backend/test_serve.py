@@ -1,5 +1,6 @@
-"""`forge serve` on the local-vllm node (its card worker runs vLLM's CPU engine), through the `openai` client over
-real HTTP: stop strings cut the text where vLLM's own server would, guided choice, per-request seeds."""
+"""`forge serve` on the local-vllm node (its card worker runs vLLM's CPU engine), through the
+`openai` client over real HTTP: stop strings cut the text where vLLM's own server would, guided
+choice, per-request seeds."""
 from __future__ import annotations
 
 import pytest
@@ -18,7 +19,9 @@ def client(tmp_path_factory):
     served = ServedNode(targets=("functions/classify.py",))
     served.loaded = load_node(PACKAGED_NODES["local-vllm"])
     served.start(tmp_path_factory.mktemp("srv"))
-    yield openai.OpenAI(base_url=served.url + "/v1", api_key="unused-on-loopback", max_retries=0, timeout=120)
+    yield openai.OpenAI(
+        base_url=served.url + "/v1", api_key="unused-on-loopback", max_retries=0, timeout=120
+    )
     served.close()
 
 

@@ -1,6 +1,7 @@
-"""The event loop's watchdog (forge/watchdogs/loopwatch.py) in a real subprocess: a loop blocked in synchronous code
-is named once with its file:line; a process stopped (SIGSTOP) and woken is not taken for a blocked loop; a
-signal reaches the loop's handler through the watchdog when the loop is free."""
+"""The event loop's watchdog (forge/watchdogs/loopwatch.py) in a real subprocess: a loop blocked in
+synchronous code is named once with its file:line; a process stopped (SIGSTOP) and woken is not
+taken for a blocked loop; a signal reaches the loop's handler through the watchdog when the loop is
+free."""
 from __future__ import annotations
 
 import os
@@ -37,7 +38,8 @@ def _start(tmp_path, *args) -> subprocess.Popen:
     script = tmp_path / "watched.py"
     script.write_text(SCRIPT)
     env = {"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin",
-           "PYTHONPYCACHEPREFIX": os.environ["PYTHONPYCACHEPREFIX"]}    # bytecode where the suite keeps it
+           # bytecode where the suite keeps it
+           "PYTHONPYCACHEPREFIX": os.environ["PYTHONPYCACHEPREFIX"]}
     proc = subprocess.Popen([sys.executable, str(script), *args], cwd=REPO, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env)
     assert proc.stdout.readline().strip() == "ready"
@@ -48,7 +50,11 @@ def test_a_blocked_loop_is_named_once_with_its_line(tmp_path):
     proc = _start(tmp_path, "block", "0.5")
     out, err = proc.communicate(timeout=30)
     assert "reports 1" in out, (out, err)
-    assert err.count("the event loop has been blocked") == 1 and "in main (" in err and "watched.py:13)" in err, err
+    assert (
+        err.count("the event loop has been blocked") == 1
+        and "in main (" in err
+        and "watched.py:13)" in err
+    ), err
 
 
 def test_a_stopped_process_is_not_a_blocked_loop(tmp_path):

@@ -1,5 +1,6 @@
-"""forge/watchdogs/awake.py: time this process was not running is left out of a wait. A real pause of the loop
-(blocked by time.sleep, which the heartbeat sees exactly like a SIGSTOP) is measured, a short one is not."""
+"""forge/watchdogs/awake.py: time this process was not running is left out of a wait. A real pause
+of the loop (blocked by time.sleep, which the heartbeat sees exactly like a SIGSTOP) is measured, a
+short one is not."""
 from __future__ import annotations
 
 import asyncio
@@ -17,7 +18,7 @@ def test_a_loop_that_did_not_run_is_left_out_of_the_wait():
         clock = pause_clock()
         since = time.monotonic()
         await asyncio.sleep(3 * BEAT_S)
-        time.sleep(GAP_S + 1.0)                # the loop does not run: a pause of about 1.25 s past the beat
+        time.sleep(GAP_S + 1.0)  # the loop does not run: a pause of about 1.25 s past the beat
         asked_on_waking = clock.paused_since(since)         # before the heartbeat has run again
         await asyncio.sleep(3 * BEAT_S)
         wall = time.monotonic() - since
@@ -35,7 +36,7 @@ def test_scheduling_noise_is_time_not_a_pause():
         since = time.monotonic()
         for _ in range(8):
             await asyncio.sleep(BEAT_S / 2)
-            time.sleep(GAP_S / 4)              # short stalls of the loop's own work stay counted as time
+            time.sleep(GAP_S / 4)  # short stalls of the loop's own work stay counted as time
         return clock.paused_since(since)
 
     assert asyncio.run(main()) == 0.0

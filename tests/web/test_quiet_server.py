@@ -1,5 +1,6 @@
-"""forge/web/server.py: a server that cannot bind says why as NotServing (uvicorn ends its startup with
-sys.exit, which escaped the event loop as SystemExit before); one that can is serving when start() returns."""
+"""forge/web/server.py: a server that cannot bind says why as NotServing (uvicorn ends its startup
+with sys.exit, which escaped the event loop as SystemExit before); one that can is serving when
+start() returns."""
 from __future__ import annotations
 
 import asyncio

@@ -1,5 +1,6 @@
-"""The `faults` backend: a real engine (any registered backend) with faults injected, for testing the admission
-runtime against the failures engines really have (hangs with work in flight, refusals, crashes, slowness).
+"""The `faults` backend: a real engine (any registered backend) with faults injected, for testing
+the admission runtime against the failures engines really have (hangs with work in flight, refusals,
+crashes, slowness).
 
     backend: faults
     faults:
@@ -10,9 +11,9 @@ runtime against the failures engines really have (hangs with work in flight, ref
       crash_after_requests: 10      # after 10 results, submit/poll/cancel raise EngineFailed
       refuse_first_submits: 2       # the first 2 submit calls raise EngineBusy
 
-Counts are of results handed out, and a threshold is exact: with `freeze_after_requests: 4` exactly 4 results
-come out before the freeze, the rest are held (and released after recovery). A frozen engine still honours
-its poll timeout, as the interface requires; it just has nothing to say."""
+Counts are of results handed out, and a threshold is exact: with `freeze_after_requests: 4` exactly
+4 results come out before the freeze, the rest are held (and released after recovery). A frozen
+engine still honours its poll timeout, as the interface requires; it just has nothing to say."""
 from __future__ import annotations
 
 import threading
@@ -22,7 +23,14 @@ from typing import Any, Hashable, Optional, Sequence
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from forge.backends import Backend
-from forge.engines.interface import Engine, EngineBusy, EngineFailed, EngineRequest, EngineResult, IterationStats
+from forge.engines.interface import (
+    Engine,
+    EngineBusy,
+    EngineFailed,
+    EngineRequest,
+    EngineResult,
+    IterationStats,
+)
 from forge.engines.interface import Progress
 from forge.errors import ForgeError, display_path
 from forge_bench.engines.instant import section_of
@@ -35,12 +43,18 @@ class FaultsSection(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
-    wraps: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", description="the inner backend, e.g. transformers")
-    freeze_after_requests: Optional[int] = Field(None, ge=0, description="freeze after this many results")
-    freeze_for_s: Optional[float] = Field(None, gt=0, description="recover this long after freezing; default never")
-    slow_factor: Optional[float] = Field(None, ge=1, description="each request takes this many times as long")
-    crash_after_requests: Optional[int] = Field(None, ge=0, description="fail for good after this many results")
-    refuse_first_submits: Optional[int] = Field(None, ge=0, description="the first N submit calls raise EngineBusy")
+    wraps: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", description="the inner backend, "
+                                                                            "e.g. transformers")
+    freeze_after_requests: Optional[int] = Field(None, ge=0, description="freeze after this many "
+                                                                         "results")
+    freeze_for_s: Optional[float] = Field(None, gt=0, description="recover this long after "
+                                                                  "freezing; default never")
+    slow_factor: Optional[float] = Field(None, ge=1, description="each request takes this many "
+                                                                 "times as long")
+    crash_after_requests: Optional[int] = Field(None, ge=0, description="fail for good after this "
+                                                                        "many results")
+    refuse_first_submits: Optional[int] = Field(None, ge=0, description="the first N submit calls "
+                                                                        "raise EngineBusy")
 
     @model_validator(mode="after")
     def _sensible(self) -> "FaultsSection":
@@ -48,9 +62,17 @@ class FaultsSection(BaseModel):
             raise ValueError("faults cannot wrap itself")
         if self.freeze_for_s is not None and self.freeze_after_requests is None:
             raise ValueError("freeze_for_s needs freeze_after_requests")
-        if all(v is None for v in (self.freeze_after_requests, self.slow_factor, self.crash_after_requests,
-                                   self.refuse_first_submits)):
-            raise ValueError("names no fault (freeze_after_requests | slow_factor | crash_after_requests | "
+        if all(
+            v is None
+            for v in (
+                self.freeze_after_requests,
+                self.slow_factor,
+                self.crash_after_requests,
+                self.refuse_first_submits,
+            )
+        ):
+            raise ValueError("names no fault (freeze_after_requests | slow_factor | "
+                             "crash_after_requests | "
                              "refuse_first_submits)")
         return self
 
@@ -72,7 +94,11 @@ class FaultyEngine(Engine):
         self._last_stats = IterationStats()
 
     def describe(self) -> dict[str, Any]:
-        return {"backend": BACKEND, "faults": self.faults.model_dump(exclude_none=True), "inner": self.inner.describe()}
+        return {
+            "backend": BACKEND,
+            "faults": self.faults.model_dump(exclude_none=True),
+            "inner": self.inner.describe(),
+        }
 
     # ------------------------------------------------------------------ fault state
     def _check_crash(self) -> None:
@@ -122,11 +148,15 @@ class FaultyEngine(Engine):
             if out or new_tokens or remaining <= 0 or self._closed.is_set():
                 break
             next_release = min((t for t, _ in self._held), default=None)
-            wait = remaining if next_release is None else min(remaining, max(next_release - now, 0.0))
+            wait = (
+                remaining if next_release is None else min(remaining, max(next_release - now, 0.0))
+            )
             p = self.inner.poll(wait)
             new_tokens += p.new_tokens
             self._hold(p.results, time.monotonic())
-        return Progress(results=self._limit(out), new_tokens=0 if self._frozen_since is not None else new_tokens)
+        return Progress(
+            results=self._limit(out), new_tokens=0 if self._frozen_since is not None else new_tokens
+        )
 
     def _hold(self, results: list[EngineResult], now: float) -> None:
         factor = self.faults.slow_factor or 1.0
@@ -143,8 +173,14 @@ class FaultyEngine(Engine):
 
     def _limit(self, ready: list[EngineResult]) -> list[EngineResult]:
         """Hand out results up to the next threshold exactly; hold the rest; start a freeze when reached."""
-        caps = [n for n in (self.faults.crash_after_requests,
-                            None if self._froze else self.faults.freeze_after_requests) if n is not None]
+        caps = [
+            n
+            for n in (
+                self.faults.crash_after_requests,
+                None if self._froze else self.faults.freeze_after_requests,
+            )
+            if n is not None
+        ]
         cap = min(caps) - self._returned if caps else len(ready)
         give, keep = ready[:max(cap, 0)], ready[max(cap, 0):]
         with self._lock:
@@ -171,7 +207,8 @@ def _factory(contract, plan) -> FaultyEngine:
     faults = section_of(contract, BACKEND, FaultsSection)
     where = display_path(contract.source) if contract.source else f"contract {contract.contract}"
     if faults is None:
-        raise ForgeError(f"{where}::$.faults: backend faults needs a `faults:` section naming the inner backend")
+        raise ForgeError(f"{where}::$.faults: backend faults needs a `faults:` section naming the "
+                         "inner backend")
     from forge.backends import factories as backend_factories
 
     factories = backend_factories()

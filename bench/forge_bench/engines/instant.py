@@ -1,19 +1,22 @@
-"""The `instant` backend: NO MODEL. It answers every request with synthetic tokens at once (or at a configured
-token rate), so forge's own control plane (broker, admission, ledger, writers) can be measured without an
-engine in the way. Its outputs mean nothing; every report of it says "instant (no model)".
+"""The `instant` backend: NO MODEL. It answers every request with synthetic tokens at once (or at a
+configured token rate), so forge's own control plane (broker, admission, ledger, writers) can be
+measured without an engine in the way. Its outputs mean nothing; every report of it says "instant
+(no model)".
 
-Output: exactly max_new_tokens ids derived from the prompt (crc32 of the ids), never special ids, finish
-reason "length". With `instant: {tokens_per_s_limit: R}` the engine spends R tokens per second (input +
-output, the quantity the broker balances on) on its requests in FIFO order, which is how two engines of
-known, different speeds are tested deterministically. With `instant: {step_cpu_ms: X}` it is instead a
-continuous batcher that spends X ms of pure-Python CPU time per step while holding the GIL, and processes
-up to the contract's token budget over its slots each step (instant_steps.py): a CPU-bound engine, so
-contention between engines and the control plane can be measured without GPUs.
+Output: exactly max_new_tokens ids derived from the prompt (crc32 of the ids), never special ids,
+finish reason "length". With `instant: {tokens_per_s_limit: R}` the engine spends R tokens per
+second (input + output, the quantity the broker balances on) on its requests in FIFO order, which is
+how two engines of known, different speeds are tested deterministically. With `instant:
+{step_cpu_ms: X}` it is instead a continuous batcher that spends X ms of pure-Python CPU time per
+step while holding the GIL, and processes up to the contract's token budget over its slots each step
+(instant_steps.py): a CPU-bound engine, so contention between engines and the control plane can be
+measured without GPUs.
 
-Tokenizer: `tokenizer.json` from the contract's artifact tokenizer (else checkpoint) directory, loaded with the
-`tokenizers` library (no transformers import); a directory with a tokenizer.json but no `tokenizers` library
-is refused rather than silently counted differently. Without a tokenizer.json: a byte tokenizer (id = byte+3,
-bos 1, eos 2), which the contract's vocab_size must cover."""
+Tokenizer: `tokenizer.json` from the contract's artifact tokenizer (else checkpoint) directory,
+loaded with the `tokenizers` library (no transformers import); a directory with a tokenizer.json but
+no `tokenizers` library is refused rather than silently counted differently. Without a
+tokenizer.json: a byte tokenizer (id = byte+3, bos 1, eos 2), which the contract's vocab_size must
+cover."""
 from __future__ import annotations
 
 import json
@@ -29,16 +32,23 @@ from typing import Any, Hashable, Optional, Sequence
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from forge.backends import Backend
-from forge.engines.interface import (Engine, EngineBusy, EngineFailed, EngineRequest, EngineResult, IterationStats,
-                                     Progress)
+from forge.engines.interface import (
+    Engine,
+    EngineBusy,
+    EngineFailed,
+    EngineRequest,
+    EngineResult,
+    IterationStats,
+    Progress,
+)
 from forge.errors import ConfigError, EngineUnavailable, ForgeError, Problem, display_path
 from forge_bench.engines.instant_steps import StepBatcher
 
 BACKEND = "instant"
 LABEL = "instant (no model): control-plane ceiling only, outputs are synthetic"
-HIDDEN_SIZE = 16                  # want_hidden returns this many deterministic floats (not a model state)
-BURST_S = 0.25                    # a rate-limited engine banks at most this much time's worth of tokens
-MAX_STEP_CPU_MS = 1000.0          # one step must fit well inside the runtime's engine-call limits
+HIDDEN_SIZE = 16          # want_hidden returns this many deterministic floats (not a model state)
+BURST_S = 0.25            # a rate-limited engine banks at most this much time's worth of tokens
+MAX_STEP_CPU_MS = 1000.0  # one step must fit well inside the runtime's engine-call limits
 
 
 class InstantSection(BaseModel):
@@ -47,12 +57,16 @@ class InstantSection(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
     tokens_per_s_limit: Optional[float] = Field(
-        None, gt=0, description="emulate an engine delivering this many (input + output) tokens per second; "
+        None, gt=0, description="emulate an engine delivering this many (input + output) tokens "
+                                "per second; "
         "default: unlimited (every request finishes at the next poll)")
     step_cpu_ms: Optional[float] = Field(
-        None, gt=0, le=MAX_STEP_CPU_MS, description="run as a continuous batcher that spends this many "
-        "milliseconds of pure-Python CPU time per step while holding the GIL; each step processes up to "
-        "limits.max_num_tokens tokens over up to limits.max_batch_size requests (decode first, then prefill)")
+        None, gt=0, le=MAX_STEP_CPU_MS, description="run as a continuous batcher that spends this "
+                                                    "many "
+        "milliseconds of pure-Python CPU time per step while holding the GIL; each step processes "
+        "up to "
+        "limits.max_num_tokens tokens over up to limits.max_batch_size requests (decode first, "
+        "then prefill)")
 
     @model_validator(mode="after")
     def _one_speed_model(self) -> "InstantSection":
@@ -69,9 +83,19 @@ def section_of(contract, key: str, model: type[BaseModel]) -> Optional[BaseModel
     try:
         return model.model_validate(raw)
     except ValidationError as e:
-        where = display_path(contract.source) if contract.source else f"contract {contract.contract}"
-        raise ConfigError([Problem(where, "$." + ".".join([key, *(str(p) for p in err["loc"])]),
-                                   err["msg"].removeprefix("Value error, ")) for err in e.errors()]) from None
+        where = (
+            display_path(contract.source) if contract.source else f"contract {contract.contract}"
+        )
+        raise ConfigError(
+            [
+                Problem(
+                    where,
+                    "$." + ".".join([key, *(str(p) for p in err["loc"])]),
+                    err["msg"].removeprefix("Value error, "),
+                )
+                for err in e.errors()
+            ]
+        ) from None
 
 
 class ByteTokenizer:
@@ -94,7 +118,8 @@ class JsonTokenizer:
         try:
             from tokenizers import Tokenizer
         except ImportError:
-            raise EngineUnavailable(f"{display_path(directory / 'tokenizer.json')} needs the `tokenizers` library "
+            raise EngineUnavailable(f"{display_path(directory / 'tokenizer.json')} needs the "
+                                    "`tokenizers` library "
                                     "(pip install 'forge-llm[engine]')") from None
         self._tok = Tokenizer.from_file(str(directory / "tokenizer.json"))
         self.vocab_size = self._tok.get_vocab_size()
@@ -130,7 +155,9 @@ def load_tokenizer(contract):
         return JsonTokenizer(directory)
     tok = ByteTokenizer()
     if contract.model.vocab_size < tok.vocab_size:
-        where = display_path(contract.source) if contract.source else f"contract {contract.contract}"
+        where = (
+            display_path(contract.source) if contract.source else f"contract {contract.contract}"
+        )
         raise ForgeError(f"{where}::$.model.vocab_size: the instant backend's byte "
                          f"tokenizer needs {tok.vocab_size} ids (no tokenizer.json found), got "
                          f"{contract.model.vocab_size}")
@@ -166,7 +193,10 @@ class InstantEngine(Engine):
         self.section = section or InstantSection()
         self.tokenizer = load_tokenizer(contract)
         self._lim, self._tpb = contract.limits, contract.kv_cache.tokens_per_block
-        self._lo, self._hi = 3, max(4, min(contract.model.vocab_size, getattr(self.tokenizer, "vocab_size", 1 << 30)))
+        self._lo, self._hi = (
+            3,
+            max(4, min(contract.model.vocab_size, getattr(self.tokenizer, "vocab_size", 1 << 30))),
+        )
         self._jobs: "OrderedDict[str, _Job]" = OrderedDict()
         self._cancels: set[str] = set()
         self._cond = threading.Condition()
@@ -176,31 +206,56 @@ class InstantEngine(Engine):
         self._steps = self._last_step_tokens = 0
         self._batcher: Optional[StepBatcher] = None
         if self.section.step_cpu_ms is not None:
-            self._batcher = StepBatcher(cpu_ms=self.section.step_cpu_ms, token_budget=self._lim.max_num_tokens,
-                                        tokens_per_block=self._tpb, cache_blocks=plan.num_blocks,
-                                        block_reuse=contract.kv_cache.block_reuse)
+            self._batcher = StepBatcher(
+                cpu_ms=self.section.step_cpu_ms,
+                token_budget=self._lim.max_num_tokens,
+                tokens_per_block=self._tpb,
+                cache_blocks=plan.num_blocks,
+                block_reuse=contract.kv_cache.block_reuse,
+            )
 
     def describe(self) -> dict[str, Any]:
-        return {"backend": BACKEND, "label": LABEL, "tokens_per_s_limit": self.section.tokens_per_s_limit,
-                "step_cpu_ms": self.section.step_cpu_ms, "tokenizer": type(self.tokenizer).__name__}
+        return {
+            "backend": BACKEND,
+            "label": LABEL,
+            "tokens_per_s_limit": self.section.tokens_per_s_limit,
+            "step_cpu_ms": self.section.step_cpu_ms,
+            "tokenizer": type(self.tokenizer).__name__,
+        }
 
     def submit(self, requests: Sequence[EngineRequest]) -> None:
         with self._cond:
             if self._closed:
                 raise EngineFailed("instant engine is shut down")
-            blocks = [math.ceil((len(r.prompt_ids) + r.max_new_tokens) / self._tpb) for r in requests]
+            blocks = [
+                math.ceil((len(r.prompt_ids) + r.max_new_tokens) / self._tpb) for r in requests
+            ]
             used = sum(j.blocks for j in self._jobs.values())
-            if len(self._jobs) + len(requests) > self._lim.max_batch_size or used + sum(blocks) > self.plan.num_blocks:
-                raise EngineBusy(f"instant engine full ({len(self._jobs)} active, {used} blocks used)")
+            if (
+                len(self._jobs) + len(requests) > self._lim.max_batch_size
+                or used + sum(blocks) > self.plan.num_blocks
+            ):
+                raise EngineBusy(f"instant engine full ({len(self._jobs)} active, {used} blocks "
+                                 "used)")
             if not self._jobs:           # an idle engine banks no credit
                 self._refilled, self._credit = time.monotonic(), 0.0
             for r, b in zip(requests, blocks):
                 if r.request_id in self._jobs:
                     raise ValueError(f"request {r.request_id!r} is already in the engine")
-                job = _Job(req=r, blocks=b, cost=len(r.prompt_ids) + r.max_new_tokens, prompt_len=len(r.prompt_ids))
-                if len(r.prompt_ids) > self._lim.max_input_len or r.max_new_tokens > self._lim.max_output_len:
-                    job.error = (f"prompt {len(r.prompt_ids)} / output {r.max_new_tokens} tokens exceed the contract's "
-                                 f"max_input_len {self._lim.max_input_len} / max_output_len {self._lim.max_output_len}")
+                job = _Job(
+                    req=r,
+                    blocks=b,
+                    cost=len(r.prompt_ids) + r.max_new_tokens,
+                    prompt_len=len(r.prompt_ids),
+                )
+                if (
+                    len(r.prompt_ids) > self._lim.max_input_len
+                    or r.max_new_tokens > self._lim.max_output_len
+                ):
+                    job.error = (f"prompt {len(r.prompt_ids)} / output {r.max_new_tokens} tokens "
+                                 "exceed the contract's "
+                                 f"max_input_len {self._lim.max_input_len} / max_output_len "
+                                 f"{self._lim.max_output_len}")
                 elif r.guide is not None:
                     job.error = "the instant backend does not support guided output"
                 elif self._batcher is not None:
@@ -234,10 +289,17 @@ class InstantEngine(Engine):
         with self._cond:
             while True:
                 self._settle(out)
-                live = [j for j in self._jobs.values() if j.error is None and j.req.request_id not in self._cancels]
+                live = [
+                    j
+                    for j in self._jobs.values()
+                    if j.error is None and j.req.request_id not in self._cancels
+                ]
                 if live and not self._closed:
                     out.new_tokens += self._batcher.step(live)
-                    self._steps, self._last_step_tokens = self._batcher.steps, self._batcher.last_step_tokens
+                    self._steps, self._last_step_tokens = (
+                        self._batcher.steps,
+                        self._batcher.last_step_tokens,
+                    )
                     self._settle(out)
                 remaining = deadline - time.monotonic()
                 if out.results or self._closed or remaining <= 0:
@@ -259,7 +321,9 @@ class InstantEngine(Engine):
             self._refilled = now
             return Progress()
         if rate:
-            self._credit = min(self._credit + rate * (now - self._refilled), max(rate * BURST_S, 1.0))
+            self._credit = min(
+                self._credit + rate * (now - self._refilled), max(rate * BURST_S, 1.0)
+            )
         self._refilled = now
         out, new_tokens = Progress(), 0
         for key, job in list(self._jobs.items()):
@@ -285,20 +349,32 @@ class InstantEngine(Engine):
     def _result(self, job: _Job, reason: Optional[str]) -> EngineResult:
         r = job.req
         if job.error is not None:
-            return EngineResult(request_id=r.request_id, output_ids=[], finish_reason="error", error=job.error)
+            return EngineResult(
+                request_id=r.request_id, output_ids=[], finish_reason="error", error=job.error
+            )
         ids = synthetic_output(r.prompt_ids, job.produced(), self._lo, self._hi)
         hidden = None
         if r.want_hidden:
-            hidden = [(x % 1000) / 1000.0 for x in synthetic_output(r.prompt_ids, HIDDEN_SIZE, 0, 1 << 20)]
-        return EngineResult(request_id=r.request_id, output_ids=ids, finish_reason=reason or "length", hidden=hidden)
+            hidden = [
+                (x % 1000) / 1000.0 for x in synthetic_output(r.prompt_ids, HIDDEN_SIZE, 0, 1 << 20)
+            ]
+        return EngineResult(
+            request_id=r.request_id, output_ids=ids, finish_reason=reason or "length", hidden=hidden
+        )
 
     def stats(self) -> IterationStats:
         with self._cond:
             used = sum(j.blocks for j in self._jobs.values())
             hits = self._batcher.prefix_hit_tokens if self._batcher is not None else 0
-            return IterationStats(active=len(self._jobs), queued=0, kv_blocks_used=used,
-                                  kv_blocks_free=self.plan.num_blocks - used, tokens_last_step=self._last_step_tokens,
-                                  steps=self._steps, prefix_hit_tokens=hits)
+            return IterationStats(
+                active=len(self._jobs),
+                queued=0,
+                kv_blocks_used=used,
+                kv_blocks_free=self.plan.num_blocks - used,
+                tokens_last_step=self._last_step_tokens,
+                steps=self._steps,
+                prefix_hit_tokens=hits,
+            )
 
     def shutdown(self, timeout_s: float) -> None:
         with self._cond:

@@ -1,9 +1,10 @@
-"""The `transformers` engine backend: Hugging Face transformers' continuous batching (in-flight batching over a
-paged KV cache), on CPU or on one GPU.
+"""The `transformers` engine backend: Hugging Face transformers' continuous batching (in-flight
+batching over a paged KV cache), on CPU or on one GPU.
 
-This module is a pluggy plugin and must import without torch/transformers: the heavy imports happen inside the
-factory (forge/engines/transformers/). It registers the backend as one object (forge.backends.Backend) with its
-contract section, `transformers:` (forge/engines/transformers/section.py).
+This module is a pluggy plugin and must import without torch/transformers: the heavy imports happen
+inside the factory (forge/engines/transformers/). It registers the backend as one object
+(forge.backends.Backend) with its contract section, `transformers:`
+(forge/engines/transformers/section.py).
 """
 from __future__ import annotations
 
@@ -23,18 +24,29 @@ def _factory(contract, plan):
 
 
 def _engine_arguments(contract, plan):
-    """What the factory hands transformers: the continuous-batching config, and the load's dtype and attention."""
+    """What the factory hands transformers: the continuous-batching config, and the load's dtype and
+    attention."""
     section = section_of(plan)
     return {"dtype": dtype_of(plan, section), "attn_implementation": section.attn_implementation,
             "continuous_batching_config": cb_config_kwargs(plan, section)}
 
 
 BACKEND_OBJECT = Backend(
-    name=BACKEND, factory=_factory, section=TransformersSection, tunables=tunables.transformers_tunables,
+    name=BACKEND,
+    factory=_factory,
+    section=TransformersSection,
+    tunables=tunables.transformers_tunables,
     working_memory=attention_memory.working_memory,
-    rules=(tunables.gpu_only_switches, tunables.graph_padding_fits, attention_memory.eager_scores_fit,
-           attention_memory.attention_masks_fit, graph_shapes.cache_problems),
-    engine_arguments=_engine_arguments, label="Hugging Face transformers continuous batching")
+    rules=(
+        tunables.gpu_only_switches,
+        tunables.graph_padding_fits,
+        attention_memory.eager_scores_fit,
+        attention_memory.attention_masks_fit,
+        graph_shapes.cache_problems,
+    ),
+    engine_arguments=_engine_arguments,
+    label="Hugging Face transformers continuous batching",
+)
 
 
 @hookimpl

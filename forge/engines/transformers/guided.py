@@ -1,20 +1,22 @@
-"""Guided output for the transformers engine: a logits processor inside the continuous-batching loop masks every
-token a guide does not allow, so a guided result is a member of the choice list / JSON matching the schema by
-construction (never by retrying until the text happens to match).
+"""Guided output for the transformers engine: a logits processor inside the continuous-batching loop
+masks every token a guide does not allow, so a guided result is a member of the choice list / JSON
+matching the schema by construction (never by retrying until the text happens to match).
 
-- choice: a token trie over the tokenizer's encoding of each choice. It knows, per node, the fewest tokens still
-  needed to complete a choice, so only continuations that fit the request's remaining token budget are allowed;
-  a request whose max_new_tokens cannot hold the shortest choice is refused up front.
-- json_schema: llguidance (a Rust grammar engine) compiles the schema and computes the allowed-token mask each
-  step. Output is compact JSON (no free whitespace, which tiny models otherwise repeat forever). Objects without
-  `additionalProperties` get `false` (a stricter subset of what the schema accepts). Near the end of the budget the
-  guide force-closes the JSON (guided_json.py). If even that cannot close it, the result is an error, never
-  unparseable text.
+- choice: a token trie over the tokenizer's encoding of each choice. It knows, per node, the fewest
+  tokens still needed to complete a choice, so only continuations that fit the request's remaining
+  token budget are allowed; a request whose max_new_tokens cannot hold the shortest choice is
+  refused up front.
+- json_schema: llguidance (a Rust grammar engine) compiles the schema and computes the allowed-token
+  mask each step. Output is compact JSON (no free whitespace, which tiny models otherwise repeat
+  forever). Objects without `additionalProperties` get `false` (a stricter subset of what the schema
+  accepts). Near the end of the budget the guide force-closes the JSON (guided_json.py). If even
+  that cannot close it, the result is an error, never unparseable text.
 
-transformers 5.24's manager only builds processors from the generation config, so the factory inserts this one
-in front of them (masking first, then temperature / top-k / top-p pick among allowed tokens) before the loop's
-buffers exist. It runs Python per step, so it needs the eager loop: no CUDA graphs, no torch.compile, no async
-batching (the factory leaves guides off then, and says why).
+transformers 5.24's manager only builds processors from the generation config, so the factory
+inserts this one in front of them (masking first, then temperature / top-k / top-p pick among
+allowed tokens) before the loop's buffers exist. It runs Python per step, so it needs the eager
+loop: no CUDA graphs, no torch.compile, no async batching (the factory leaves guides off then, and
+says why).
 """
 from __future__ import annotations
 
@@ -24,7 +26,9 @@ from collections import OrderedDict
 from typing import Any, Optional, Sequence
 
 import torch
-from transformers.generation.continuous_batching.cb_logits_processors import ContinuousBatchingLogitsProcessor
+from transformers.generation.continuous_batching.cb_logits_processors import (
+    ContinuousBatchingLogitsProcessor,
+)
 
 from forge.engines.choice_trie import ChoiceState, ChoiceTrie, budget_problem, encode_choices  # noqa: F401 - re-exported
 from forge.engines.transformers.guided_json import Closer, JsonState, strict_objects
@@ -43,7 +47,8 @@ class GuideCompiler:
     """Turns a Guide into per-request state; compiled tries and grammars are cached (bounded)."""
 
     def __init__(self, tokenizer, vocab_size: int, eos: Sequence[int]):
-        # tokenizer: the engine's (decode is what callers see); .hf, where present, is the Hugging Face one
+        # tokenizer: the engine's (decode is what callers see); .hf, where present, is the Hugging
+        # Face one
         self.tokenizer, self.vocab, self.eos = tokenizer, vocab_size, sorted(eos)
         self.hf = getattr(tokenizer, "hf", tokenizer)
         self._cache: OrderedDict[str, Any] = OrderedDict()
@@ -63,7 +68,9 @@ class GuideCompiler:
         return llguidance.LLTokenizer(backend.to_str(), n_vocab=self.vocab, eos_token=self.eos[0])
 
     def _texts(self) -> dict[int, str]:
-        return {i: self.tokenizer.decode([i]) for i in self.hf.get_vocab().values() if i < self.vocab}
+        return {
+            i: self.tokenizer.decode([i]) for i in self.hf.get_vocab().values() if i < self.vocab
+        }
 
     def start(self, guide: Guide, max_new_tokens: int):
         """(state, None) or (None, why the guide cannot be honoured)."""
@@ -108,7 +115,12 @@ class GuideCompiler:
             try:
                 grammar = llguidance.LLMatcher.grammar_from_json_schema(
                     strict_objects(schema),
-                    overrides={"whitespace_flexible": False, "item_separator": ",", "key_separator": ":"})
+                    overrides={
+                        "whitespace_flexible": False,
+                        "item_separator": ",",
+                        "key_separator": ":",
+                    },
+                )
             except ValueError as exc:
                 return f"json_schema cannot be compiled: {exc}"
             why = llguidance.LLMatcher.validate_grammar(grammar, self._ll)
@@ -123,7 +135,8 @@ class GuideCompiler:
             return None, built
         grammar, shortest = built
         if shortest is not None and shortest > max_new_tokens:
-            return None, (f"max_tokens {max_new_tokens} cannot hold the shortest JSON this schema allows "
+            return None, (f"max_tokens {max_new_tokens} cannot hold the shortest JSON this schema "
+                          "allows "
                           f"({shortest} tokens with this tokenizer)")
         matcher = llguidance.LLMatcher(self._ll, grammar)
         if matcher.is_error():
@@ -132,8 +145,9 @@ class GuideCompiler:
 
 
 class GuideProcessor(ContinuousBatchingLogitsProcessor):
-    """Per-request masks inside the manager's loop. prepare_tensor_args (batch preparation) computes each guided
-    row's allowed tokens from the request's own state; __call__ (same step, same thread) applies them."""
+    """Per-request masks inside the manager's loop. prepare_tensor_args (batch preparation) computes
+    each guided row's allowed tokens from the request's own state; __call__ (same step, same thread)
+    applies them."""
 
     supported_kwargs: dict[str, type] = {}
     ignored_kwargs: tuple[str, ...] = ()
@@ -141,7 +155,8 @@ class GuideProcessor(ContinuousBatchingLogitsProcessor):
     def __init__(self, vocab_size: int):
         self.vocab = vocab_size
         self._lock = threading.Lock()
-        self._guided: dict[str, tuple[Any, int, int]] = {}   # manager id -> (state, prompt length, max_new_tokens)
+        # manager id -> (state, prompt length, max_new_tokens)
+        self._guided: dict[str, tuple[Any, int, int]] = {}
         self._rows: list[tuple[int, Any, Any]] = []
 
     def add(self, request_id: str, state, prompt_len: int, max_new_tokens: int) -> None:
@@ -162,7 +177,10 @@ class GuideProcessor(ContinuousBatchingLogitsProcessor):
         rows = []
         if self._guided:
             with self._lock:
-                found = [(i, self._guided.get(fr.state.request_id)) for i, fr in enumerate(requests_with_new_token)]
+                found = [
+                    (i, self._guided.get(fr.state.request_id))
+                    for i, fr in enumerate(requests_with_new_token)
+                ]
             for i, entry in found:
                 if entry is None:
                     continue
@@ -203,9 +221,11 @@ class GuideProcessor(ContinuousBatchingLogitsProcessor):
         return keep
 
 
-def install(manager, tokenizer, vocab_size: int, eos: Sequence[int]) -> tuple[GuideCompiler, GuideProcessor]:
-    """Put a GuideProcessor first in the manager's processors. Must run before the batch processor is built
-    (warmup/start), which sizes its argument buffers from `tensors_required`."""
+def install(
+    manager, tokenizer, vocab_size: int, eos: Sequence[int]
+) -> tuple[GuideCompiler, GuideProcessor]:
+    """Put a GuideProcessor first in the manager's processors. Must run before the batch processor
+    is built (warmup/start), which sizes its argument buffers from `tensors_required`."""
     lp = manager.logit_processor
     proc = GuideProcessor(vocab_size)
     lp.logits_processor.insert(0, proc)

@@ -1,12 +1,14 @@
-"""Final hidden states for want_hidden requests. The continuous-batching manager returns tokens only, so these run
-as plain forward passes of the base model (no LM head, no cache) in one worker thread: serialized, fed by a
-bounded queue, and delivered through another queue that the engine's poll drains.
+"""Final hidden states for want_hidden requests. The continuous-batching manager returns tokens
+only, so these run as plain forward passes of the base model (no LM head, no cache) in one worker
+thread: serialized, fed by a bounded queue, and delivered through another queue that the engine's
+poll drains.
 
-They share the model's weights with the generation loop, which runs its own forwards in its own thread at the same
-time, but not the base model's config: transformers' forward writes `config.is_causal` for the length of every call
-(`merge_with_config_defaults`, utils/generic.py) and the loop passes `is_causal=False` with its own packed mask. A
-forward here that read the loop's value attended bidirectionally, and one that restored it at the wrong moment left
-it False for every later embed (issue 49: the same text, another vector). So this worker forwards a view of the base
+They share the model's weights with the generation loop, which runs its own forwards in its own
+thread at the same time, but not the base model's config: transformers' forward writes
+`config.is_causal` for the length of every call (`merge_with_config_defaults`, utils/generic.py) and
+the loop passes `is_causal=False` with its own packed mask. A forward here that read the loop's
+value attended bidirectionally, and one that restored it at the wrong moment left it False for every
+later embed (issue 49: the same text, another vector). So this worker forwards a view of the base
 model whose config is its own copy, and says `is_causal=True` itself."""
 from __future__ import annotations
 
@@ -19,9 +21,9 @@ _STOP = object()
 
 
 def own_config_view(base):
-    """The same module (its submodules, parameters and buffers are shared, not copied) with a config object of its
-    own, so the generation loop's per-call writes to the shared config never reach this thread's forwards, nor
-    this thread's to the loop's."""
+    """The same module (its submodules, parameters and buffers are shared, not copied) with a config
+    object of its own, so the generation loop's per-call writes to the shared config never reach
+    this thread's forwards, nor this thread's to the loop's."""
     view = copy.copy(base)
     view.config = copy.deepcopy(base.config)
     return view
@@ -29,16 +31,20 @@ def own_config_view(base):
 
 class HiddenWorker:
     def __init__(self, model, device: str, pooling: str, maxsize: int):
-        self._base = own_config_view(model.get_decoder() if hasattr(model, "get_decoder") else model.model)
+        self._base = own_config_view(
+            model.get_decoder() if hasattr(model, "get_decoder") else model.model
+        )
         self._device = device
         self._pooling = pooling
         self.inbox: queue.Queue = queue.Queue(maxsize=maxsize)
-        self.outbox: queue.Queue = queue.Queue()      # bounded by the inbox: one answer per accepted job
+        # bounded by the inbox: one answer per accepted job
+        self.outbox: queue.Queue = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="forge-hf-hidden", daemon=True)
         self._thread.start()
 
     def submit(self, key: str, prompt_ids: tuple[int, ...], cancelled: Callable[[], bool]) -> None:
-        """Queue one prompt; raises queue.Full (the engine checks its capacity first, so it does not happen)."""
+        """Queue one prompt; raises queue.Full (the engine checks its capacity first, so it does not
+        happen)."""
         self.inbox.put_nowait((key, prompt_ids, cancelled))
 
     def pending(self) -> int:
@@ -49,7 +55,8 @@ class HiddenWorker:
 
         with torch.inference_mode():
             ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=self._device)
-            states = self._base(input_ids=ids, use_cache=False, is_causal=True).last_hidden_state[0]  # [seq, hidden]
+            # [seq, hidden]
+            states = self._base(input_ids=ids, use_cache=False, is_causal=True).last_hidden_state[0]
             pooled = states.mean(dim=0) if self._pooling == "mean" else states[-1]
             return pooled.float().cpu().tolist()
 
@@ -67,7 +74,8 @@ class HiddenWorker:
                 self.outbox.put((key, None, f"{type(exc).__name__}: {exc}"))
 
     def stop(self, timeout_s: float) -> bool:
-        """Drop queued jobs, stop after the current one; True if the thread ended within timeout_s."""
+        """Drop queued jobs, stop after the current one; True if the thread ended within
+        timeout_s."""
         try:
             while True:
                 self.inbox.get_nowait()

@@ -1,4 +1,5 @@
-"""Load the tokenizer and the model of a transformers-backend contract, offline, exactly as the contract says.
+"""Load the tokenizer and the model of a transformers-backend contract, offline, exactly as the
+contract says.
 
 Missing weights are an error naming the path, unless the contract asks for random weights
 (artifact.random_weights), which are built from config.json and logged: never a silent fallback."""
@@ -19,9 +20,9 @@ WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_mo
 
 
 class HFTokenizer:
-    """The engine's tokenizer (what the broker measures with). encode follows the tokenizer's own convention for
-    a prompt, i.e. adds BOS where the model's tokenizer does (Llama-style ones, the embedded model's included)
-    and nothing else; decode drops special tokens."""
+    """The engine's tokenizer (what the broker measures with). encode follows the tokenizer's own
+    convention for a prompt, i.e. adds BOS where the model's tokenizer does (Llama-style ones, the
+    embedded model's included) and nothing else; decode drops special tokens."""
 
     def __init__(self, hf):
         self.hf = hf
@@ -39,9 +40,11 @@ class HFTokenizer:
 def _checkpoint_dir(plan: CardPlan) -> Path:
     ckpt = plan.contract.resolve(plan.contract.artifact.checkpoint)
     if ckpt is None:
-        raise ForgeError(f"{where(plan)}::$.artifact: the transformers backend needs artifact.checkpoint")
+        raise ForgeError(f"{where(plan)}::$.artifact: the transformers backend needs "
+                         "artifact.checkpoint")
     if not (ckpt / "config.json").is_file():
-        raise ForgeError(f"{display_path(ckpt)}: no config.json (artifact.checkpoint of {where(plan)})")
+        raise ForgeError(f"{display_path(ckpt)}: no config.json (artifact.checkpoint of "
+                         f"{where(plan)})")
     return ckpt
 
 
@@ -59,7 +62,8 @@ def load_tokenizer(plan: CardPlan) -> HFTokenizer:
 
 
 def _check_geometry(plan: CardPlan, cfg) -> None:
-    """The engine is sized from the contract's geometry; a checkpoint that disagrees would make the plan a lie."""
+    """The engine is sized from the contract's geometry; a checkpoint that disagrees would make the
+    plan a lie."""
     m = plan.contract.model
     text = cfg.get_text_config()
     head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
@@ -68,7 +72,8 @@ def _check_geometry(plan: CardPlan, cfg) -> None:
               "vocab_size": text.vocab_size}
     for key, value in actual.items():
         if getattr(m, key) != value:
-            raise ForgeError(f"{where(plan)}::$.model.{key}: contract says {getattr(m, key)}, the checkpoint's "
+            raise ForgeError(f"{where(plan)}::$.model.{key}: contract says {getattr(m, key)}, the "
+                             "checkpoint's "
                              f"config.json says {value}")
 
 
@@ -78,29 +83,41 @@ def load_model(plan: CardPlan, *, device: str, dtype: str, attn_implementation: 
     from transformers import AutoConfig, AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
-    hf_logging.disable_progress_bar()    # forge reports loading itself; no tqdm bars on the user's terminal
+    # forge reports loading itself; no tqdm bars on the user's terminal
+    hf_logging.disable_progress_bar()
     ckpt = _checkpoint_dir(plan)
     torch_dtype = getattr(torch, dtype)
     try:
         cfg = AutoConfig.from_pretrained(str(ckpt), local_files_only=True)
     except Exception as exc:
-        raise ForgeError(f"{display_path(ckpt / 'config.json')}: {' '.join(str(exc).split())[:300]}") from None
+        raise ForgeError(
+            f"{display_path(ckpt / 'config.json')}: {' '.join(str(exc).split())[:300]}"
+        ) from None
     _check_geometry(plan, cfg)
     if plan.contract.artifact.random_weights:
-        log.warning("%s: building RANDOM weights from %s (artifact.random_weights: true); outputs are noise",
+        log.warning("%s: building RANDOM weights from %s (artifact.random_weights: true); outputs "
+                    "are noise",
                     plan.contract.contract, display_path(ckpt / "config.json"))
         torch.manual_seed(seed)
         cfg._attn_implementation = attn_implementation
-        with torch.device(device):   # built and initialised on the card: no host-side copy of billions of weights
-            model = AutoModelForCausalLM.from_config(cfg, dtype=torch_dtype, attn_implementation=attn_implementation)
+        # built and initialised on the card: no host-side copy of billions of weights
+        with torch.device(device):
+            model = AutoModelForCausalLM.from_config(
+                cfg, dtype=torch_dtype, attn_implementation=attn_implementation
+            )
         model = model.to(device)
         return model.eval(), "random"
     if not any((ckpt / name).is_file() for name in WEIGHT_FILES):
-        raise ForgeError(f"{display_path(ckpt)}: no model weights ({' or '.join(WEIGHT_FILES[::2])}); set "
+        raise ForgeError(f"{display_path(ckpt)}: no model weights "
+                         f"({' or '.join(WEIGHT_FILES[::2])}); set "
                          f"artifact.random_weights: true in {where(plan)} to run on random weights")
     try:
-        model = AutoModelForCausalLM.from_pretrained(str(ckpt), local_files_only=True, dtype=torch_dtype,
-                                                     attn_implementation=attn_implementation).to(device)
+        model = AutoModelForCausalLM.from_pretrained(
+            str(ckpt),
+            local_files_only=True,
+            dtype=torch_dtype,
+            attn_implementation=attn_implementation,
+        ).to(device)
     except Exception as exc:
         raise ForgeError(f"{display_path(ckpt)}: cannot load the model ({type(exc).__name__}: "
                          f"{' '.join(str(exc).split())[:300]})") from None

@@ -1,23 +1,27 @@
 """Per-request sampling seeds for the transformers engine.
 
-transformers' continuous batching samples every row with one engine-wide random generator, so a request's seed
-cannot be handed to it. This processor runs last in the manager's processor list, after temperature, top-k and
-top-p have shaped the scores: for each seeded row it draws the next token from those scores with the request's
-own generator (seeded once, advanced one draw per token) and leaves only that token possible. The manager's own
-draw then has one choice. The distribution is the one the manager would have sampled from; only the randomness
-is the request's. Unseeded rows are untouched.
+transformers' continuous batching samples every row with one engine-wide random generator, so a
+request's seed cannot be handed to it. This processor runs last in the manager's processor list,
+after temperature, top-k and top-p have shaped the scores: for each seeded row it draws the next
+token from those scores with the request's own generator (seeded once, advanced one draw per token)
+and leaves only that token possible. The manager's own draw then has one choice. The distribution is
+the one the manager would have sampled from; only the randomness is the request's. Unseeded rows are
+untouched.
 
-A seeded request gives the same tokens when its scores are the same. Batch composition can change the last bits
-of the scores (other requests in the same step change the kernels' shapes), so, as in vLLM, a seed makes a
-request reproducible in practice, not bit for bit under every load. Like the guide processor it runs Python each
-step, so it needs the eager loop (no CUDA graphs, no compile, no async batching)."""
+A seeded request gives the same tokens when its scores are the same. Batch composition can change
+the last bits of the scores (other requests in the same step change the kernels' shapes), so, as in
+vLLM, a seed makes a request reproducible in practice, not bit for bit under every load. Like the
+guide processor it runs Python each step, so it needs the eager loop (no CUDA graphs, no compile, no
+async batching)."""
 from __future__ import annotations
 
 import threading
 from typing import Optional
 
 import torch
-from transformers.generation.continuous_batching.cb_logits_processors import ContinuousBatchingLogitsProcessor
+from transformers.generation.continuous_batching.cb_logits_processors import (
+    ContinuousBatchingLogitsProcessor,
+)
 
 
 class SeededSampler(ContinuousBatchingLogitsProcessor):
@@ -26,8 +30,8 @@ class SeededSampler(ContinuousBatchingLogitsProcessor):
 
     def __init__(self):
         self._lock = threading.Lock()
-        self._seeds: dict[str, int] = {}                              # manager id -> seed
-        self._generators: dict[str, torch.Generator] = {}             # made on the scores' device at first use
+        self._seeds: dict[str, int] = {}                   # manager id -> seed
+        self._generators: dict[str, torch.Generator] = {}  # made on the scores' device at first use
         self._rows: list[tuple[int, str]] = []
 
     def add(self, request_id: str, seed: int) -> None:
@@ -80,8 +84,9 @@ class SeededSampler(ContinuousBatchingLogitsProcessor):
 
 
 def install(manager) -> SeededSampler:
-    """Put a SeededSampler last in the manager's processors (after temperature, top-k, top-p). Must run before the
-    batch processor is built (warmup/start), which sizes its argument buffers from `tensors_required`."""
+    """Put a SeededSampler last in the manager's processors (after temperature, top-k, top-p). Must
+    run before the batch processor is built (warmup/start), which sizes its argument buffers from
+    `tensors_required`."""
     lp = manager.logit_processor
     sampler = SeededSampler()
     lp.logits_processor.append(sampler)

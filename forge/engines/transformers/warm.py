@@ -1,11 +1,12 @@
 """A warm-up at load: the engine's first full-size steps, run before its card reports ready.
 
-A fresh process pays one-time costs in its first steps at a new size: the CUDA caching allocator grows to its
-peak, the kernels' per-shape choices are made. transformers' own `warmup()` runs steps only when it captures CUDA
-graphs or compiles, and a card worker is a fresh process for every engine, so without this a job's first
-seconds would pay them (direct, run repeatedly in one process, pays them once; docs/benchmarks.md, "forge
-÷ direct on one card"). Two rounds of synthetic requests: prompts that fill one step's token budget, then one short
-request per slot decoding a few tokens. Bounded; a warm-up cut short is reported, never fatal."""
+A fresh process pays one-time costs in its first steps at a new size: the CUDA caching allocator
+grows to its peak, the kernels' per-shape choices are made. transformers' own `warmup()` runs steps
+only when it captures CUDA graphs or compiles, and a card worker is a fresh process for every
+engine, so without this a job's first seconds would pay them (direct, run repeatedly in one process,
+pays them once; docs/benchmarks.md, "forge ÷ direct on one card"). Two rounds of synthetic requests:
+prompts that fill one step's token budget, then one short request per slot decoding a few tokens.
+Bounded; a warm-up cut short is reported, never fatal."""
 from __future__ import annotations
 
 import random
@@ -30,8 +31,17 @@ def warm_up(manager: Any, *, budget: int, max_input_len: int, slots: int, vocab_
         for i, length in enumerate(lengths):
             rid = f"forge-warmup-{n}-{i}"
             prompt = [rng.randrange(FIRST_ORDINARY_ID, vocab_size) for _ in range(length)]
-            if manager.add_request(prompt, request_id=rid, max_new_tokens=1 if n == 0 else DECODE_TOKENS,
-                                   streaming=False, eos_token_id=-1, **request_kwargs) is None:
+            if (
+                manager.add_request(
+                    prompt,
+                    request_id=rid,
+                    max_new_tokens=1 if n == 0 else DECODE_TOKENS,
+                    streaming=False,
+                    eos_token_id=-1,
+                    **request_kwargs,
+                )
+                is None
+            ):
                 return "the generation loop took no request"
             ids.append(rid)
         waiting = set(ids)

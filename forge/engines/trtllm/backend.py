@@ -1,10 +1,11 @@
 """Backend `trtllm`: TensorRT-LLM as a forge Engine (the production target).
 
-NOT RUN ON A REAL ENGINE. TensorRT-LLM cannot be installed on the machines forge is built on, so this
-module is written against the API as read in TensorRT-LLM's sources (docs/trtllm.md names the files and
-versions) and has never driven a real Executor or LLM. Every setting it passes comes from
-forge.engines.trtllm.mapping.engine_arguments, which is unit-tested; this module only asks the installed
-release what it has (`install.installed_release`), turns those arguments into objects and logs what was set.
+NOT RUN ON A REAL ENGINE. TensorRT-LLM cannot be installed on the machines forge is built on, so
+this module is written against the API as read in TensorRT-LLM's sources (docs/trtllm.md names the
+files and versions) and has never driven a real Executor or LLM. Every setting it passes comes from
+forge.engines.trtllm.mapping.engine_arguments, which is unit-tested; this module only asks the
+installed release what it has (`install.installed_release`), turns those arguments into objects and
+logs what was set.
 
   artifact.checkpoint  -> tensorrt_llm.LLM on the PyTorch backend (the primary path)
   artifact.engine_dir  -> tensorrt_llm.bindings.executor.Executor (releases up to 1.2.x ship it)
@@ -31,8 +32,16 @@ from forge.engines.trtllm.release import Release
 from forge.engines.trtllm.rules import BACKEND, engine_dir_matches, gpu_target_and_engine_dir
 from forge.engines.trtllm.section import TrtllmSection
 from forge.backends import Backend
-from forge.engines.interface import (REFUSED, Engine, EngineBusy, EngineFailed, EngineRequest, EngineResult,
-                                     IterationStats, Progress)
+from forge.engines.interface import (
+    REFUSED,
+    Engine,
+    EngineBusy,
+    EngineFailed,
+    EngineRequest,
+    EngineResult,
+    IterationStats,
+    Progress,
+)
 from forge.errors import ConfigError, EngineUnavailable, Problem
 from forge.hookspecs import hookimpl
 
@@ -42,14 +51,24 @@ log = logging.getLogger("forge.engines.trtllm")
 
 @hookimpl
 def forge_register_backend(register):
-    register(Backend(name=BACKEND, factory=create_engine, section=TrtllmSection, rules=(trtllm_contract_rule,),
-                     contract_rules=(gpu_target_and_engine_dir,), artifact_checks=(engine_dir_matches,),
-                     engine_arguments=planned_engine_arguments, label="TensorRT-LLM"))
+    register(
+        Backend(
+            name=BACKEND,
+            factory=create_engine,
+            section=TrtllmSection,
+            rules=(trtllm_contract_rule,),
+            contract_rules=(gpu_target_and_engine_dir,),
+            artifact_checks=(engine_dir_matches,),
+            engine_arguments=planned_engine_arguments,
+            label="TensorRT-LLM",
+        )
+    )
 
 
 def planned_engine_arguments(contract: Contract, plan: CardPlan) -> dict:
-    """What `forge provision --dry-run` shows: the arguments checked against the installed release where
-    TensorRT-LLM is importable, else against none (Release.unchecked: every field the contract needs is shown)."""
+    """What `forge provision --dry-run` shows: the arguments checked against the installed release
+    where TensorRT-LLM is importable, else against none (Release.unchecked: every field the contract
+    needs is shown)."""
     try:
         release = installed_release()
     except Exception:   # noqa: BLE001 - not installed here (the usual case off a GPU machine): plan unchecked
@@ -58,13 +77,17 @@ def planned_engine_arguments(contract: Contract, plan: CardPlan) -> dict:
 
 
 def trtllm_contract_rule(loaded) -> list[Problem]:
-    """`forge validate`: what TensorRT-LLM would refuse in a trtllm contract, before any GPU is touched."""
-    return [p for c in loaded.contracts.values() if c.backend == "trtllm" for p in tm.trtllm_refusals(c)]
+    """`forge validate`: what TensorRT-LLM would refuse in a trtllm contract, before any GPU is
+    touched."""
+    return [
+        p for c in loaded.contracts.values() if c.backend == "trtllm" for p in tm.trtllm_refusals(c)
+    ]
 
 
 def create_engine(contract: Contract, plan: CardPlan, *,
                   capacity_scheduler_policy: str = tm.DEFAULT_CAPACITY_POLICY) -> Engine:
-    """Build the engine for one card with exactly the contract's settings (blocks while it loads)."""
+    """Build the engine for one card with exactly the contract's settings (blocks while it
+    loads)."""
     problems = tm.contract_problems(contract)
     if problems:
         raise ConfigError(problems)
@@ -75,13 +98,26 @@ def create_engine(contract: Contract, plan: CardPlan, *,
         raise EngineUnavailable(f"backend 'trtllm': {e}") from None
     require("tensorrt_llm")      # fails here, in one line, where TensorRT-LLM is missing or broken
     release = installed_release()
-    args = tm.engine_arguments(contract, plan, release, capacity_scheduler_policy=capacity_scheduler_policy,
-                               device_ordinal=ordinal)
+    args = tm.engine_arguments(
+        contract,
+        plan,
+        release,
+        capacity_scheduler_policy=capacity_scheduler_policy,
+        device_ordinal=ordinal,
+    )
     if contract.artifact.checkpoint is not None and ordinal != 0:
-        raise EngineUnavailable(f"backend 'trtllm' runs a checkpoint on the first visible GPU: start card "
-                                f"{plan.card.index}'s engine with CUDA_VISIBLE_DEVICES={plan.card.index}")
-    log.info("trtllm card %d: TensorRT-LLM %s, %s with %s; not passed: %s", plan.card.index, release.version,
-             args["api"], json.dumps(args["kwargs"], sort_keys=True), json.dumps(args["not_passed"], sort_keys=True))
+        raise EngineUnavailable("backend 'trtllm' runs a checkpoint on the first visible GPU: "
+                                "start card "
+                                f"{plan.card.index}'s engine with "
+                                f"CUDA_VISIBLE_DEVICES={plan.card.index}")
+    log.info(
+        "trtllm card %d: TensorRT-LLM %s, %s with %s; not passed: %s",
+        plan.card.index,
+        release.version,
+        args["api"],
+        json.dumps(args["kwargs"], sort_keys=True),
+        json.dumps(args["not_passed"], sort_keys=True),
+    )
     tokenizer = _load_tokenizer(contract)
     if contract.artifact.engine_dir is not None:
         return ExecutorEngine(contract, tokenizer, args)
@@ -96,7 +132,9 @@ def _load_tokenizer(contract: Contract) -> Any:
     try:
         tok = transformers.AutoTokenizer.from_pretrained(str(contract.resolve(rel)))
     except Exception as e:
-        raise ConfigError([Problem(where, field, f"cannot load a tokenizer from {rel}: {e}")]) from None
+        raise ConfigError(
+            [Problem(where, field, f"cannot load a tokenizer from {rel}: {e}")]
+        ) from None
     if tok.eos_token_id is None:
         raise ConfigError([Problem(where, field, f"the tokenizer in {rel} has no eos token")])
     return tok
@@ -108,13 +146,17 @@ class _TrtllmEngine(Engine):
     name = "trtllm"
     supports_hidden = False
 
-    def __init__(self, contract: Contract, tokenizer: Any, settings: dict[str, Any], seed_honoured: bool):
+    def __init__(
+        self, contract: Contract, tokenizer: Any, settings: dict[str, Any], seed_honoured: bool
+    ):
         self.tokenizer = tokenizer
         self._contract = contract
         self._settings = settings
         self._seed_honoured = seed_honoured
         self._eos = int(tokenizer.eos_token_id)
-        self._pad = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id)
+        self._pad = int(
+            tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        )
         self._lock = threading.Lock()
         self._refused: list[EngineResult] = []
         self._last_stats = IterationStats()
@@ -124,14 +166,18 @@ class _TrtllmEngine(Engine):
         raise NotImplementedError
 
     def _admit(self, requests: Sequence[EngineRequest]) -> list[EngineRequest]:
-        """Refuse the batch (EngineBusy) past the slots; fail single requests the engine cannot honour."""
+        """Refuse the batch (EngineBusy) past the slots; fail single requests the engine cannot
+        honour."""
         if self._closed:
             raise EngineFailed("the trtllm engine was shut down")
         if self._inflight() + len(requests) > self._contract.limits.max_batch_size:
-            raise EngineBusy(f"{self._inflight()} in flight of {self._contract.limits.max_batch_size} slots")
+            raise EngineBusy(f"{self._inflight()} in flight of "
+                             f"{self._contract.limits.max_batch_size} slots")
         accepted = []
         for r in requests:
-            why = tm.request_refusal(self._contract, r, self.supports_guides, seed_honoured=self._seed_honoured)
+            why = tm.request_refusal(
+                self._contract, r, self.supports_guides, seed_honoured=self._seed_honoured
+            )
             if why:
                 with self._lock:
                     self._refused.append(EngineResult(r.request_id, [], REFUSED, error=why))
@@ -152,7 +198,11 @@ class _TrtllmEngine(Engine):
         return self._last_stats
 
     def describe(self) -> dict[str, Any]:
-        return {"backend": "trtllm", "contract": self._contract.contract, "settings": self._settings}
+        return {
+            "backend": "trtllm",
+            "contract": self._contract.contract,
+            "settings": self._settings,
+        }
 
 
 def _join(target, timeout_s: float, what: str) -> None:
@@ -170,33 +220,47 @@ class ExecutorEngine(_TrtllmEngine):
     def __init__(self, contract: Contract, tokenizer: Any, args: dict[str, Any]):
         tle = require("tensorrt_llm.bindings.executor")
         spec = args["kwargs"]
-        # the C++ runtime takes SamplingConfig.seed per request: a request's seed is honoured on this path
+        # the C++ runtime takes SamplingConfig.seed per request: a request's seed is honoured on
+        # this path
         super().__init__(contract, tokenizer, args, seed_honoured=True)
         self._tle = tle
         guided = None
-        if hasattr(tokenizer, "backend_tokenizer"):   # XGrammar needs a fast tokenizer's JSON
-            g = tm.guided_decoding_config_spec(tokenizer.get_vocab(), tokenizer.backend_tokenizer.to_str(), self._eos)
-            guided = tle.GuidedDecodingConfig(backend=getattr(tle.GuidedDecodingConfig.GuidedDecodingBackend,
-                                                              g.pop("backend")), **g)
+        if hasattr(tokenizer, "backend_tokenizer"):  # XGrammar needs a fast tokenizer's JSON
+            g = tm.guided_decoding_config_spec(
+                tokenizer.get_vocab(), tokenizer.backend_tokenizer.to_str(), self._eos
+            )
+            guided = tle.GuidedDecodingConfig(
+                backend=getattr(tle.GuidedDecodingConfig.GuidedDecodingBackend, g.pop("backend")),
+                **g,
+            )
             self.supports_guides = frozenset({"choice", "json_schema", "regex"})
         plain = {k: v for k, v in spec.items() if not k.endswith("_config")}
         plain["batching_type"] = getattr(tle.BatchingType, plain["batching_type"])
         par = spec["parallel_config"]
         config = tle.ExecutorConfig(
             **plain,
-            scheduler_config=tle.SchedulerConfig(capacity_scheduler_policy=getattr(
-                tle.CapacitySchedulerPolicy, spec["scheduler_config"]["capacity_scheduler_policy"])),
+            scheduler_config=tle.SchedulerConfig(
+                capacity_scheduler_policy=getattr(
+                    tle.CapacitySchedulerPolicy,
+                    spec["scheduler_config"]["capacity_scheduler_policy"],
+                )
+            ),
             kv_cache_config=tle.KvCacheConfig(**spec["kv_cache_config"]),
             parallel_config=tle.ParallelConfig(
                 communication_type=getattr(tle.CommunicationType, par["communication_type"]),
                 communication_mode=getattr(tle.CommunicationMode, par["communication_mode"]),
-                device_ids=par["device_ids"]),
-            guided_decoding_config=guided)
+                device_ids=par["device_ids"],
+            ),
+            guided_decoding_config=guided,
+        )
         engine_dir = Path(contract.resolve(contract.artifact.engine_dir))
         try:
             self._executor = tle.Executor(engine_dir, tle.ModelType.DECODER_ONLY, config)
-        except Exception as e:   # e.g. an engine built by another TensorRT(-LLM) version or for another GPU
-            raise EngineUnavailable(f"TensorRT-LLM could not load {engine_dir}: {first_line(e)}") from None
+        # e.g. an engine built by another TensorRT(-LLM) version or for another GPU
+        except Exception as e:
+            raise EngineUnavailable(
+                f"TensorRT-LLM could not load {engine_dir}: {first_line(e)}"
+            ) from None
         self._ids: dict[int, str] = {}          # executor id -> forge request id
         self._by_request: dict[str, int] = {}
         self._tokens: dict[int, list[int]] = {}
@@ -207,7 +271,9 @@ class ExecutorEngine(_TrtllmEngine):
 
     def _request(self, r: EngineRequest) -> Any:
         tle = self._tle
-        s = tm.executor_request_spec(r.prompt_ids, r.max_new_tokens, r.sampling, r.guide, self._eos, self._pad)
+        s = tm.executor_request_spec(
+            r.prompt_ids, r.max_new_tokens, r.sampling, r.guide, self._eos, self._pad
+        )
         g = s.pop("guided_decoding_params")
         return tle.Request(
             s.pop("input_token_ids"), s.pop("max_tokens"),
@@ -223,10 +289,16 @@ class ExecutorEngine(_TrtllmEngine):
                 eid = self._executor.enqueue_request(self._request(r))
             except Exception as e:  # an invalid request is that request's error, not the engine's
                 with self._lock:
-                    self._refused.append(EngineResult(r.request_id, [], REFUSED, error=f"TensorRT-LLM: {e}"))
+                    self._refused.append(
+                        EngineResult(r.request_id, [], REFUSED, error=f"TensorRT-LLM: {e}")
+                    )
                 continue
             with self._lock:
-                self._ids[eid], self._by_request[r.request_id], self._tokens[eid] = r.request_id, eid, []
+                self._ids[eid], self._by_request[r.request_id], self._tokens[eid] = (
+                    r.request_id,
+                    eid,
+                    [],
+                )
 
     def poll(self, timeout_s: float) -> Progress:
         progress = Progress(results=self._take_refused())
@@ -290,19 +362,27 @@ class LlmApiEngine(_TrtllmEngine):
         scheduler = dict(spec.pop("scheduler_config"))
         scheduler["capacity_scheduler_policy"] = getattr(llmapi.CapacitySchedulerPolicy,
                                                          scheduler["capacity_scheduler_policy"])
-        graphs_cls = getattr(llmapi, "CudaGraphConfig", None) or require("tensorrt_llm.llmapi.llm_args").CudaGraphConfig
+        graphs_cls = (
+            getattr(llmapi, "CudaGraphConfig", None)
+            or require("tensorrt_llm.llmapi.llm_args").CudaGraphConfig
+        )
         try:
             self._llm = llmapi.LLM(**{k: v for k, v in spec.items() if not k.endswith("_config")},
                                    kv_cache_config=llmapi.KvCacheConfig(**spec["kv_cache_config"]),
                                    scheduler_config=llmapi.SchedulerConfig(**scheduler),
                                    cuda_graph_config=graphs_cls(**spec["cuda_graph_config"]))
         except Exception as e:
-            raise EngineUnavailable(f"TensorRT-LLM could not load {spec['model']}: {first_line(e)}") from None
+            raise EngineUnavailable(
+                f"TensorRT-LLM could not load {spec['model']}: {first_line(e)}"
+            ) from None
         self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="trtllm-llmapi", daemon=True)
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name="trtllm-llmapi", daemon=True
+        )
         self._thread.start()
         self._done: queue.Queue[EngineResult] = queue.Queue()   # bounded by the in-flight cap
-        self._running: dict[str, Any] = {}      # forge request id -> GenerationResult (None until started)
+        # forge request id -> GenerationResult (None until started)
+        self._running: dict[str, Any] = {}
         self._cancelled: set[str] = set()       # cancelled before its GenerationResult existed
         self._new_tokens = 0
 
@@ -314,7 +394,9 @@ class LlmApiEngine(_TrtllmEngine):
         for r in self._admit(requests):
             s = tm.sampling_params_spec(r.max_new_tokens, r.sampling, r.guide, self._eos, self._pad)
             g = s.pop("guided_decoding", None)
-            params = self._SamplingParams(**s, guided_decoding=None if g is None else self._Guided(**g))
+            params = self._SamplingParams(
+                **s, guided_decoding=None if g is None else self._Guided(**g)
+            )
             with self._lock:
                 self._running[r.request_id] = None
             asyncio.run_coroutine_threadsafe(self._drive(r, params), self._loop)
@@ -322,8 +404,11 @@ class LlmApiEngine(_TrtllmEngine):
     async def _drive(self, r: EngineRequest, params: Any) -> None:
         seen, out = 0, None
         try:
-            # called on the loop so the result gets an asyncio queue; streaming gives a response per step
-            gen = self._llm.generate_async(list(r.prompt_ids), sampling_params=params, streaming=True)
+            # called on the loop so the result gets an asyncio queue; streaming gives a response per
+            # step
+            gen = self._llm.generate_async(
+                list(r.prompt_ids), sampling_params=params, streaming=True
+            )
             with self._lock:
                 self._running[r.request_id] = gen
                 early = r.request_id in self._cancelled
@@ -338,7 +423,8 @@ class LlmApiEngine(_TrtllmEngine):
             reason, error = tm.finish_reason_from_llmapi(c.finish_reason)
             result = EngineResult(r.request_id, list(c.token_ids), reason, error=error)
         except Exception as e:
-            result = EngineResult(r.request_id, [], "error", error=f"TensorRT-LLM failed the request: {e}")
+            result = EngineResult(r.request_id, [], "error", error="TensorRT-LLM failed the "
+                                                                   f"request: {e}")
         with self._lock:
             self._running.pop(r.request_id, None)
             self._cancelled.discard(r.request_id)
@@ -349,7 +435,9 @@ class LlmApiEngine(_TrtllmEngine):
             raise EngineFailed("the trtllm request loop stopped")
         progress = Progress(results=self._take_refused())
         try:
-            progress.results.append(self._done.get(timeout=0.0 if progress.results else max(timeout_s, 0.0)))
+            progress.results.append(
+                self._done.get(timeout=0.0 if progress.results else max(timeout_s, 0.0))
+            )
             while True:
                 progress.results.append(self._done.get_nowait())
         except queue.Empty:

@@ -1,11 +1,14 @@
-"""Contract -> the exact TensorRT-LLM objects to build, as plain data. Pure: never imports tensorrt_llm.
+"""Contract -> the exact TensorRT-LLM objects to build, as plain data. Pure: never imports
+tensorrt_llm.
 
-Two paths (field names checked against TensorRT-LLM's sources; see docs/trtllm.md for files and versions):
+Two paths (field names checked against TensorRT-LLM's sources; see docs/trtllm.md for files and
+versions):
   checkpoint  -> tensorrt_llm.LLM on the PyTorch backend (TorchLlmArgs) + SamplingParams: the primary path
   engine_dir  -> tensorrt_llm.bindings.executor: ExecutorConfig / KvCacheConfig / SchedulerConfig, Request
                  (releases up to 1.2.x; the Executor is removed on TensorRT-LLM main)
 `engine_arguments(contract, plan, release)` gives what forge passes for a card, for either path.
-Enum members travel as their names ("GUARANTEED_NO_EVICT"); the backend looks them up on the real enums.
+Enum members travel as their names ("GUARANTEED_NO_EVICT"); the backend looks them up on the real
+enums.
 """
 from __future__ import annotations
 
@@ -25,9 +28,12 @@ from forge.errors import EngineUnavailable, Problem, display_path
 
 CAPACITY_POLICIES = ("GUARANTEED_NO_EVICT", "MAX_UTILIZATION", "STATIC_BATCH")
 DEFAULT_CAPACITY_POLICY = "GUARANTEED_NO_EVICT"  # a started request always runs to completion
-MAX_SEQ_IDLE_MICROSECONDS = 180_000_000  # engine drops a scheduled request idle this long (its default)
-SEED_IGNORED = ("this TensorRT-LLM release ignores a per-request seed on the PyTorch path (per-request seeds in "
-                "TorchSampler arrived with NVIDIA/TensorRT-LLM#17172): send the request without a seed")
+# engine drops a scheduled request idle this long (its default)
+MAX_SEQ_IDLE_MICROSECONDS = 180_000_000
+SEED_IGNORED = ("this TensorRT-LLM release ignores a per-request seed on the PyTorch path "
+                "(per-request seeds in "
+                "TorchSampler arrived with NVIDIA/TensorRT-LLM#17172): send the request without a "
+                "seed")
 
 _REGEX_META = set("\\.^$|?*+()[]{}")
 _REGEX_CONTROL = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
@@ -38,34 +44,45 @@ def contract_problems(contract: Contract) -> list[Problem]:
     """Everything that stops a trtllm engine being built from this contract, one Problem each."""
     where, out = contract_where(contract), []
     if contract.target.kind != "gpu":
-        out.append(Problem(where, "$.target.kind", "backend trtllm runs only on NVIDIA GPUs; target.kind must be gpu"))
+        out.append(Problem(where, "$.target.kind", "backend trtllm runs only on NVIDIA GPUs; "
+                                                   "target.kind must be gpu"))
     if contract.artifact.engine_dir is not None and contract.artifact.tokenizer is None:
         out.append(Problem(where, "$.artifact.tokenizer",
-                           "a TensorRT-LLM engine directory holds no tokenizer; name the tokenizer directory"))
+                           "a TensorRT-LLM engine directory holds no tokenizer; name the tokenizer "
+                           "directory"))
     return out + trtllm_refusals(contract)
 
 
 def trtllm_refusals(contract: Contract) -> list[Problem]:
-    """What TensorRT-LLM itself would refuse or silently change (the core checks do not know these)."""
+    """What TensorRT-LLM itself would refuse or silently change (the core checks do not know
+    these)."""
     where, out = contract_where(contract), []
     kv, prec = contract.kv_cache, contract.precision
     if kv.free_gpu_memory_fraction is not None and kv.free_gpu_memory_fraction >= 1.0:
         out.append(Problem(where, "$.kv_cache.free_gpu_memory_fraction",
-                           "TensorRT-LLM requires a fraction below 1.0 (it refuses 1.0 at start); use e.g. 0.95"))
+                           "TensorRT-LLM requires a fraction below 1.0 (it refuses 1.0 at start); "
+                           "use e.g. 0.95"))
     section = contract.sections.get(SECTION)
     if contract.artifact.checkpoint is not None:
         if torch_kv_dtype(contract) is None:
             out.append(Problem(where, "$.precision.kv_cache",
-                               f"TensorRT-LLM's PyTorch backend stores the KV cache as fp8 or in the model dtype; "
-                               f"kv_cache {prec.kv_cache} with weights {prec.weights} cannot be honoured"))
+                               "TensorRT-LLM's PyTorch backend stores the KV cache as fp8 or in "
+                               "the model dtype; "
+                               f"kv_cache {prec.kv_cache} with weights {prec.weights} cannot be "
+                               "honoured"))
         if not isinstance(section, TrtllmSection):
-            out.append(Problem(where, f"$.{SECTION}", "a trtllm checkpoint contract must state its trtllm: section "
-                               "(prefix_aware_scheduling, overlap_scheduler, stream_interval): TensorRT-LLM's "
-                               "defaults for them change admission, the token budget and the response rate"))
+            out.append(Problem(where, f"$.{SECTION}", "a trtllm checkpoint contract must state its "
+                                                      "trtllm: section "
+                               "(prefix_aware_scheduling, overlap_scheduler, stream_interval): "
+                               "TensorRT-LLM's "
+                               "defaults for them change admission, the token budget and the "
+                               "response rate"))
         out += kv_quant_problems(contract, where)
     elif section is not None:
-        out.append(Problem(where, f"$.{SECTION}", "an engine directory runs on the Executor, which has none of these "
-                           "switches (they are TorchLlmArgs fields of the checkpoint path); remove the section"))
+        out.append(Problem(where, f"$.{SECTION}", "an engine directory runs on the Executor, which "
+                                                  "has none of these "
+                           "switches (they are TorchLlmArgs fields of the checkpoint path); remove "
+                           "the section"))
     return out
 
 
@@ -76,7 +93,8 @@ def contract_where(contract: Contract) -> str:
 
 def _check_policy(policy: str) -> str:
     if policy not in CAPACITY_POLICIES:
-        raise ValueError(f"capacity scheduler policy must be one of {', '.join(CAPACITY_POLICIES)}, got {policy!r}")
+        raise ValueError("capacity scheduler policy must be one of "
+                         f"{', '.join(CAPACITY_POLICIES)}, got {policy!r}")
     return policy
 
 
@@ -85,21 +103,29 @@ def queue_bound(contract: Contract) -> int:
     return contract.limits.max_batch_size
 
 
-# ----------------------------------------------------------------------------- engine_dir: Executor API
-def executor_config_spec(contract: Contract, device_ordinal: int, *,
-                         capacity_scheduler_policy: str = DEFAULT_CAPACITY_POLICY) -> dict[str, Any]:
-    """kwargs for tensorrt_llm.bindings.executor.ExecutorConfig (nested configs as dicts of their kwargs).
+# ----------------------------------------------------------------------------- engine_dir: Executor
+# API
+def executor_config_spec(
+    contract: Contract,
+    device_ordinal: int,
+    *,
+    capacity_scheduler_policy: str = DEFAULT_CAPACITY_POLICY,
+) -> dict[str, Any]:
+    """kwargs for tensorrt_llm.bindings.executor.ExecutorConfig (nested configs as dicts of their
+    kwargs).
 
-    tokens_per_block, max_input_len, max_seq_len and the KV dtype are baked into the engine at build time;
-    the Executor takes no runtime value for them (validation compares the engine's config.json)."""
+    tokens_per_block, max_input_len, max_seq_len and the KV dtype are baked into the engine at build
+    time; the Executor takes no runtime value for them (validation compares the engine's
+    config.json)."""
     lim, kv = contract.limits, contract.kv_cache
     return {
         "max_beam_width": 1,
         "max_batch_size": lim.max_batch_size,
         "max_num_tokens": lim.max_num_tokens,
         "batching_type": "INFLIGHT",
-        # max_num_tokens >= max_input_len (validated), so a prompt fits one step; chunking would also need
-        # an engine built with use_paged_context_fmha. The binding defaults to False, the C++ header to true.
+        # max_num_tokens >= max_input_len (validated), so a prompt fits one step; chunking would
+        # also need an engine built with use_paged_context_fmha. The binding defaults to False, the
+        # C++ header to true.
         "enable_chunked_context": False,
         "iter_stats_max_iterations": ITER_STATS_MAX_ITERATIONS,
         "request_stats_max_iterations": 0,
@@ -113,20 +139,29 @@ def executor_config_spec(contract: Contract, device_ordinal: int, *,
     }
 
 
-def guided_decoding_config_spec(vocab: Mapping[str, int], tokenizer_json: str, eos_id: int) -> dict[str, Any]:
-    """kwargs for GuidedDecodingConfig: XGrammar needs the vocabulary in id order and the fast tokenizer's JSON."""
-    return {"backend": "XGRAMMAR", "encoded_vocab": [tok for tok, _ in sorted(vocab.items(), key=lambda kv: kv[1])],
-            "tokenizer_str": tokenizer_json, "stop_token_ids": [eos_id]}
+def guided_decoding_config_spec(
+    vocab: Mapping[str, int], tokenizer_json: str, eos_id: int
+) -> dict[str, Any]:
+    """kwargs for GuidedDecodingConfig: XGrammar needs the vocabulary in id order and the fast
+    tokenizer's JSON."""
+    return {
+        "backend": "XGRAMMAR",
+        "encoded_vocab": [tok for tok, _ in sorted(vocab.items(), key=lambda kv: kv[1])],
+        "tokenizer_str": tokenizer_json,
+        "stop_token_ids": [eos_id],
+    }
 
 
 def executor_request_spec(prompt_ids: Sequence[int], max_new_tokens: int, sampling: Sampling,
                           guide: Optional[Guide], eos_id: int, pad_id: int) -> dict[str, Any]:
-    """kwargs for executor.Request (sampling_config / output_config / guided_decoding_params as dicts)."""
+    """kwargs for executor.Request (sampling_config / output_config / guided_decoding_params as
+    dicts)."""
     return {
         "input_token_ids": list(prompt_ids),
-        "max_tokens": max_new_tokens,               # always explicit: the request's own output budget
-        "streaming": True,                          # a response per step: new tokens are counted as they come
-        "end_id": eos_id if sampling.stop_at_eos else -1,   # -1 disables EOS (as the LLM API's ignore_eos)
+        "max_tokens": max_new_tokens,  # always explicit: the request's own output budget
+        "streaming": True,             # a response per step: new tokens are counted as they come
+        # -1 disables EOS (as the LLM API's ignore_eos)
+        "end_id": eos_id if sampling.stop_at_eos else -1,
         "pad_id": pad_id,
         "sampling_config": sampling_config_spec(sampling),
         "output_config": {"exclude_input_from_output": True},
@@ -143,33 +178,52 @@ def executor_guide_spec(guide: Optional[Guide]) -> Optional[dict[str, str]]:
     return {"guide_type": "REGEX", "guide": guide_regex(guide)}
 
 
-# ----------------------------------------------------------------------------- what forge passes for a card
+# ----------------------------------------------------------------------------- what forge passes
+# for a card
 def engine_arguments(contract: Contract, plan: CardPlan, release: Release, *,
                      capacity_scheduler_policy: str = DEFAULT_CAPACITY_POLICY,
                      device_ordinal: Optional[int] = None) -> dict[str, Any]:
-    """Exactly what forge passes to TensorRT-LLM for this card, as plain data: {"api": what is constructed,
-    "release": the release it was checked against, "kwargs": its keyword arguments (nested configs as dicts),
-    "not_passed": {argument: why it was left out}}. Pure. Raises EngineUnavailable, in one line naming the
-    contract field, where the release cannot honour the contract (e.g. an engine_dir without the Executor)."""
+    """Exactly what forge passes to TensorRT-LLM for this card, as plain data: {"api": what is
+    constructed, "release": the release it was checked against, "kwargs": its keyword arguments
+    (nested configs as dicts), "not_passed": {argument: why it was left out}}. Pure. Raises
+    EngineUnavailable, in one line naming the contract field, where the release cannot honour the
+    contract (e.g. an engine_dir without the Executor)."""
     _check_policy(capacity_scheduler_policy)
     where = contract_where(contract)
     if contract.artifact.engine_dir is not None:
         if not release.has_executor:
             raise EngineUnavailable(
-                f"{where}::$.artifact.engine_dir: TensorRT-LLM {release.version} has no Executor API (the TensorRT "
-                "backend ships up to 1.2.x and is removed after): an engine_dir needs a release <= 1.2.x; or name a "
+                f"{where}::$.artifact.engine_dir: TensorRT-LLM {release.version} has no Executor "
+                "API (the TensorRT "
+                "backend ships up to 1.2.x and is removed after): an engine_dir needs a release <= "
+                "1.2.x; or name a "
                 "checkpoint for the LLM API's PyTorch path")
         ordinal = plan.card.index if device_ordinal is None else device_ordinal
-        return {"api": "tensorrt_llm.bindings.executor.Executor(engine_dir, DECODER_ONLY, ExecutorConfig(**kwargs))",
-                "release": release.version,
-                "kwargs": executor_config_spec(contract, ordinal, capacity_scheduler_policy=capacity_scheduler_policy),
-                "not_passed": {}}
+        return {
+            "api": "tensorrt_llm.bindings.executor.Executor(engine_dir, DECODER_ONLY, "
+            "ExecutorConfig(**kwargs))",
+            "release": release.version,
+            "kwargs": executor_config_spec(
+                contract, ordinal, capacity_scheduler_policy=capacity_scheduler_policy
+            ),
+            "not_passed": {},
+        }
     checkpoint = contract.resolve(contract.artifact.checkpoint)
     tokenizer = contract.resolve(contract.artifact.tokenizer or contract.artifact.checkpoint)
-    kwargs, not_passed = llm_api_arguments(contract, release, checkpoint, tokenizer,
-                                           capacity_scheduler_policy=capacity_scheduler_policy, where=where)
-    return {"api": "tensorrt_llm.LLM(**kwargs) on the PyTorch backend (TorchLlmArgs)", "release": release.version,
-            "kwargs": kwargs, "not_passed": not_passed}
+    kwargs, not_passed = llm_api_arguments(
+        contract,
+        release,
+        checkpoint,
+        tokenizer,
+        capacity_scheduler_policy=capacity_scheduler_policy,
+        where=where,
+    )
+    return {
+        "api": "tensorrt_llm.LLM(**kwargs) on the PyTorch backend (TorchLlmArgs)",
+        "release": release.version,
+        "kwargs": kwargs,
+        "not_passed": not_passed,
+    }
 
 
 def sampling_params_spec(max_new_tokens: int, sampling: Sampling, guide: Optional[Guide],
@@ -184,7 +238,8 @@ def sampling_params_spec(max_new_tokens: int, sampling: Sampling, guide: Optiona
     return spec
 
 
-# ----------------------------------------------------------------------------- shared request pieces
+# ----------------------------------------------------------------------------- shared request
+# pieces
 def sampling_config_spec(sampling: Sampling) -> dict[str, Any]:
     """SamplingConfig / SamplingParams sampling fields. Greedy (temperature 0) is top_k=1."""
     if sampling.temperature <= 0.0:
@@ -198,7 +253,8 @@ def sampling_config_spec(sampling: Sampling) -> dict[str, Any]:
 
 
 def guide_regex(guide: Guide) -> str:
-    """A regex for a choice or regex guide. TensorRT-LLM has no choice guide: a choice is an alternation."""
+    """A regex for a choice or regex guide. TensorRT-LLM has no choice guide: a choice is an
+    alternation."""
     if guide.regex is not None:
         return guide.regex
     if not guide.choice:
@@ -207,14 +263,15 @@ def guide_regex(guide: Guide) -> str:
 
 
 def escape_regex(text: str) -> str:
-    """Escape only the regex metacharacters (XGrammar's dialect does not know Python's extra escapes)."""
+    """Escape only the regex metacharacters (XGrammar's dialect does not know Python's extra
+    escapes)."""
     return "".join("\\" + ch if ch in _REGEX_META else _REGEX_CONTROL.get(ch, ch) for ch in text)
 
 
 def request_refusal(contract: Contract, r: EngineRequest, supports_guides: frozenset[str], *,
                     seed_honoured: bool = True) -> Optional[str]:
-    """Why a trtllm engine must fail this request itself (None: send it). seed_honoured: whether the engine
-    honours a per-request seed (False on PyTorch-path releases without per-request seeds)."""
+    """Why a trtllm engine must fail this request itself (None: send it). seed_honoured: whether the
+    engine honours a per-request seed (False on PyTorch-path releases without per-request seeds)."""
     lim = contract.limits
     if r.want_hidden:
         return "backend trtllm does not return hidden states"
@@ -224,18 +281,31 @@ def request_refusal(contract: Contract, r: EngineRequest, supports_guides: froze
     if r.sampling.seed is not None and r.sampling.temperature > 0.0 and not seed_honoured:
         return SEED_IGNORED
     if len(r.prompt_ids) > lim.max_input_len or r.max_new_tokens > lim.max_output_len:
-        # TensorRT-LLM rejects a long prompt but silently shortens a long output: refuse both up front
+        # TensorRT-LLM rejects a long prompt but silently shortens a long output: refuse both up
+        # front
         return (f"request of {len(r.prompt_ids)}+{r.max_new_tokens} tokens exceeds the contract's "
                 f"{lim.max_input_len}+{lim.max_output_len}")
     if r.guide is not None:
-        kind = "choice" if r.guide.choice else "json_schema" if r.guide.json_schema is not None else "regex"
+        kind = (
+            "choice"
+            if r.guide.choice
+            else "json_schema"
+            if r.guide.json_schema is not None
+            else "regex"
+        )
         if kind not in supports_guides:
-            return f"this trtllm engine cannot guide output by {kind} (guides need a fast tokenizer)"
+            return (f"this trtllm engine cannot guide output by {kind} (guides need a fast "
+                    "tokenizer)")
     return None
 
 
 # ----------------------------------------------------------------------------- results and stats
-_EXECUTOR_FINISH = {"END_ID": "eos", "STOP_WORDS": "stop", "LENGTH": "length", "CANCELLED": "cancelled"}
+_EXECUTOR_FINISH = {
+    "END_ID": "eos",
+    "STOP_WORDS": "stop",
+    "LENGTH": "length",
+    "CANCELLED": "cancelled",
+}
 _LLMAPI_FINISH = {"stop": "eos", "length": "length", "cancelled": "cancelled"}
 
 
@@ -244,19 +314,24 @@ def finish_reason_from_executor(name: str) -> tuple[str, Optional[str]]:
     if name in _EXECUTOR_FINISH:
         return _EXECUTOR_FINISH[name], None
     if name == "TIMED_OUT":
-        return "error", "TensorRT-LLM timed the request out (max_seq_idle_microseconds or allotted time)"
+        return (
+            "error",
+            "TensorRT-LLM timed the request out (max_seq_idle_microseconds or allotted time)",
+        )
     return "error", f"TensorRT-LLM ended the request without a finish reason ({name})"
 
 
 def finish_reason_from_llmapi(reason: Optional[str]) -> tuple[str, Optional[str]]:
-    """CompletionOutput.finish_reason ('stop' | 'length' | 'timeout' | 'cancelled' | None) -> forge's."""
+    """CompletionOutput.finish_reason ('stop' | 'length' | 'timeout' | 'cancelled' | None) ->
+    forge's."""
     if reason in _LLMAPI_FINISH:
         return _LLMAPI_FINISH[reason], None
     return "error", f"TensorRT-LLM ended the request with finish_reason {reason!r}"
 
 
 def iteration_stats_from_json(item: Union[str, Mapping[str, Any]]) -> IterationStats:
-    """One IterationStats JSON object (Executor to_json_str() / LLM.get_stats()) -> forge's IterationStats."""
+    """One IterationStats JSON object (Executor to_json_str() / LLM.get_stats()) -> forge's
+    IterationStats."""
     d = json.loads(item) if isinstance(item, str) else item
     kv = d.get("kvCacheStats") or {}
     ifb = d.get("inflightBatchingStats") or {}
@@ -275,7 +350,9 @@ def iteration_stats_from_json(item: Union[str, Mapping[str, Any]]) -> IterationS
     )
 
 
-def latest_iteration_stats(items: Sequence[Union[str, Mapping[str, Any]]]) -> Optional[IterationStats]:
+def latest_iteration_stats(
+    items: Sequence[Union[str, Mapping[str, Any]]],
+) -> Optional[IterationStats]:
     """The newest of a batch of stats (highest `iter`), or None for an empty batch."""
     parsed = [json.loads(i) if isinstance(i, str) else i for i in items]
     if not parsed:
@@ -284,14 +361,16 @@ def latest_iteration_stats(items: Sequence[Union[str, Mapping[str, Any]]]) -> Op
 
 
 def idle_stats(last: IterationStats) -> IterationStats:
-    """Stats for an engine that ran no step since `last` and holds no request (it only steps with work)."""
+    """Stats for an engine that ran no step since `last` and holds no request (it only steps with
+    work)."""
     return IterationStats(kv_blocks_used=last.kv_blocks_used, kv_blocks_free=last.kv_blocks_free,
                           steps=last.steps, prefix_hit_tokens=last.prefix_hit_tokens)
 
 
 def cuda_device_ordinal(card_index: int, visible: Optional[str]) -> int:
-    """The CUDA ordinal of a card (its index is its NVML index) given CUDA_VISIBLE_DEVICES (None = unset).
-    Assumes CUDA_DEVICE_ORDER=PCI_BUS_ID, which the backend sets, so CUDA and NVML count alike."""
+    """The CUDA ordinal of a card (its index is its NVML index) given CUDA_VISIBLE_DEVICES (None =
+    unset). Assumes CUDA_DEVICE_ORDER=PCI_BUS_ID, which the backend sets, so CUDA and NVML count
+    alike."""
     if visible is None:
         return card_index
     ids = [v.strip() for v in visible.split(",") if v.strip()]

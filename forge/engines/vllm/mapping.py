@@ -1,4 +1,5 @@
-"""A contract and its card plan as vLLM engine arguments: PURE (no vLLM import), every field mapped explicitly.
+"""A contract and its card plan as vLLM engine arguments: PURE (no vLLM import), every field mapped
+explicitly.
 
     limits.max_num_tokens          -> max_num_batched_tokens
     limits.max_batch_size          -> max_num_seqs
@@ -18,8 +19,9 @@
                                       worker's process (executor "uni", VLLM_ENABLE_V1_MULTIPROCESSING=0: see
                                       forge/engines/vllm/engine.py), scheduler_reserve_full_isl, stats on
 
-Environment (`environment()`): VLLM_CPU_KVCACHE_SPACE is cleared, because vLLM's CPU platform lets it override
-kv_cache_memory_bytes; VLLM_ENABLE_V1_MULTIPROCESSING is set to 0; VLLM_CONFIGURE_LOGGING to 0."""
+Environment (`environment()`): VLLM_CPU_KVCACHE_SPACE is cleared, because vLLM's CPU platform lets
+it override kv_cache_memory_bytes; VLLM_ENABLE_V1_MULTIPROCESSING is set to 0;
+VLLM_CONFIGURE_LOGGING to 0."""
 from __future__ import annotations
 
 import math
@@ -33,13 +35,16 @@ from forge.engines.vllm.section import VllmSection
 from forge.errors import ConfigError, Problem, display_path
 
 BACKEND = "vllm"
-# vLLM's dtype per contract precision (ModelDType); fp8 / int4 weights need a quantized checkpoint: not mapped.
+# vLLM's dtype per contract precision (ModelDType); fp8 / int4 weights need a quantized checkpoint:
+# not mapped.
 WEIGHT_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
-# vLLM's CacheDType has no float32: an fp32 cache is "auto" (the model's dtype) with fp32 weights only.
+# vLLM's CacheDType has no float32: an fp32 cache is "auto" (the model's dtype) with fp32 weights
+# only.
 KV_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp8": "fp8"}
-# VLLM_CONFIGURE_LOGGING=0: vLLM's loggers get no handler of their own and reach Python's root logger, which in a
-# card worker writes to the card's log file and says each class of warning that matters once on the console
-# (forge/host/engine_log.py); vLLM's own handler would print every line to the job's console.
+# VLLM_CONFIGURE_LOGGING=0: vLLM's loggers get no handler of their own and reach Python's root
+# logger, which in a card worker writes to the card's log file and says each class of warning that
+# matters once on the console (forge/host/engine_log.py); vLLM's own handler would print every line
+# to the job's console.
 ENV_SET = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0",
            "VLLM_CONFIGURE_LOGGING": "0"}
 ENV_CLEAR = ("VLLM_CPU_KVCACHE_SPACE",)
@@ -60,8 +65,11 @@ def section(contract: Contract) -> VllmSection:
 
 
 def missing_section_message() -> str:
-    return ("backend vllm needs a vllm: section stating every field (" + ", ".join(VllmSection.model_fields) +
-            "); vLLM would choose each by device and model")
+    return (
+        "backend vllm needs a vllm: section stating every field ("
+        + ", ".join(VllmSection.model_fields)
+        + "); vLLM would choose each by device and model"
+    )
 
 
 def kv_cache_dtype(contract: Contract) -> Optional[str]:
@@ -76,8 +84,9 @@ INSTALLED = "installed"
 
 
 def problems(contract: Contract, vllm_version=INSTALLED) -> list[Problem]:
-    """What vLLM would refuse, or silently change, in a vllm contract: one Problem each, at the field. Version rules
-    for `vllm_version` ((major, minor); the installed release by default; None: every supported release)."""
+    """What vLLM would refuse, or silently change, in a vllm contract: one Problem each, at the
+    field. Version rules for `vllm_version` ((major, minor); the installed release by default; None:
+    every supported release)."""
     w, out = where(contract), []
     raw = contract.sections.get(BACKEND)
     if raw is None:
@@ -85,49 +94,71 @@ def problems(contract: Contract, vllm_version=INSTALLED) -> list[Problem]:
     sec = raw if isinstance(raw, VllmSection) else VllmSection.model_validate(raw)
     lim, kv, prec = contract.limits, contract.kv_cache, contract.precision
     if contract.artifact.checkpoint is None:
-        out.append(Problem(w, "$.artifact.checkpoint", "backend vllm loads a Hugging Face checkpoint directory"))
+        out.append(Problem(w, "$.artifact.checkpoint", "backend vllm loads a Hugging Face "
+                                                       "checkpoint directory"))
     if prec.weights not in WEIGHT_DTYPES:
-        out.append(Problem(w, "$.precision.weights", f"backend vllm maps weights {', '.join(WEIGHT_DTYPES)}; "
-                           f"{prec.weights} needs a quantized checkpoint, which forge does not map"))
+        out.append(
+            Problem(
+                w,
+                "$.precision.weights",
+                "backend vllm maps weights "
+                f"{', '.join(WEIGHT_DTYPES)}; "
+                f"{prec.weights} needs a quantized checkpoint, which forge does not map",
+            )
+        )
     elif kv_cache_dtype(contract) is None:
-        out.append(Problem(w, "$.precision.kv_cache", f"vLLM stores the KV cache in the model dtype, bf16, fp16 or "
-                           f"fp8; kv_cache {prec.kv_cache} with weights {prec.weights} cannot be honoured"))
+        out.append(Problem(w, "$.precision.kv_cache", "vLLM stores the KV cache in the model "
+                                                      "dtype, bf16, fp16 or "
+                           f"fp8; kv_cache {prec.kv_cache} with weights {prec.weights} cannot be "
+                           "honoured"))
     if not sec.chunked_prefill and lim.max_num_tokens < lim.max_input_len + lim.max_output_len:
         out.append(Problem(w, "$.vllm.chunked_prefill", f"false needs limits.max_num_tokens "
                            f"({lim.max_num_tokens}) >= max_input_len + max_output_len "
-                           f"({lim.max_input_len + lim.max_output_len}): vLLM schedules a whole prompt in one step"))
+                           f"({lim.max_input_len + lim.max_output_len}): vLLM schedules a whole "
+                           "prompt in one step"))
     if sec.long_prefill_token_threshold > lim.max_num_tokens:
-        out.append(Problem(w, "$.vllm.long_prefill_token_threshold", f"{sec.long_prefill_token_threshold} is above "
-                           f"limits.max_num_tokens ({lim.max_num_tokens}): no chunk can be that large"))
+        out.append(
+            Problem(
+                w,
+                "$.vllm.long_prefill_token_threshold",
+                f"{sec.long_prefill_token_threshold} is above "
+                f"limits.max_num_tokens ({lim.max_num_tokens}): no chunk can be that "
+                "large",
+            )
+        )
     version = rules.installed_version() if vllm_version == INSTALLED else vllm_version
     out += rules.version_problems(contract, w, sec.seed, version)
     if contract.target.kind == "cpu":
         if sec.async_scheduling:
-            out.append(Problem(w, "$.vllm.async_scheduling", "vLLM's CPU platform turns async scheduling off; a cpu "
+            out.append(Problem(w, "$.vllm.async_scheduling", "vLLM's CPU platform turns async "
+                                                             "scheduling off; a cpu "
                                "target must say false"))
         if sec.attention_backend != "CPU_ATTN":
-            out.append(Problem(w, "$.vllm.attention_backend", f"{sec.attention_backend}: vLLM's CPU platform runs "
+            out.append(Problem(w, "$.vllm.attention_backend", f"{sec.attention_backend}: vLLM's "
+                                                              "CPU platform runs "
                                "CPU_ATTN only"))
         if kv.host_cache_bytes:
-            out.append(Problem(w, "$.kv_cache.host_cache_size", "a cpu target's KV pool is already in host memory: "
+            out.append(Problem(w, "$.kv_cache.host_cache_size", "a cpu target's KV pool is already "
+                                                                "in host memory: "
                                "host_cache_size must be 0"))
     return out
 
 
 def gpu_memory_utilization(plan: CardPlan) -> float:
-    """The share of the card one engine of this plan takes: its weights and KV pool over the card's memory, rounded up
-    to 0.001. With kv_cache_memory_bytes given vLLM sizes nothing from this share; it only refuses to start unless
-    share x the device's total memory is free (vllm/v1/worker/utils.py::request_memory, 0.26-0.34). A fixed 0.92
-    kept a second replica, or any card shared with another engine, from starting; the plan's own bytes let every
-    engine the plan fits on the card start. What vLLM holds beyond them (activations at the token budget, CUDA graphs,
-    its context) is not in forge's plan, so the share is a floor, not a cap."""
+    """The share of the card one engine of this plan takes: its weights and KV pool over the card's
+    memory, rounded up to 0.001. With kv_cache_memory_bytes given vLLM sizes nothing from this
+    share; it only refuses to start unless share x the device's total memory is free
+    (vllm/v1/worker/utils.py::request_memory, 0.26-0.34). A fixed 0.92 kept a second replica, or any
+    card shared with another engine, from starting; the plan's own bytes let every engine the plan
+    fits on the card start. What vLLM holds beyond them (activations at the token budget, CUDA
+    graphs, its context) is not in forge's plan, so the share is a floor, not a cap."""
     share = (plan.weights_bytes + plan.kv_pool_bytes) / plan.card_memory_bytes
     return min(1.0, max(0.001, math.ceil(share * 1000) / 1000))
 
 
 def engine_arguments(contract: Contract, plan: CardPlan) -> dict[str, Any]:
-    """vLLM's EngineArgs for one engine of this plan, every value stated. Raises ConfigError where the contract
-    cannot be mapped (the same problems `forge validate` reports)."""
+    """vLLM's EngineArgs for one engine of this plan, every value stated. Raises ConfigError where
+    the contract cannot be mapped (the same problems `forge validate` reports)."""
     found = problems(contract)
     if found:
         raise ConfigError(found)
@@ -135,8 +166,8 @@ def engine_arguments(contract: Contract, plan: CardPlan) -> dict[str, Any]:
 
 
 def unchecked_arguments(contract: Contract, plan: CardPlan) -> dict[str, Any]:
-    """engine_arguments() without forge's checks: what an engine would be given (scripts/check_vllm_wheel.py asks a
-    vLLM release about contracts forge refuses)."""
+    """engine_arguments() without forge's checks: what an engine would be given
+    (scripts/check_vllm_wheel.py asks a vLLM release about contracts forge refuses)."""
     sec = section(contract)
     lim, kv, prec, art = contract.limits, contract.kv_cache, contract.precision, contract.artifact
     checkpoint = str(contract.resolve(art.checkpoint))
@@ -162,17 +193,20 @@ def unchecked_arguments(contract: Contract, plan: CardPlan) -> dict[str, Any]:
         "long_prefill_token_threshold": sec.long_prefill_token_threshold,
         "scheduler_reserve_full_isl": True,
         "async_scheduling": sec.async_scheduling,
-        # forge keeps a queue inside vLLM (docs/admission.md, "An engine's own queue"): its waiting requests are
-        # ordered by the broker's priority, so an online request takes the next free slot ahead of queued bulk work.
-        # vLLM preempts for priority only when a running request cannot get a block, which forge's KV reservation
-        # rules out.
+        # forge keeps a queue inside vLLM (docs/admission.md, "An engine's own queue"): its waiting
+        # requests are ordered by the broker's priority, so an online request takes the next free
+        # slot ahead of queued bulk work. vLLM preempts for priority only when a running request
+        # cannot get a block, which forge's KV reservation rules out.
         "scheduling_policy": "priority",
         "enforce_eager": sec.enforce_eager,
         "attention_backend": sec.attention_backend,
-        # guided JSON without free whitespace between tokens: a small model otherwise fills its budget with blanks
-        # (vLLM refuses the setting with outlines and lm-format-enforcer, which keep their own whitespace rules)
-        "structured_outputs_config": {"backend": sec.structured_outputs_backend, "disable_any_whitespace":
-                                      sec.structured_outputs_backend in rules.COMPACT_JSON_BACKENDS},
+        # guided JSON without free whitespace between tokens: a small model otherwise fills its
+        # budget with blanks (vLLM refuses the setting with outlines and lm-format-enforcer, which
+        # keep their own whitespace rules)
+        "structured_outputs_config": {
+            "backend": sec.structured_outputs_backend,
+            "disable_any_whitespace": sec.structured_outputs_backend in rules.COMPACT_JSON_BACKENDS,
+        },
         "stream_interval": sec.stream_interval,
         "generation_config": "vllm",
         "tensor_parallel_size": 1,
@@ -183,12 +217,14 @@ def unchecked_arguments(contract: Contract, plan: CardPlan) -> dict[str, Any]:
 
 
 def environment() -> dict[str, Optional[str]]:
-    """Environment variables to set (a value) or clear (None) before vLLM is imported in the card worker."""
+    """Environment variables to set (a value) or clear (None) before vLLM is imported in the card
+    worker."""
     return {**ENV_SET, **{name: None for name in ENV_CLEAR}}
 
 
 def apply_environment(env: dict) -> dict[str, Optional[str]]:
-    """Set and clear environment() in `env` (os.environ in the worker); returns what was there before."""
+    """Set and clear environment() in `env` (os.environ in the worker); returns what was there
+    before."""
     before = {}
     for name, value in environment().items():
         before[name] = env.get(name)
@@ -199,8 +235,8 @@ def apply_environment(env: dict) -> dict[str, Optional[str]]:
     return before
 
 
-# What the card worker reads back from the engine vLLM built, and refuses the card on where it differs:
-# (contract field, engine argument, attribute of vLLM's VllmConfig holding what it built).
+# What the card worker reads back from the engine vLLM built, and refuses the card on where it
+# differs: (contract field, engine argument, attribute of vLLM's VllmConfig holding what it built).
 READ_BACK = (
     ("limits.max_num_tokens", "max_num_batched_tokens", "scheduler_config.max_num_batched_tokens"),
     ("limits.max_batch_size", "max_num_seqs", "scheduler_config.max_num_seqs"),
@@ -215,8 +251,9 @@ READ_BACK = (
 
 
 def read_back_problems(contract: Contract, plan: CardPlan, built: dict[str, Any]) -> list[Problem]:
-    """One Problem per value vLLM built differently from what the contract asked (`built`: engine argument ->
-    the value read back from vLLM's config), naming the contract field, its value and the engine's."""
+    """One Problem per value vLLM built differently from what the contract asked (`built`: engine
+    argument -> the value read back from vLLM's config), naming the contract field, its value and
+    the engine's."""
     asked = engine_arguments(contract, plan)
     out = []
     for field_name, argument, attribute in READ_BACK:
@@ -224,11 +261,17 @@ def read_back_problems(contract: Contract, plan: CardPlan, built: dict[str, Any]
             continue
         if argument == "num_gpu_blocks_override":
             kv = contract.kv_cache
-            path = "$.kv_cache.max_tokens" if kv.max_tokens is not None else "$.kv_cache.free_gpu_memory_fraction"
-            contract_says = f"{plan.num_blocks} blocks of {kv.tokens_per_block} tokens ({plan.kv_pool_tokens} tokens)"
+            path = (
+                "$.kv_cache.max_tokens"
+                if kv.max_tokens is not None
+                else "$.kv_cache.free_gpu_memory_fraction"
+            )
+            contract_says = (f"{plan.num_blocks} blocks of {kv.tokens_per_block} tokens "
+                             f"({plan.kv_pool_tokens} tokens)")
         else:
             path = "$." + field_name.split(" ")[0]
             contract_says = repr(asked[argument])
-        out.append(Problem(where(contract), path, f"contract {contract_says}, vLLM built {built[argument]!r} "
+        out.append(Problem(where(contract), path, f"contract {contract_says}, vLLM built "
+                                                  f"{built[argument]!r} "
                            f"({attribute}); the card is refused"))
     return out

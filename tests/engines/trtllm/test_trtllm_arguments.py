@@ -1,5 +1,6 @@
-"""What forge passes to TensorRT-LLM for a card (`engine_arguments`), row by row of what the engine would
-otherwise decide itself, checked against the field lists recorded from TensorRT-LLM's sources. Pure."""
+"""What forge passes to TensorRT-LLM for a card (`engine_arguments`), row by row of what the engine
+would otherwise decide itself, checked against the field lists recorded from TensorRT-LLM's sources.
+Pure."""
 from __future__ import annotations
 
 import json
@@ -7,7 +8,16 @@ import re
 
 import pytest
 
-from forge.config.models import Artifact, Card, Contract, KvCache, Limits, ModelGeometry, Precision, Target
+from forge.config.models import (
+    Artifact,
+    Card,
+    Contract,
+    KvCache,
+    Limits,
+    ModelGeometry,
+    Precision,
+    Target,
+)
 from forge.config.plan import plan_card
 from forge.engines.trtllm import mapping as tm
 from forge.engines.interface import EngineRequest, Sampling
@@ -17,47 +27,78 @@ from forge.engines.trtllm.section import SECTION, TrtllmSection
 from forge.errors import EngineUnavailable
 from tests.engines.trtllm.recorded import main_release, recorded_fields, recorded_files
 
-LLAMA7B = ModelGeometry(architecture="LlamaForCausalLM", num_layers=32, num_kv_heads=8, head_dim=128,
-                        vocab_size=32000, weights_gib=7.2)
+LLAMA7B = ModelGeometry(
+    architecture="LlamaForCausalLM",
+    num_layers=32,
+    num_kv_heads=8,
+    head_dim=128,
+    vocab_size=32000,
+    weights_gib=7.2,
+)
 SWITCHES = TrtllmSection(prefix_aware_scheduling=True, overlap_scheduler=True, stream_interval=1)
 
 
 def contract(*, artifact=None, kv=None, precision=("fp8", "fp8"), slots=256, section=SWITCHES):
-    c = Contract(contract="llama7b-fp8-1k", backend="trtllm", model=LLAMA7B,
-                 artifact=artifact or Artifact(checkpoint="../models/llama7b-fp8", tokenizer="../tok"),
-                 precision=Precision(weights=precision[0], kv_cache=precision[1]),
-                 limits=Limits(max_batch_size=slots, max_num_tokens=8192, max_input_len=1024, max_output_len=128),
-                 kv_cache=kv or KvCache(tokens_per_block=32, free_gpu_memory_fraction=0.85, host_cache_size=0,
-                                        block_reuse=True),
-                 target=Target(kind="gpu", compute_capability="9.0"),
-                 sections={SECTION: section} if section is not None else {})
+    c = Contract(
+        contract="llama7b-fp8-1k",
+        backend="trtllm",
+        model=LLAMA7B,
+        artifact=artifact or Artifact(checkpoint="../models/llama7b-fp8", tokenizer="../tok"),
+        precision=Precision(weights=precision[0], kv_cache=precision[1]),
+        limits=Limits(
+            max_batch_size=slots, max_num_tokens=8192, max_input_len=1024, max_output_len=128
+        ),
+        kv_cache=kv
+        or KvCache(
+            tokens_per_block=32, free_gpu_memory_fraction=0.85, host_cache_size=0, block_reuse=True
+        ),
+        target=Target(kind="gpu", compute_capability="9.0"),
+        sections={SECTION: section} if section is not None else {},
+    )
     return c
 
 
 def args_for(c, release=None, **kw):
-    card = Card(index=0, kind="gpu", model="NVIDIA H200", memory_gib=140.0, compute_capability="9.0",
-                engine=c.contract)
+    card = Card(
+        index=0,
+        kind="gpu",
+        model="NVIDIA H200",
+        memory_gib=140.0,
+        compute_capability="9.0",
+        engine=c.contract,
+    )
     return tm.engine_arguments(c, plan_card(card, c), release or main_release(), **kw)
 
 
-# ----------------------------------------------------------------------------- the recorded field lists
+# ----------------------------------------------------------------------------- the recorded field
+# lists
 def test_recorded_lists_name_the_file_and_commit_they_came_from():
     files = recorded_files()
     assert files, "no recorded field lists"
     for name, data in files.items():
         src = data["source"]
-        assert src["repository"] == "NVIDIA/TensorRT-LLM" and src["file"].startswith("tensorrt_llm/"), name
+        assert src["repository"] == "NVIDIA/TensorRT-LLM" and src["file"].startswith(
+            "tensorrt_llm/"
+        ), name
         assert re.fullmatch(r"[0-9a-f]{40}", src["commit"]), name
-        assert src["commit"][:7] in name or src["commit"][:8] in name, f"{name}: the file name carries the commit"
+        assert src["commit"][:7] in name or src["commit"][:8] in name, (
+            f"{name}: the file name carries the commit"
+        )
         for cls, entry in data["classes"].items():
-            assert entry["fields"] == sorted(set(entry["fields"])), f"{name}: {cls} fields sorted and unique"
+            assert entry["fields"] == sorted(set(entry["fields"])), (
+                f"{name}: {cls} fields sorted and unique"
+            )
 
 
 def _passed_names(args: dict) -> dict[str, set[str]]:
     """class -> the fields forge passes to it, from an engine_arguments result on the LLM API path."""
     kw = args["kwargs"]
-    return {"TorchLlmArgs": set(kw), "KvCacheConfig": set(kw["kv_cache_config"]),
-            "SchedulerConfig": set(kw["scheduler_config"]), "CudaGraphConfig": set(kw["cuda_graph_config"])}
+    return {
+        "TorchLlmArgs": set(kw),
+        "KvCacheConfig": set(kw["kv_cache_config"]),
+        "SchedulerConfig": set(kw["scheduler_config"]),
+        "CudaGraphConfig": set(kw["cuda_graph_config"]),
+    }
 
 
 def _sampling_names() -> set[str]:
@@ -70,9 +111,18 @@ def _sampling_names() -> set[str]:
 def test_every_field_forge_passes_is_in_the_recorded_lists():
     """Fails when forge passes a name TensorRT-LLM's sources (as recorded) do not define."""
     fields = recorded_fields()
-    args = args_for(contract(kv=KvCache(tokens_per_block=32, max_tokens=65536, host_cache_size="1GiB",
-                                        block_reuse=True)))
-    missing = {cls: sorted(names - fields[cls]) for cls, names in _passed_names(args).items() if names - fields[cls]}
+    args = args_for(
+        contract(
+            kv=KvCache(
+                tokens_per_block=32, max_tokens=65536, host_cache_size="1GiB", block_reuse=True
+            )
+        )
+    )
+    missing = {
+        cls: sorted(names - fields[cls])
+        for cls, names in _passed_names(args).items()
+        if names - fields[cls]
+    }
     missing.update({"SamplingParams": sorted(_sampling_names() - fields["SamplingParams"])}
                    if _sampling_names() - fields["SamplingParams"] else {})
     assert missing == {}, f"forge passes fields the recorded TensorRT-LLM sources lack: {missing}"
@@ -80,27 +130,45 @@ def test_every_field_forge_passes_is_in_the_recorded_lists():
 
 
 def test_a_field_the_release_lacks_is_left_out_and_said_so():
-    older = main_release(drop={"KvCacheConfig": {"use_kv_cache_manager_v2"}, "TorchLlmArgs": {"max_stats_len"}})
+    older = main_release(
+        drop={"KvCacheConfig": {"use_kv_cache_manager_v2"}, "TorchLlmArgs": {"max_stats_len"}}
+    )
     args = args_for(contract(), older)
     assert "use_kv_cache_manager_v2" not in args["kwargs"]["kv_cache_config"]
     assert "max_stats_len" not in args["kwargs"]
     assert set(args["not_passed"]) == {"kv_cache_config.use_kv_cache_manager_v2", "max_stats_len"}
-    assert "only the V1 KV-cache manager" in args["not_passed"]["kv_cache_config.use_kv_cache_manager_v2"]
+    assert (
+        "only the V1 KV-cache manager"
+        in args["not_passed"]["kv_cache_config.use_kv_cache_manager_v2"]
+    )
     for name, why in args["not_passed"].items():
         assert why.startswith("TensorRT-LLM main (recorded) has no "), why
 
 
-# ----------------------------------------------------------------------------- one test per row of the audit
+# ----------------------------------------------------------------------------- one test per row of
+# the audit
 def test_engine_dirs_are_refused_on_a_release_without_the_executor():
     c = contract(artifact=Artifact(engine_dir="../engines/e", tokenizer="../tok"), section=None)
     with pytest.raises(EngineUnavailable) as err:
         args_for(c)
     msg = str(err.value)
-    assert "\n" not in msg and "::$.artifact.engine_dir: " in msg and "no Executor API" in msg and "1.2.x" in msg
+    assert (
+        "\n" not in msg
+        and "::$.artifact.engine_dir: " in msg
+        and "no Executor API" in msg
+        and "1.2.x" in msg
+    )
     legacy = Release("1.2.1", None, has_executor=True, per_request_seed=False)
     spec = args_for(c, legacy)
-    assert spec["api"].startswith("tensorrt_llm.bindings.executor.Executor") and spec["kwargs"]["max_queue_size"] == 256
-    assert ships_executor("1.2.1") and ships_executor("1.2.0rc6.post3") and not ships_executor("1.3.0rc14")
+    assert (
+        spec["api"].startswith("tensorrt_llm.bindings.executor.Executor")
+        and spec["kwargs"]["max_queue_size"] == 256
+    )
+    assert (
+        ships_executor("1.2.1")
+        and ships_executor("1.2.0rc6.post3")
+        and not ships_executor("1.3.0rc14")
+    )
     assert version_tuple("1.3.0rc14") == (1, 3, 0) and version_tuple("junk") == ()
 
 
@@ -108,9 +176,12 @@ def test_kv_dtype_is_stated_fp8_explicitly_and_auto_only_for_the_model_dtype():
     assert args_for(contract())["kwargs"]["kv_cache_config"]["dtype"] == "fp8"
     bf16 = args_for(contract(precision=("bf16", "bf16")))["kwargs"]
     assert bf16["kv_cache_config"]["dtype"] == "auto" and bf16["dtype"] == "bfloat16"
-    # 16-bit KV with fp8 weights: "auto" is passed only because validation refuses a checkpoint declaring
-    # another KV dtype (tests/cases/invalid/trtllm-kv-quant and test_kv_quant_*)
-    assert args_for(contract(precision=("fp8", "bf16")))["kwargs"]["kv_cache_config"]["dtype"] == "auto"
+    # 16-bit KV with fp8 weights: "auto" is passed only because validation refuses a checkpoint
+    # declaring another KV dtype (tests/cases/invalid/trtllm-kv-quant and test_kv_quant_*)
+    assert (
+        args_for(contract(precision=("fp8", "bf16")))["kwargs"]["kv_cache_config"]["dtype"]
+        == "auto"
+    )
 
 
 def _checkpoint(tmp_path, hf_quant=None, quantization_config=None):
@@ -126,16 +197,37 @@ def _checkpoint(tmp_path, hf_quant=None, quantization_config=None):
     return c
 
 
-@pytest.mark.parametrize("hf_quant, qc, refused", [
-    ({"quantization": {"quant_algo": "FP8", "kv_cache_quant_algo": "FP8"}}, None, "hf_quant_config.json"),
-    ({"quant_algo": "FP8", "kv_cache_quant_algo": "FP8"}, None, "hf_quant_config.json kv_cache_quant_algo"),
-    (None, {"quant_method": "modelopt", "kv_cache_quant_algo": "FP8"}, "quantization_config.kv_cache_quant_algo"),
-    (None, {"quant_method": "compressed-tensors", "kv_cache_scheme": {"num_bits": 8, "type": "float"}},
-     "kv_cache_scheme"),
-    ({"quantization": {"quant_algo": "FP8", "kv_cache_quant_algo": None}}, None, None),
-    (None, {"quant_method": "fp8"}, None),
-    (None, None, None),
-])
+@pytest.mark.parametrize(
+    "hf_quant, qc, refused",
+    [
+        (
+            {"quantization": {"quant_algo": "FP8", "kv_cache_quant_algo": "FP8"}},
+            None,
+            "hf_quant_config.json",
+        ),
+        (
+            {"quant_algo": "FP8", "kv_cache_quant_algo": "FP8"},
+            None,
+            "hf_quant_config.json kv_cache_quant_algo",
+        ),
+        (
+            None,
+            {"quant_method": "modelopt", "kv_cache_quant_algo": "FP8"},
+            "quantization_config.kv_cache_quant_algo",
+        ),
+        (
+            None,
+            {
+                "quant_method": "compressed-tensors",
+                "kv_cache_scheme": {"num_bits": 8, "type": "float"},
+            },
+            "kv_cache_scheme",
+        ),
+        ({"quantization": {"quant_algo": "FP8", "kv_cache_quant_algo": None}}, None, None),
+        (None, {"quant_method": "fp8"}, None),
+        (None, None, None),
+    ],
+)
 def test_kv_quant_declared_by_the_checkpoint_must_be_the_contracts(tmp_path, hf_quant, qc, refused):
     c = _checkpoint(tmp_path, hf_quant, qc)
     problems = [p for p in tm.trtllm_refusals(c) if p.path == "$.precision.kv_cache"]
@@ -150,9 +242,13 @@ def test_kv_quant_fp8_contract_matches_an_fp8_checkpoint(tmp_path):
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
     (ckpt / "config.json").write_text("{}")
-    (ckpt / "hf_quant_config.json").write_text(json.dumps({"quantization": {"kv_cache_quant_algo": "FP8"}}))
+    (ckpt / "hf_quant_config.json").write_text(
+        json.dumps({"quantization": {"kv_cache_quant_algo": "FP8"}})
+    )
     assert [p for p in tm.trtllm_refusals(contract(artifact=Artifact(checkpoint=str(ckpt))))] == []
-    (ckpt / "hf_quant_config.json").write_text(json.dumps({"quantization": {"kv_cache_quant_algo": "NVFP4"}}))
+    (ckpt / "hf_quant_config.json").write_text(
+        json.dumps({"quantization": {"kv_cache_quant_algo": "NVFP4"}})
+    )
     [p] = tm.trtllm_refusals(contract(artifact=Artifact(checkpoint=str(ckpt))))
     assert "nvfp4" in p.message and "the contract says fp8" in p.message
     (ckpt / "hf_quant_config.json").write_text("{not json")
@@ -163,9 +259,15 @@ def test_kv_quant_fp8_contract_matches_an_fp8_checkpoint(tmp_path):
 def test_kv_manager_is_pinned_to_v1_so_max_tokens_sizes_the_pool():
     kv = args_for(contract(kv=KvCache(tokens_per_block=64, max_tokens=65536, host_cache_size="1GiB",
                                       block_reuse=True)))["kwargs"]["kv_cache_config"]
-    assert kv == {"tokens_per_block": 64, "dtype": "fp8", "enable_block_reuse": True, "max_tokens": 65536,
-                  "free_gpu_memory_fraction": tm.MAX_TOKENS_MEMORY_CAP, "host_cache_size": 2**30,
-                  "use_kv_cache_manager_v2": False}
+    assert kv == {
+        "tokens_per_block": 64,
+        "dtype": "fp8",
+        "enable_block_reuse": True,
+        "max_tokens": 65536,
+        "free_gpu_memory_fraction": tm.MAX_TOKENS_MEMORY_CAP,
+        "host_cache_size": 2**30,
+        "use_kv_cache_manager_v2": False,
+    }
 
 
 def test_fraction_is_passed_as_the_contract_states_it():
@@ -190,7 +292,9 @@ def test_cuda_graph_batch_sizes_reach_the_contracts_slots(slots, sizes):
 
 @pytest.mark.parametrize("prefix, overlap, interval", [(True, True, 1), (False, False, 4)])
 def test_scheduling_switches_come_from_the_contract(prefix, overlap, interval):
-    section = TrtllmSection(prefix_aware_scheduling=prefix, overlap_scheduler=overlap, stream_interval=interval)
+    section = TrtllmSection(
+        prefix_aware_scheduling=prefix, overlap_scheduler=overlap, stream_interval=interval
+    )
     kw = args_for(contract(section=section))["kwargs"]
     assert kw["scheduler_config"] == {"capacity_scheduler_policy": "GUARANTEED_NO_EVICT",
                                       "enable_prefix_aware_scheduling": prefix}
@@ -201,20 +305,36 @@ def test_switches_a_release_cannot_honour_are_refused_naming_the_field():
     off = TrtllmSection(prefix_aware_scheduling=False, overlap_scheduler=True, stream_interval=1)
     lacking = {"SchedulerConfig": {"enable_prefix_aware_scheduling"}}
     for version, section in (("1.3.0rc14", SWITCHES), ("1.3.0rc14", off), ("1.2.1", SWITCHES)):
-        release = Release(version, main_release(drop=lacking).fields, has_executor=False, per_request_seed=False)
-        with pytest.raises(EngineUnavailable, match=r"::\$\.trtllm\.prefix_aware_scheduling: TensorRT-LLM .* has no "
-                                                    r"SchedulerConfig\.enable_prefix_aware_scheduling"):
+        release = Release(
+            version, main_release(drop=lacking).fields, has_executor=False, per_request_seed=False
+        )
+        with pytest.raises(
+            EngineUnavailable,
+            match=r"::\$\.trtllm\.prefix_aware_scheduling: "
+            r"TensorRT-LLM .* has no "
+            r"SchedulerConfig\.enable_prefix_aware_scheduling",
+        ):
             args_for(contract(section=section), release)
-    v121 = Release("1.2.1", main_release(drop=lacking).fields, has_executor=True, per_request_seed=False)
-    args = args_for(contract(section=off), v121)         # 1.2.x has no prefix-aware scheduling: false is exact
+    v121 = Release(
+        "1.2.1", main_release(drop=lacking).fields, has_executor=True, per_request_seed=False
+    )
+    # 1.2.x has no prefix-aware scheduling: false is exact
+    args = args_for(contract(section=off), v121)
     assert "enable_prefix_aware_scheduling" not in args["kwargs"]["scheduler_config"]
-    assert "never schedules prefix-aware" in args["not_passed"]["scheduler_config.enable_prefix_aware_scheduling"]
-    for model, field, path in (("TorchLlmArgs", "stream_interval", "$.trtllm.stream_interval"),
-                               ("TorchLlmArgs", "disable_overlap_scheduler", "$.trtllm.overlap_scheduler"),
-                               ("CudaGraphConfig", "batch_sizes", "$.limits.max_batch_size"),
-                               ("KvCacheConfig", "dtype", "$.precision.kv_cache"),
-                               ("KvCacheConfig", "tokens_per_block", "$.kv_cache.tokens_per_block")):
-        with pytest.raises(EngineUnavailable, match=re.escape(f"::{path}: ") + f".* has no {model}.{field}"):
+    assert (
+        "never schedules prefix-aware"
+        in args["not_passed"]["scheduler_config.enable_prefix_aware_scheduling"]
+    )
+    for model, field, path in (
+        ("TorchLlmArgs", "stream_interval", "$.trtllm.stream_interval"),
+        ("TorchLlmArgs", "disable_overlap_scheduler", "$.trtllm.overlap_scheduler"),
+        ("CudaGraphConfig", "batch_sizes", "$.limits.max_batch_size"),
+        ("KvCacheConfig", "dtype", "$.precision.kv_cache"),
+        ("KvCacheConfig", "tokens_per_block", "$.kv_cache.tokens_per_block"),
+    ):
+        with pytest.raises(
+            EngineUnavailable, match=re.escape(f"::{path}: ") + f".* has no {model}.{field}"
+        ):
             args_for(contract(), main_release(drop={model: {field}}))
 
 
@@ -233,7 +353,8 @@ def test_a_per_request_seed_is_refused_where_the_release_ignores_it():
     assert tm.request_refusal(c, seeded, frozenset(), seed_honoured=False) == tm.SEED_IGNORED
     assert "#17172" in tm.SEED_IGNORED
     assert tm.request_refusal(c, seeded, frozenset(), seed_honoured=True) is None
-    greedy = EngineRequest("r", (1,), 4, sampling=Sampling(seed=7))     # temperature 0: the seed draws nothing
+    # temperature 0: the seed draws nothing
+    greedy = EngineRequest("r", (1,), 4, sampling=Sampling(seed=7))
     assert tm.request_refusal(c, greedy, frozenset(), seed_honoured=False) is None
 
 
@@ -241,7 +362,7 @@ def test_unchecked_release_passes_everything_and_states_no_omission():
     args = args_for(contract(), Release.unchecked())
     assert args["release"] == "not installed" and args["not_passed"] == {}
     assert args["kwargs"]["kv_cache_config"]["use_kv_cache_manager_v2"] is False
-    assert json.loads(json.dumps(args)) == args               # plain data: printable by provision --dry-run
+    assert json.loads(json.dumps(args)) == args  # plain data: printable by provision --dry-run
 
 
 def test_release_fields_are_read_from_pydantic_models_and_dataclasses():
@@ -266,5 +387,5 @@ def test_release_fields_are_read_from_pydantic_models_and_dataclasses():
     r = release_from_models("1.2.1", {"KvCacheConfig": Kv, "SamplingParams": Sp}, has_executor=True,
                             per_request_seed=False)
     assert r.has("KvCacheConfig", "dtype") and not r.has("KvCacheConfig", "use_kv_cache_manager_v2")
-    assert not r.has("TorchLlmArgs", "max_stats_len")         # a class the release lacks has no fields
+    assert not r.has("TorchLlmArgs", "max_stats_len")  # a class the release lacks has no fields
     assert Release.unchecked().has("TorchLlmArgs", "anything")

@@ -1,5 +1,6 @@
-"""The trtllm backend's pure mapping (contract -> TensorRT-LLM settings), and its guards on a machine without
-TensorRT-LLM. tests/engines/trtllm/test_trtllm_wiring.py drives the backend against stand-in bindings."""
+"""The trtllm backend's pure mapping (contract -> TensorRT-LLM settings), and its guards on a
+machine without TensorRT-LLM. tests/engines/trtllm/test_trtllm_wiring.py drives the backend against
+stand-in bindings."""
 from __future__ import annotations
 
 import json
@@ -17,12 +18,13 @@ from forge.errors import ConfigError, EngineUnavailable
 from tests.engines.trtllm.contracts import CKPT, STATS_154, contract, gpu_card as _card
 
 
-# ----------------------------------------------------------------------------- engine_dir: ExecutorConfig
+# ----------------------------------------------------------------------------- engine_dir:
+# ExecutorConfig
 def test_executor_config_for_the_standard_fp8_tier():
     spec = tm.executor_config_spec(contract(), device_ordinal=1)
     assert spec["max_beam_width"] == 1 and spec["batching_type"] == "INFLIGHT"
     assert (spec["max_batch_size"], spec["max_num_tokens"]) == (256, 8192)
-    assert spec["max_queue_size"] == 256                          # bounded, never the unbounded default
+    assert spec["max_queue_size"] == 256  # bounded, never the unbounded default
     assert spec["enable_chunked_context"] is False
     assert spec["iter_stats_max_iterations"] == tm.ITER_STATS_MAX_ITERATIONS
     assert spec["scheduler_config"] == {"capacity_scheduler_policy": "GUARANTEED_NO_EVICT"}
@@ -33,10 +35,13 @@ def test_executor_config_for_the_standard_fp8_tier():
 
 
 def test_max_tokens_sizing_states_the_memory_cap_and_host_cache_is_bytes():
-    kv = KvCache(tokens_per_block=128, max_tokens=200_000, host_cache_size="8GiB", block_reuse=False)
+    kv = KvCache(
+        tokens_per_block=128, max_tokens=200_000, host_cache_size="8GiB", block_reuse=False
+    )
     spec = tm.executor_config_spec(contract(kv=kv), 0)["kv_cache_config"]
     assert spec["max_tokens"] == 200_000
-    assert spec["free_gpu_memory_fraction"] == tm.MAX_TOKENS_MEMORY_CAP < 1.0   # the smaller of the two wins
+    # the smaller of the two wins
+    assert spec["free_gpu_memory_fraction"] == tm.MAX_TOKENS_MEMORY_CAP < 1.0
     assert spec["host_cache_size"] == 8 * 2**30
     assert spec["enable_block_reuse"] is False
 
@@ -67,7 +72,8 @@ def test_contract_problems_name_the_field():
     assert [p.path for p in tm.contract_problems(cpu)] == ["$.target.kind"]
 
 
-# ----------------------------------------------------------------------------- requests, sampling, guides
+# ----------------------------------------------------------------------------- requests, sampling,
+# guides
 def test_greedy_is_top_k_1_and_sampling_fields_pass_through():
     assert tm.sampling_config_spec(Sampling()) == {"top_k": 1}
     assert tm.sampling_config_spec(Sampling(temperature=0.7, top_p=0.9, top_k=40, seed=7)) == {
@@ -77,16 +83,25 @@ def test_greedy_is_top_k_1_and_sampling_fields_pass_through():
 
 def test_sampling_params_always_set_max_tokens():
     spec = tm.sampling_params_spec(5, Sampling(), None, eos_id=2, pad_id=0)
-    assert spec["max_tokens"] == 5                     # SamplingParams.max_tokens defaults to 32
-    assert (spec["end_id"], spec["pad_id"], spec["ignore_eos"], spec["detokenize"]) == (2, 0, False, False)
+    assert spec["max_tokens"] == 5  # SamplingParams.max_tokens defaults to 32
+    assert (spec["end_id"], spec["pad_id"], spec["ignore_eos"], spec["detokenize"]) == (
+        2,
+        0,
+        False,
+        False,
+    )
     assert tm.sampling_params_spec(5, Sampling(stop_at_eos=False), None, 2, 0)["ignore_eos"] is True
 
 
 def test_executor_request_streams_and_excludes_the_prompt():
-    spec = tm.executor_request_spec((1, 5, 9), 16, Sampling(stop_at_eos=False), None, eos_id=2, pad_id=0)
+    spec = tm.executor_request_spec(
+        (1, 5, 9), 16, Sampling(stop_at_eos=False), None, eos_id=2, pad_id=0
+    )
     assert spec["input_token_ids"] == [1, 5, 9] and spec["max_tokens"] == 16
-    assert spec["streaming"] is True and spec["output_config"] == {"exclude_input_from_output": True}
-    assert spec["end_id"] == -1                        # EOS disabled, as the LLM API does for ignore_eos
+    assert spec["streaming"] is True and spec["output_config"] == {
+        "exclude_input_from_output": True
+    }
+    assert spec["end_id"] == -1  # EOS disabled, as the LLM API does for ignore_eos
     assert spec["guided_decoding_params"] is None
 
 
@@ -96,17 +111,26 @@ def test_choice_becomes_an_escaped_alternation():
     for choice in ("yes", "no", "a.b", "(x)|y", "1+1=2?", "line\nbreak"):
         assert re.fullmatch(rx, choice)
     assert not re.fullmatch(rx, "axb") and not re.fullmatch(rx, "yesno")
-    assert tm.executor_guide_spec(Guide(choice=("a", "b"))) == {"guide_type": "REGEX", "guide": "(a|b)"}
+    assert tm.executor_guide_spec(Guide(choice=("a", "b"))) == {
+        "guide_type": "REGEX",
+        "guide": "(a|b)",
+    }
 
 
 def test_json_schema_and_regex_guides():
-    schema = {"type": "object", "properties": {"label": {"enum": ["pos", "neg"]}}, "required": ["label"]}
+    schema = {
+        "type": "object",
+        "properties": {"label": {"enum": ["pos", "neg"]}},
+        "required": ["label"],
+    }
     assert tm.executor_guide_spec(Guide(json_schema=schema)) == {"guide_type": "JSON_SCHEMA",
                                                                  "guide": json.dumps(schema)}
-    assert tm.sampling_params_spec(4, Sampling(), Guide(json_schema=schema), 2, 0)["guided_decoding"] == {
-        "json": schema}
-    assert tm.sampling_params_spec(4, Sampling(), Guide(regex="[0-9]+"), 2, 0)["guided_decoding"] == {
-        "regex": "[0-9]+"}
+    assert tm.sampling_params_spec(4, Sampling(), Guide(json_schema=schema), 2, 0)[
+        "guided_decoding"
+    ] == {"json": schema}
+    assert tm.sampling_params_spec(4, Sampling(), Guide(regex="[0-9]+"), 2, 0)[
+        "guided_decoding"
+    ] == {"regex": "[0-9]+"}
 
 
 def test_guided_decoding_config_lists_the_vocab_in_id_order():
@@ -121,7 +145,9 @@ def test_request_refusals():
     assert tm.request_refusal(c, ok, frozenset()) is None
     assert "exceeds" in tm.request_refusal(c, EngineRequest("r", (1,) * 1025, 1), frozenset())
     assert "exceeds" in tm.request_refusal(c, EngineRequest("r", (1,), 129), frozenset())
-    assert "hidden" in tm.request_refusal(c, EngineRequest("r", (1,), 1, want_hidden=True), frozenset())
+    assert "hidden" in tm.request_refusal(
+        c, EngineRequest("r", (1,), 1, want_hidden=True), frozenset()
+    )
     guided = EngineRequest("r", (1,), 1, guide=Guide(choice=("a",)))
     assert "choice" in tm.request_refusal(c, guided, frozenset())
     assert tm.request_refusal(c, guided, frozenset({"choice"})) is None
@@ -138,24 +164,35 @@ def test_finish_reasons():
     assert tm.finish_reason_from_llmapi("stop") == ("eos", None)
     assert tm.finish_reason_from_llmapi("length") == ("length", None)
     assert tm.finish_reason_from_llmapi("cancelled") == ("cancelled", None)
-    assert tm.finish_reason_from_llmapi("timeout")[0] == "error" and tm.finish_reason_from_llmapi(None)[0] == "error"
+    assert (
+        tm.finish_reason_from_llmapi("timeout")[0] == "error"
+        and tm.finish_reason_from_llmapi(None)[0] == "error"
+    )
 
 
 def test_iteration_stats_from_a_realistic_sample():
     s = tm.iteration_stats_from_json(json.dumps(STATS_154))
     assert (s.active, s.queued, s.kv_blocks_used, s.kv_blocks_free) == (1, 3, 3, 101253)
-    assert s.tokens_last_step == 0 + 1                 # numCtxTokens + one token per generation request
+    assert s.tokens_last_step == 0 + 1  # numCtxTokens + one token per generation request
     assert s.steps == 155 and s.prefix_hit_tokens == 4 * 32
 
 
 def test_latest_stats_picks_the_newest_and_tolerates_missing_sections():
-    prefill = dict(STATS_154, iter=155, inflightBatchingStats={"numCtxTokens": 900, "numGenRequests": 7})
+    prefill = dict(
+        STATS_154, iter=155, inflightBatchingStats={"numCtxTokens": 900, "numGenRequests": 7}
+    )
     assert tm.latest_iteration_stats([STATS_154, json.dumps(prefill)]).tokens_last_step == 907
     assert tm.latest_iteration_stats([]) is None
     bare = tm.iteration_stats_from_json({"iter": 0, "numActiveRequests": 2, "kvCacheStats": None})
     assert (bare.active, bare.kv_blocks_used, bare.tokens_last_step, bare.steps) == (2, 0, 0, 1)
     idle = tm.idle_stats(tm.iteration_stats_from_json(STATS_154))
-    assert (idle.active, idle.queued, idle.tokens_last_step, idle.kv_blocks_used, idle.steps) == (0, 0, 0, 3, 155)
+    assert (idle.active, idle.queued, idle.tokens_last_step, idle.kv_blocks_used, idle.steps) == (
+        0,
+        0,
+        0,
+        3,
+        155,
+    )
 
 
 def test_cuda_device_ordinal():
@@ -167,11 +204,15 @@ def test_cuda_device_ordinal():
         tm.cuda_device_ordinal(0, "")
 
 
-# ----------------------------------------------------------------------------- guards on this machine
+# ----------------------------------------------------------------------------- guards on this
+# machine
 def test_backend_module_imports_no_engine_library():
     code = ("import sys, forge.engines.trtllm.backend as b; "
-            "print(sorted(m for m in ('tensorrt_llm', 'torch', 'transformers') if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+            "print(sorted(m for m in ('tensorrt_llm', 'torch', 'transformers') if m in "
+            "sys.modules))")
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
     assert out.stdout.strip() == "[]"
 
 
@@ -179,21 +220,30 @@ def test_backend_is_registered_as_trtllm():
     from forge import backends
     from forge.engines.trtllm import backend as trtllm_backend
     b = backends.get("trtllm")
-    assert (b.factory, b.section, b.rules) == (trtllm_backend.create_engine, trtllm_backend.TrtllmSection,
-                                               (trtllm_backend.trtllm_contract_rule,))
+    assert (b.factory, b.section, b.rules) == (
+        trtllm_backend.create_engine,
+        trtllm_backend.TrtllmSection,
+        (trtllm_backend.trtllm_contract_rule,),
+    )
     assert b.engine_arguments is trtllm_backend.planned_engine_arguments
 
 
 def test_factory_without_tensorrt_llm_raises_engine_unavailable(monkeypatch):
     from forge.engines.trtllm import backend as trtllm_backend
-    monkeypatch.setitem(sys.modules, "tensorrt_llm", None)   # import fails as on any machine without it
+    # import fails as on any machine without it
+    monkeypatch.setitem(sys.modules, "tensorrt_llm", None)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     monkeypatch.setenv("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
     c = contract()
     with pytest.raises(EngineUnavailable) as err:
         trtllm_backend.create_engine(c, plan_card(_card(), c))
     msg = str(err.value)
-    assert "\n" not in msg and "pip install tensorrt-llm" in msg and "NVIDIA GPU" in msg and "1.2.x" in msg
+    assert (
+        "\n" not in msg
+        and "pip install tensorrt-llm" in msg
+        and "NVIDIA GPU" in msg
+        and "1.2.x" in msg
+    )
 
 
 def test_validation_rule_reports_trtllm_refusals():
@@ -210,6 +260,11 @@ def test_validation_rule_reports_trtllm_refusals():
 
 def test_factory_refuses_contract_problems_before_importing(monkeypatch):
     from forge.engines.trtllm import backend as trtllm_backend
-    c = contract(kv=KvCache(tokens_per_block=32, free_gpu_memory_fraction=1.0, host_cache_size=0, block_reuse=True))
+
+    c = contract(
+        kv=KvCache(
+            tokens_per_block=32, free_gpu_memory_fraction=1.0, host_cache_size=0, block_reuse=True
+        )
+    )
     with pytest.raises(ConfigError, match=r"free_gpu_memory_fraction"):
         trtllm_backend.create_engine(c, plan_card(_card(), c))

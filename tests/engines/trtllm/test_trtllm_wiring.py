@@ -1,6 +1,6 @@
-"""The trtllm backend driven against stand-in bindings whose keyword names are copied from TensorRT-LLM's binding
-sources (the executor API) and recorded from its sources (the LLM API): it proves the wiring, not TensorRT-LLM's
-behaviour (never run here)."""
+"""The trtllm backend driven against stand-in bindings whose keyword names are copied from
+TensorRT-LLM's binding sources (the executor API) and recorded from its sources (the LLM API): it
+proves the wiring, not TensorRT-LLM's behaviour (never run here)."""
 from __future__ import annotations
 
 import datetime
@@ -19,35 +19,51 @@ from tests.engines.trtllm.recorded import recorded_fields
 from tests.engines.trtllm.contracts import CKPT, STATS_154, contract, gpu_card as _card
 
 
-# ----------------------------------------------------------------------------- wiring against stand-in bindings
-# Keyword names below are copied from cpp/tensorrt_llm/nanobind/executor/{executorConfig,request,executor}.cpp
-# (the pybind versions take the same names). A stand-in accepts exactly those names and nothing else.
+# ----------------------------------------------------------------------------- wiring against
+# stand-in bindings Keyword names below are copied from
+# cpp/tensorrt_llm/nanobind/executor/{executorConfig,request,executor}.cpp (the pybind versions take
+# the same names). A stand-in accepts exactly those names and nothing else.
 _NAMES = {
-    "ExecutorConfig": "max_beam_width scheduler_config kv_cache_config enable_chunked_context normalize_log_probs "
-                      "iter_stats_max_iterations request_stats_max_iterations batching_type max_batch_size "
-                      "max_num_tokens parallel_config peft_cache_config logits_post_processor_config decoding_config "
-                      "use_gpu_direct_storage gpu_weights_percent max_queue_size extended_runtime_perf_knob_config "
-                      "debug_config recv_poll_period_ms max_seq_idle_microseconds spec_dec_config "
-                      "guided_decoding_config additional_model_outputs cache_transceiver_config "
-                      "gather_generation_logits mm_embedding_offloading enable_trt_overlap",
-    "KvCacheConfig": "enable_block_reuse max_tokens max_attention_window sink_token_length free_gpu_memory_fraction "
-                     "host_cache_size onboard_blocks cross_kv_cache_fraction secondary_offload_min_priority "
-                     "event_buffer_max_size enable_partial_reuse copy_on_partial_reuse use_uvm runtime_defaults",
+    "ExecutorConfig": "max_beam_width scheduler_config kv_cache_config enable_chunked_context "
+    "normalize_log_probs "
+    "iter_stats_max_iterations request_stats_max_iterations batching_type "
+    "max_batch_size "
+    "max_num_tokens parallel_config peft_cache_config "
+    "logits_post_processor_config decoding_config "
+    "use_gpu_direct_storage gpu_weights_percent max_queue_size "
+    "extended_runtime_perf_knob_config "
+    "debug_config recv_poll_period_ms max_seq_idle_microseconds spec_dec_config "
+    "guided_decoding_config additional_model_outputs cache_transceiver_config "
+    "gather_generation_logits mm_embedding_offloading enable_trt_overlap",
+    "KvCacheConfig": "enable_block_reuse max_tokens max_attention_window sink_token_length "
+    "free_gpu_memory_fraction "
+    "host_cache_size onboard_blocks cross_kv_cache_fraction "
+    "secondary_offload_min_priority "
+    "event_buffer_max_size enable_partial_reuse copy_on_partial_reuse use_uvm "
+    "runtime_defaults",
     "SchedulerConfig": "capacity_scheduler_policy context_chunking_policy dynamic_batch_config",
-    "ParallelConfig": "communication_type communication_mode device_ids participant_ids orchestrator_config num_nodes",
+    "ParallelConfig": "communication_type communication_mode device_ids participant_ids "
+    "orchestrator_config num_nodes",
     "GuidedDecodingConfig": "backend encoded_vocab tokenizer_str stop_token_ids",
-    "SamplingConfig": "top_k top_p top_p_min top_p_reset_ids top_p_decay seed temperature min_tokens "
-                      "beam_search_diversity_rate repetition_penalty presence_penalty frequency_penalty "
-                      "length_penalty early_stopping no_repeat_ngram_size num_return_sequences min_p beam_width_array",
-    "OutputConfig": "return_log_probs return_context_logits return_generation_logits exclude_input_from_output "
-                    "return_encoder_output return_perf_metrics additional_model_outputs",
-    "Request": "streaming sampling_config output_config end_id pad_id position_ids bad_words stop_words "
-               "embedding_bias external_draft_tokens_config prompt_tuning_config multimodal_input "
-               "multimodal_embedding mrope_config lora_config lookahead_config kv_cache_retention_config "
-               "logits_post_processor_name logits_post_processor encoder_input_token_ids client_id "
-               "return_all_generated_tokens priority type context_phase_params encoder_input_features "
-               "encoder_output_length cross_attention_mask num_return_sequences eagle_config "
-               "skip_cross_attn_blocks guided_decoding_params language_adapter_uid allotted_time_ms",
+    "SamplingConfig": "top_k top_p top_p_min top_p_reset_ids top_p_decay seed temperature "
+    "min_tokens "
+    "beam_search_diversity_rate repetition_penalty presence_penalty "
+    "frequency_penalty "
+    "length_penalty early_stopping no_repeat_ngram_size num_return_sequences "
+    "min_p beam_width_array",
+    "OutputConfig": "return_log_probs return_context_logits return_generation_logits "
+    "exclude_input_from_output "
+    "return_encoder_output return_perf_metrics additional_model_outputs",
+    "Request": "streaming sampling_config output_config end_id pad_id position_ids bad_words "
+    "stop_words "
+    "embedding_bias external_draft_tokens_config prompt_tuning_config multimodal_input "
+    "multimodal_embedding mrope_config lora_config lookahead_config "
+    "kv_cache_retention_config "
+    "logits_post_processor_name logits_post_processor encoder_input_token_ids client_id "
+    "return_all_generated_tokens priority type context_phase_params "
+    "encoder_input_features "
+    "encoder_output_length cross_attention_mask num_return_sequences eagle_config "
+    "skip_cross_attn_blocks guided_decoding_params language_adapter_uid allotted_time_ms",
 }
 _POSITIONAL = {"SamplingConfig": 1, "Request": 2, "GuidedDecodingParams": 2}
 
@@ -64,10 +80,17 @@ def _standin(name):
 
 
 class _FakeExecutor:
-    """Records calls; answers await_responses from a script of (executor id, tokens, finish reason or None)."""
+    """Records calls; answers await_responses from a script of (executor id, tokens, finish reason
+    or None)."""
 
     def __init__(self, model_path, model_type, executor_config):
-        self.config, self.enqueued, self.cancelled, self.timeouts, self.script = executor_config, [], [], [], []
+        self.config, self.enqueued, self.cancelled, self.timeouts, self.script = (
+            executor_config,
+            [],
+            [],
+            [],
+            [],
+        )
         self.closed = False
 
     def enqueue_request(self, request):
@@ -91,23 +114,40 @@ class _FakeExecutor:
 
 
 def _response(eid, tokens, finish=None, error=None):
-    result = types.SimpleNamespace(output_token_ids=[tokens], is_final=finish is not None,
-                                   finish_reasons=[types.SimpleNamespace(name=finish)] if finish else [])
-    return types.SimpleNamespace(request_id=eid, result=result, error_msg=error, has_error=lambda: error is not None)
+    result = types.SimpleNamespace(
+        output_token_ids=[tokens],
+        is_final=finish is not None,
+        finish_reasons=[types.SimpleNamespace(name=finish)] if finish else [],
+    )
+    return types.SimpleNamespace(
+        request_id=eid, result=result, error_msg=error, has_error=lambda: error is not None
+    )
 
 
 @pytest.fixture
 def fake_trtllm(monkeypatch):
     ex = types.ModuleType("tensorrt_llm.bindings.executor")
-    for name in ("ExecutorConfig", "KvCacheConfig", "SchedulerConfig", "ParallelConfig", "SamplingConfig",
-                 "OutputConfig", "Request"):
+    for name in (
+        "ExecutorConfig",
+        "KvCacheConfig",
+        "SchedulerConfig",
+        "ParallelConfig",
+        "SamplingConfig",
+        "OutputConfig",
+        "Request",
+    ):
         setattr(ex, name, _standin(name))
     ex.GuidedDecodingConfig = _standin("GuidedDecodingConfig")
-    ex.GuidedDecodingConfig.GuidedDecodingBackend = enum.Enum("GuidedDecodingBackend", "XGRAMMAR LLGUIDANCE")
+    ex.GuidedDecodingConfig.GuidedDecodingBackend = enum.Enum(
+        "GuidedDecodingBackend", "XGRAMMAR LLGUIDANCE"
+    )
     ex.GuidedDecodingParams = _standin("GuidedDecodingParams")
-    ex.GuidedDecodingParams.GuideType = enum.Enum("GuideType", "JSON JSON_SCHEMA REGEX EBNF_GRAMMAR STRUCTURAL_TAG")
+    ex.GuidedDecodingParams.GuideType = enum.Enum("GuideType", "JSON JSON_SCHEMA REGEX "
+                                                               "EBNF_GRAMMAR STRUCTURAL_TAG")
     ex.BatchingType = enum.Enum("BatchingType", "STATIC INFLIGHT")
-    ex.CapacitySchedulerPolicy = enum.Enum("CapacitySchedulerPolicy", "MAX_UTILIZATION GUARANTEED_NO_EVICT STATIC_BATCH")
+    ex.CapacitySchedulerPolicy = enum.Enum("CapacitySchedulerPolicy", "MAX_UTILIZATION "
+                                                                      "GUARANTEED_NO_EVICT "
+                                                                      "STATIC_BATCH")
     ex.CommunicationType = enum.Enum("CommunicationType", "MPI")
     ex.CommunicationMode = enum.Enum("CommunicationMode", "LEADER ORCHESTRATOR")
     ex.ModelType = enum.Enum("ModelType", "DECODER_ONLY ENCODER_ONLY ENCODER_DECODER")
@@ -120,8 +160,12 @@ def fake_trtllm(monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
     monkeypatch.setenv("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
     from forge.engines.trtllm import backend as trtllm_backend
-    tokenizer = types.SimpleNamespace(eos_token_id=2, pad_token_id=0, get_vocab=lambda: {"<pad>": 0, "a": 1, "</s>": 2},
-                                      backend_tokenizer=types.SimpleNamespace(to_str=lambda: '{"model": {}}'))
+    tokenizer = types.SimpleNamespace(
+        eos_token_id=2,
+        pad_token_id=0,
+        get_vocab=lambda: {"<pad>": 0, "a": 1, "</s>": 2},
+        backend_tokenizer=types.SimpleNamespace(to_str=lambda: '{"model": {}}'),
+    )
     monkeypatch.setattr(trtllm_backend, "_load_tokenizer", lambda c: tokenizer)
     return ex
 
@@ -135,13 +179,20 @@ def test_executor_engine_wiring(fake_trtllm):
     assert cfg["max_queue_size"] == 2 and cfg["batching_type"] is fake_trtllm.BatchingType.INFLIGHT
     assert cfg["kv_cache_config"].kwargs["free_gpu_memory_fraction"] == 0.85
     assert cfg["scheduler_config"].kwargs["capacity_scheduler_policy"].name == "GUARANTEED_NO_EVICT"
-    assert cfg["parallel_config"].kwargs["device_ids"] == [1]          # card 3 under CUDA_VISIBLE_DEVICES=2,3
+    # card 3 under CUDA_VISIBLE_DEVICES=2,3
+    assert cfg["parallel_config"].kwargs["device_ids"] == [1]
     assert cfg["guided_decoding_config"].kwargs["encoded_vocab"] == ["<pad>", "a", "</s>"]
     assert engine.supports_guides == frozenset({"choice", "json_schema", "regex"})
 
-    engine.submit([EngineRequest("a", (1, 5), 8), EngineRequest("b", (1,), 8, guide=Guide(choice=("x", "y")))])
+    engine.submit(
+        [EngineRequest("a", (1, 5), 8), EngineRequest("b", (1,), 8, guide=Guide(choice=("x", "y")))]
+    )
     req_a, req_b = fake.enqueued
-    assert req_a.args == ([1, 5], 8) and req_a.kwargs["end_id"] == 2 and req_a.kwargs["streaming"] is True
+    assert (
+        req_a.args == ([1, 5], 8)
+        and req_a.kwargs["end_id"] == 2
+        and req_a.kwargs["streaming"] is True
+    )
     assert req_a.kwargs["sampling_config"].kwargs == {"top_k": 1}
     assert req_b.kwargs["guided_decoding_params"].args[1] == "(x|y)"
     with pytest.raises(EngineBusy):
@@ -149,7 +200,11 @@ def test_executor_engine_wiring(fake_trtllm):
 
     fake.script = [_response(101, [7]), _response(102, [9])]
     p = engine.poll(0.05)
-    assert p.new_tokens == 2 and p.results == [] and fake.timeouts[-1] == datetime.timedelta(seconds=0.05)
+    assert (
+        p.new_tokens == 2
+        and p.results == []
+        and fake.timeouts[-1] == datetime.timedelta(seconds=0.05)
+    )
     engine.cancel("b")
     assert fake.cancelled == [102]
     fake.script = [_response(101, [8, 2], "END_ID"), _response(102, [], "CANCELLED")]
@@ -157,9 +212,11 @@ def test_executor_engine_wiring(fake_trtllm):
     assert [(r.request_id, r.output_ids, r.finish_reason) for r in p.results] == [
         ("a", [7, 8, 2], "eos"), ("b", [9], "cancelled")]
 
-    engine.submit([EngineRequest("d", (1,) * 2000, 8)])                # longer than max_input_len: failed here
+    engine.submit([EngineRequest("d", (1,) * 2000, 8)])  # longer than max_input_len: failed here
     (refused,) = engine.poll(0.0).results
-    assert refused.request_id == "d" and refused.finish_reason == REFUSED and len(fake.enqueued) == 2
+    assert (
+        refused.request_id == "d" and refused.finish_reason == REFUSED and len(fake.enqueued) == 2
+    )
 
     stats = engine.stats()
     assert (stats.active, stats.queued, stats.steps) == (1, 3, 155)
@@ -169,7 +226,8 @@ def test_executor_engine_wiring(fake_trtllm):
 
 
 def test_a_request_the_executor_rejects_is_a_typed_refusal(fake_trtllm):
-    """Refused, not failed: the node answers it as the caller's to fix (RequestRejected, HTTP 400)."""
+    """Refused, not failed: the node answers it as the caller's to fix (RequestRejected, HTTP
+    400)."""
     from forge.engines.trtllm import backend as trtllm_backend
     c = contract(limits=(2, 8192, 1024, 128))
     engine = trtllm_backend.create_engine(c, plan_card(_card(index=3), c))
@@ -183,8 +241,9 @@ def test_a_request_the_executor_rejects_is_a_typed_refusal(fake_trtllm):
     assert res.finish_reason == REFUSED and res.error == "TensorRT-LLM: invalid sampling config"
     engine.shutdown(5.0)
 
-# The LLM API stand-ins accept exactly the fields recorded from TensorRT-LLM's sources (tests/engines/trtllm/
-# fields/); GuidedDecodingParams' fields are from tensorrt_llm/sampling_params.py (1.0.0rc4).
+# The LLM API stand-ins accept exactly the fields recorded from TensorRT-LLM's sources
+# (tests/engines/trtllm/ fields/); GuidedDecodingParams' fields are from
+# tensorrt_llm/sampling_params.py (1.0.0rc4).
 _RECORDED = recorded_fields()
 _LLMAPI_NAMES = {
     "LLM": _RECORDED["TorchLlmArgs"],
@@ -198,7 +257,8 @@ _LLMAPI_NAMES = {
 
 
 class _FakeGeneration:
-    """Streams `steps` (cumulative token lists); an aborted one ends with finish_reason 'cancelled'."""
+    """Streams `steps` (cumulative token lists); an aborted one ends with finish_reason
+    'cancelled'."""
 
     def __init__(self, steps, finish):
         self.steps, self.finish, self.aborted_flag = steps, finish, False
@@ -218,8 +278,11 @@ class _FakeGeneration:
         while self.finish is None and not self.aborted_flag:
             await asyncio.sleep(0.005)
         if self.finish is None:
-            yield types.SimpleNamespace(outputs=[types.SimpleNamespace(token_ids=list(self.steps[-1]),
-                                                                       finish_reason="cancelled")])
+            yield types.SimpleNamespace(
+                outputs=[
+                    types.SimpleNamespace(token_ids=list(self.steps[-1]), finish_reason="cancelled")
+                ]
+            )
 
 
 @pytest.fixture
@@ -249,10 +312,19 @@ def fake_llmapi(monkeypatch):
 
     root, llmapi = types.ModuleType("tensorrt_llm"), types.ModuleType("tensorrt_llm.llmapi")
     root.__version__ = "1.4.0rc4"
-    llmapi.LLM, llmapi.SamplingParams, llmapi.GuidedDecodingParams = LLM, standin("SamplingParams"), standin(
-        "GuidedDecodingParams")
-    llmapi.KvCacheConfig, llmapi.SchedulerConfig = standin("KvCacheConfig"), standin("SchedulerConfig")
-    llmapi.CudaGraphConfig, llmapi.TorchLlmArgs = standin("CudaGraphConfig"), standin("TorchLlmArgs")
+    llmapi.LLM, llmapi.SamplingParams, llmapi.GuidedDecodingParams = (
+        LLM,
+        standin("SamplingParams"),
+        standin("GuidedDecodingParams"),
+    )
+    llmapi.KvCacheConfig, llmapi.SchedulerConfig = (
+        standin("KvCacheConfig"),
+        standin("SchedulerConfig"),
+    )
+    llmapi.CudaGraphConfig, llmapi.TorchLlmArgs = (
+        standin("CudaGraphConfig"),
+        standin("TorchLlmArgs"),
+    )
     llmapi.CapacitySchedulerPolicy = enum.Enum("CapacitySchedulerPolicy",
                                                "MAX_UTILIZATION GUARANTEED_NO_EVICT STATIC_BATCH")
     for mod in (root, llmapi):
@@ -285,26 +357,42 @@ def test_llmapi_engine_wiring(fake_llmapi, caplog):
     assert llm.kwargs["max_seq_len"] == 1152 and llm.kwargs["enable_iter_perf_stats"] is True
     assert llm.kwargs["kv_cache_config"].kwargs["dtype"] == "fp8"
     assert llm.kwargs["kv_cache_config"].kwargs["use_kv_cache_manager_v2"] is False
-    assert llm.kwargs["scheduler_config"].kwargs["capacity_scheduler_policy"].name == "GUARANTEED_NO_EVICT"
+    assert (
+        llm.kwargs["scheduler_config"].kwargs["capacity_scheduler_policy"].name
+        == "GUARANTEED_NO_EVICT"
+    )
     assert llm.kwargs["scheduler_config"].kwargs["enable_prefix_aware_scheduling"] is True
     assert llm.kwargs["cuda_graph_config"].kwargs["batch_sizes"][-1] == 256
-    assert (llm.kwargs["disable_overlap_scheduler"], llm.kwargs["stream_interval"], llm.kwargs["max_stats_len"]) == (
-        True, 2, 128)
+    assert (
+        llm.kwargs["disable_overlap_scheduler"],
+        llm.kwargs["stream_interval"],
+        llm.kwargs["max_stats_len"],
+    ) == (True, 2, 128)
     [record] = [r for r in caplog.records if r.name == "forge.engines.trtllm"]
-    assert "TensorRT-LLM 1.4.0rc4" in record.getMessage() and '"stream_interval": 2' in record.getMessage()
+    assert (
+        "TensorRT-LLM 1.4.0rc4" in record.getMessage()
+        and '"stream_interval": 2' in record.getMessage()
+    )
     assert engine.describe()["settings"]["kwargs"]["stream_interval"] == 2
-    # no per-request seeds in this (stand-in) release: a seeded sampling request is refused, not run unseeded
+    # no per-request seeds in this (stand-in) release: a seeded sampling request is refused, not run
+    # unseeded
     engine.submit([EngineRequest("s", (1, 7), 8, sampling=Sampling(temperature=0.9, seed=3))])
     (refused,) = engine.poll(0.0).results
     assert refused.finish_reason == REFUSED and "#17172" in refused.error
     fake_llmapi.plans = {(1, 5): _FakeGeneration([[7], [7, 8], [7, 8, 2]], "stop"),
                          (1, 6): _FakeGeneration([[9]], None)}
-    engine.submit([EngineRequest("a", (1, 5), 8, guide=Guide(regex="[0-9]")), EngineRequest("b", (1, 6), 8)])
+    engine.submit(
+        [EngineRequest("a", (1, 5), 8, guide=Guide(regex="[0-9]")), EngineRequest("b", (1, 6), 8)]
+    )
     results, tokens = _poll_until(engine, 1)
-    assert [(r.request_id, r.output_ids, r.finish_reason) for r in results] == [("a", [7, 8, 2], "eos")]
+    assert [(r.request_id, r.output_ids, r.finish_reason) for r in results] == [
+        ("a", [7, 8, 2], "eos")
+    ]
     engine.cancel("b")
     more, more_tokens = _poll_until(engine, 1)
-    assert [(r.request_id, r.output_ids, r.finish_reason) for r in more] == [("b", [9], "cancelled")]
+    assert [(r.request_id, r.output_ids, r.finish_reason) for r in more] == [
+        ("b", [9], "cancelled")
+    ]
     assert tokens + more_tokens == 4
     assert engine.stats().steps == 155
     engine.shutdown(5.0)
@@ -313,8 +401,12 @@ def test_llmapi_engine_wiring(fake_llmapi, caplog):
 
 def test_llmapi_without_kv_dtype_field_is_refused(fake_llmapi, monkeypatch):
     from forge.engines.trtllm import backend as trtllm_backend
-    monkeypatch.setattr(sys.modules["tensorrt_llm.llmapi"].KvCacheConfig, "model_fields", {"max_tokens": None})
+
+    monkeypatch.setattr(
+        sys.modules["tensorrt_llm.llmapi"].KvCacheConfig, "model_fields", {"max_tokens": None}
+    )
     c = contract(artifact=CKPT)
-    with pytest.raises(EngineUnavailable, match=r"::\$\.precision\.kv_cache: TensorRT-LLM 1\.4\.0rc4 has no "
+    with pytest.raises(EngineUnavailable, match=r"::\$\.precision\.kv_cache: TensorRT-LLM "
+                                                r"1\.4\.0rc4 has no "
                                                 r"KvCacheConfig\.dtype"):
         trtllm_backend.create_engine(c, plan_card(_card(), c))
