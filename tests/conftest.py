@@ -10,6 +10,7 @@ import atexit
 import importlib.util
 import os
 import shutil
+import signal
 import stat
 import subprocess
 import sys
@@ -59,6 +60,13 @@ os.environ.setdefault("PYTHONPYCACHEPREFIX", str(_private_cache("forge-tests-pyc
 os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 sys.pycache_prefix, sys.dont_write_bytecode = os.environ["PYTHONPYCACHEPREFIX"], False
 os.environ.setdefault("HYPOTHESIS_STORAGE_DIRECTORY", str(_private_cache("forge-tests-hypothesis")))
+
+# Ctrl-C as a terminal gives it: a suite started in the background by a script (`cmd &` without job
+# control: POSIX starts it with SIGINT ignored) would pass the ignored SIGINT on to every forge it
+# starts, and forge keeps an ignored Ctrl-C ignored on purpose (forge/cli/interrupt.py: a shell's
+# background job), so the Ctrl-C tests would test that instead and wait out their timeouts.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # A FORGE_HOME for this test process before anything runs, so that a module- or session-scoped
 # fixture that provisions a node (before any per-test fixture) never registers it in the user's
